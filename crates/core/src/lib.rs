@@ -1,0 +1,80 @@
+//! # pagesift-core: the deduplication algorithms, without the operating system
+//!
+//! pagesift merges identical pages of many processes through the kernel's
+//! KSM, but decides itself *which* memory is worth merging and *when*. This
+//! crate holds that decision logic. It makes no syscalls and does no I/O:
+//! memory is reached through the [`source::MemorySource`] trait and time is
+//! passed in by the caller, so every algorithm runs, and is tested, without
+//! root.
+//!
+//! ## The algorithm, before the code
+//!
+//! Memory is a set of *regions* (a VMA, or a fixed-size slice of a large one).
+//! Most regions are not worth deduplicating: their pages are distinct
+//! (sparse), rewritten soon after a merge (COW-broken) or gone within a
+//! second (short-lived). UKSM's observation is that a little sampling tells
+//! the kinds apart, so CPU goes where duplicates are.
+//!
+//! 1. **Ladder** ([`ladder`]). Regions sit on N levels (4 by default); new
+//!    regions enter the bottom. Each level is sampled as one flat page space
+//!    at an interval that the level's CPU share, its round time and the
+//!    per-page cost set, so higher levels are sampled more densely. Every
+//!    region walks its own offset permutation, so successive rounds sample
+//!    different pages. After a round a region climbs one level when its
+//!    sampled duplication ratio is above V_dup, its COW-broken ratio below
+//!    V_cow and its age above V_life; otherwise it drops one level.
+//! 2. **Governor** ([`governor`]). full, medium, low and quiet fix each
+//!    level's CPU share and round time, which become page budgets per
+//!    wake-up.
+//! 3. **Partial hash** ([`hash`]). A sampled page is hashed over only
+//!    `strength` of its 1024 words, chosen by a seeded permutation. The hash
+//!    is progressive and reversible: it moves to another strength at the cost
+//!    of the difference.
+//! 4. **Strength controller** ([`strength`]). After each global round it
+//!    weighs hashing saved against full comparisons wasted on false
+//!    collisions and probes the strength, TCP-slow-start fashion, towards
+//!    the best net benefit.
+//! 5. **Sample index** ([`index`]). Hash tables of merged ("stable") and
+//!    not-yet-merged ("unstable") sampled pages, sharded as memory grows
+//!    (nuKSM). A hash hit is only a candidate: a full comparison decides.
+//! 6. **Hints** ([`hints`]). XLH's bounded newest-first stack of pages that
+//!    just received file data, interleaved with the linear scan.
+//! 7. **Distiller** ([`distill`]). One wake-up: take each level's budget of
+//!    samples, hash, look up, verify, and feed the results back to the
+//!    ladder and the controller.
+//!
+//! The Linux side (reading /proc, ptrace, KSM's sysfs) lives in
+//! `pagesift-linux`; it implements [`source::MemorySource`] and turns the
+//! ladder's decisions into `MADV_MERGEABLE` ranges.
+
+#![forbid(unsafe_code)]
+
+pub mod hash;
+pub mod source;
+
+/// Bytes in a page. pagesift works on 4 KiB base pages, as KSM does.
+pub const PAGE_SIZE: usize = 4096;
+/// 32-bit words in a page.
+pub const WORDS_PER_PAGE: usize = PAGE_SIZE / 4;
+/// A page viewed as its 1024 host-endian 32-bit words.
+pub type PageWords = [u32; WORDS_PER_PAGE];
+/// Time on the caller's monotonic clock, in nanoseconds. The core never
+/// reads a clock itself.
+pub type Nanos = u64;
+
+/// Identifies a region for as long as pagesift tracks it. Ids are never
+/// reused, so a stale id simply finds nothing.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct RegionId(pub u64);
+
+/// One page of one region: the unit that is sampled, hashed and indexed.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct PageRef {
+    pub region: RegionId,
+    /// Page index within the region (a region is at most 2^32 pages, 16 TiB).
+    pub page: u32,
+}
