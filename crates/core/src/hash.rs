@@ -46,10 +46,7 @@ impl Shifts {
         right: 16,
     };
     /// The pair of the released UKSM patch (`shiftl = 8`, `shiftr = 12`).
-    pub const RELEASED: Shifts = Shifts {
-        left: 8,
-        right: 12,
-    };
+    pub const RELEASED: Shifts = Shifts { left: 8, right: 12 };
 }
 
 /// Multiplicative inverse of an odd `a` modulo 2^32 (Newton's iteration:
@@ -187,7 +184,12 @@ mod tests {
     fn step_roundtrip_both_pairs() {
         for shifts in [Shifts::PAPER, Shifts::RELEASED] {
             let h = PartialHasher::new(1, shifts);
-            for (x, w) in [(0u32, 0u32), (1, 2), (u32::MAX, 7), (0xdead_beef, 0x1234_5678)] {
+            for (x, w) in [
+                (0u32, 0u32),
+                (1, 2),
+                (u32::MAX, 7),
+                (0xdead_beef, 0x1234_5678),
+            ] {
                 assert_eq!(h.unstep(h.step(x, w), w), x);
             }
         }

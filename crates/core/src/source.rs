@@ -51,7 +51,11 @@ impl std::fmt::Display for SourceError {
         match self {
             SourceError::Gone(r) => write!(f, "region {} is gone", r.0),
             SourceError::OutOfRange(p) => {
-                write!(f, "page {} is past the end of region {}", p.page, p.region.0)
+                write!(
+                    f,
+                    "page {} is past the end of region {}",
+                    p.page, p.region.0
+                )
             }
             SourceError::Other(s) => f.write_str(s),
         }
@@ -71,6 +75,14 @@ pub trait MemorySource {
     /// Reads one present page. Callers never read a page whose state is
     /// not `Present`, `Merged` or `Zero`.
     fn read_page(&mut self, page: PageRef, out: &mut PageWords) -> Result<(), SourceError>;
+
+    /// Whether the page was written since the previous call for it, if
+    /// this source can tell (on Linux: uffd-wp through PAGEMAP_SCAN). A
+    /// write to a page that was found duplicated is a COW break that would
+    /// have happened had it been merged.
+    fn take_written(&mut self, _page: PageRef) -> Option<bool> {
+        None
+    }
 
     /// Reads several pages; `out[i]` receives `pages[i]`. Returns how many
     /// leading pages were read before the first failure; sources that can
@@ -93,6 +105,7 @@ pub trait MemorySource {
 struct SimPage {
     content: u64,
     state: PageState,
+    written: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -145,6 +158,7 @@ impl InMemorySource {
                 } else {
                     PageState::Present
                 },
+                written: false,
             })
             .collect();
         self.regions.insert(
@@ -178,6 +192,7 @@ impl InMemorySource {
             r.cow_breaks += 1;
         }
         p.content = content;
+        p.written = true;
         p.state = if content == ZERO_CONTENT {
             PageState::Zero
         } else {
@@ -282,6 +297,12 @@ impl MemorySource for InMemorySource {
         self.fill(content, out);
         Ok(())
     }
+
+    fn take_written(&mut self, page: PageRef) -> Option<bool> {
+        self.page_mut(page)
+            .ok()
+            .map(|p| std::mem::replace(&mut p.written, false))
+    }
 }
 
 #[cfg(test)]
@@ -324,8 +345,11 @@ mod tests {
         let p = PageRef { region: r, page: 0 };
         s.merge(p).unwrap();
         assert_eq!(s.page_state(p), Ok(PageState::Merged));
+        assert_eq!(s.take_written(p), Some(false));
         s.write(p, 8).unwrap();
         assert_eq!(s.page_state(p), Ok(PageState::Present));
+        assert_eq!(s.take_written(p), Some(true));
+        assert_eq!(s.take_written(p), Some(false));
         assert_eq!(s.cow_breaks(r), Some(1));
         assert!(s.unmap(r));
         assert_eq!(s.page_state(p), Err(SourceError::Gone(r)));
