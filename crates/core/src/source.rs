@@ -222,6 +222,18 @@ impl InMemorySource {
             .ok_or(SourceError::OutOfRange(page))
     }
 
+    /// The state of a page, without needing `&mut` (the simulation's view).
+    pub fn state(&self, page: PageRef) -> Result<PageState, SourceError> {
+        let r = self
+            .regions
+            .get(&page.region)
+            .ok_or(SourceError::Gone(page.region))?;
+        r.pages
+            .get(page.page as usize)
+            .map(|p| p.state)
+            .ok_or(SourceError::OutOfRange(page))
+    }
+
     /// COW breaks of merged pages in a region so far.
     pub fn cow_breaks(&self, id: RegionId) -> Option<u64> {
         self.regions.get(&id).map(|r| r.cow_breaks)

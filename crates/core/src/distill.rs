@@ -1,0 +1,482 @@
+//! One wake-up of region distilling: sample → hash → index → ladder
+//! (UKSM §5.3, Figure 4; notes uksm-implementation.md §3.6–3.7 and §5.3).
+//!
+//! Each wake-up, level `l` gets `pages_per_wakeup(p_l, T_s, s)` samples and
+//! walks its flat page space at `sampling_interval(L_l, s, t_l, p_l)`. A
+//! level does at most one round per wake-up: UKSM keeps scanning a finished
+//! rung, but pagesift hands top-level regions to ksmd, so re-sampling a
+//! small top level many times per wake-up would only burn CPU.
+//!
+//! For every sampled page:
+//! - **not present**: a sample without duplicate (never read: reading it
+//!   would fault it in on Linux);
+//! - **zero page / merged**: counts as merged; a merged page's content is
+//!   entered into the stable set so new copies of it are found at once;
+//! - **present**: read, hashed at the current strength, looked up in the
+//!   stable set, then in the unstable set. Every hash hit is verified with
+//!   a full comparison; a failed comparison is a false collision and is
+//!   charged to the strength controller. A verified pair moves into the
+//!   stable set and both regions are credited (UKSM §5.3: "increase the
+//!   counters of both regions").
+//!
+//! COW breaks cannot be hooked from user space, so each region keeps a few
+//! *probes*: recently sampled pages that were merged or duplicated. Each
+//! merged or duplicate sample checks the oldest probe: a probe that was
+//! merged and is now an ordinary present page, or that the source reports
+//! written since it was seen, is a COW break (real or would-be). That is
+//! what demotes a region whose duplicates do not stay duplicates.
+//!
+//! A global round ends when every non-empty level has finished a round;
+//! then the strength controller adjusts, the stable set is re-keyed
+//! progressively if the strength changed, and the unstable set is rebuilt
+//! (UKSM §5.3; XLH rebuilds its hash table the same way).
+
+use crate::governor::{CostEma, Governor, GovernorParams, pages_per_wakeup, sampling_interval};
+use crate::hash::{PartialHasher, Shifts};
+use crate::index::{IndexConfig, SampleIndex};
+use crate::ladder::{Ladder, LadderConfig, Move, Sample};
+use crate::source::{MemorySource, PageState, SourceError};
+use crate::strength::{StrengthConfig, StrengthController};
+use crate::{Nanos, PageRef, PageWords, RegionId, WORDS_PER_PAGE};
+use std::collections::{HashMap, VecDeque};
+
+/// Probes kept per region for COW detection.
+const PROBES_PER_REGION: usize = 16;
+
+/// Everything a [`Distiller`] needs to start.
+#[derive(Clone, Debug)]
+pub struct DistillerConfig {
+    pub ladder: LadderConfig,
+    pub governor: Governor,
+    /// T_s, the sleep between wake-ups (UKSM default 100 ms, notes §1).
+    pub sleep: Nanos,
+    pub index: IndexConfig,
+    pub strength: StrengthConfig,
+    pub shifts: Shifts,
+    /// Seeds the hash permutation and the ladder's offsets.
+    pub seed: u64,
+}
+
+impl Default for DistillerConfig {
+    fn default() -> Self {
+        DistillerConfig {
+            ladder: LadderConfig::default(),
+            governor: Governor::default(),
+            sleep: 100_000_000,
+            index: IndexConfig::default(),
+            strength: StrengthConfig::default(),
+            shifts: Shifts::DEFAULT,
+            seed: 0x7061_6765_7369_6674, // "pagesift"
+        }
+    }
+}
+
+/// What one wake-up did.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct WakeReport {
+    /// Pages sampled per level.
+    pub sampled: Vec<u64>,
+    /// The governor's page budget per level for this wake-up.
+    pub budget: Vec<u64>,
+    /// Sampled pages found duplicated (verified).
+    pub duplicates: u64,
+    /// Sampled pages already merged or zero.
+    pub merged: u64,
+    /// COW breaks detected through probes.
+    pub cow_breaks: u64,
+    /// Hash hits that a full comparison rejected.
+    pub false_collisions: u64,
+    /// Ladder moves made at the end of level rounds.
+    pub moves: Vec<Move>,
+    /// Regions that disappeared while being sampled.
+    pub gone: Vec<RegionId>,
+    /// Whether a global round ended in this wake-up.
+    pub global_round_ended: bool,
+    /// Hash strength after this wake-up.
+    pub strength: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    page: u32,
+    merged: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Tracked {
+    pages: u32,
+    probes: VecDeque<Probe>,
+}
+
+/// Sample buffers, kept apart from the rest so a verification closure can
+/// borrow them while the index is borrowed too.
+struct Scratch {
+    page: Box<PageWords>,
+    other: Box<PageWords>,
+}
+
+/// UKSM's scanner, minus the merging: it decides, the caller actuates.
+pub struct Distiller {
+    config: DistillerConfig,
+    hasher: PartialHasher,
+    controller: StrengthController,
+    index: SampleIndex,
+    ladder: Ladder,
+    params: GovernorParams,
+    cost: CostEma,
+    regions: HashMap<RegionId, Tracked>,
+    round_done: Vec<bool>,
+    global_rounds: u64,
+    zero_hash: u32,
+    scratch: Scratch,
+}
+
+impl Distiller {
+    pub fn new(config: DistillerConfig) -> Self {
+        let hasher = PartialHasher::new(config.seed, config.shifts);
+        let controller = StrengthController::new(config.strength.clone());
+        let zero_hash = hasher.hash(&[0; WORDS_PER_PAGE], controller.strength());
+        let levels = config.ladder.levels;
+        Distiller {
+            params: config.governor.params(levels),
+            ladder: Ladder::new(config.ladder.clone(), config.seed ^ 0x6c61_6464_6572),
+            index: SampleIndex::new(config.index.clone()),
+            hasher,
+            controller,
+            cost: CostEma::new(),
+            regions: HashMap::new(),
+            round_done: vec![false; levels],
+            global_rounds: 0,
+            zero_hash,
+            scratch: Scratch {
+                page: Box::new([0; WORDS_PER_PAGE]),
+                other: Box::new([0; WORDS_PER_PAGE]),
+            },
+            config,
+        }
+    }
+
+    pub fn config(&self) -> &DistillerConfig {
+        &self.config
+    }
+    pub fn ladder(&self) -> &Ladder {
+        &self.ladder
+    }
+    pub fn index(&self) -> &SampleIndex {
+        &self.index
+    }
+    pub fn controller(&self) -> &StrengthController {
+        &self.controller
+    }
+    pub fn params(&self) -> &GovernorParams {
+        &self.params
+    }
+    /// Global rounds completed.
+    pub fn global_rounds(&self) -> u64 {
+        self.global_rounds
+    }
+    /// The per-page cost the budgets currently assume, in ns.
+    pub fn per_page_ns(&self) -> f64 {
+        self.cost.value()
+    }
+
+    /// Switches governor; takes effect at the next wake-up.
+    pub fn set_governor(&mut self, governor: Governor) {
+        self.config.governor = governor;
+        self.params = governor.params(self.config.ladder.levels);
+    }
+
+    /// Feeds the measured CPU cost of the last wake-up's samples (ns per
+    /// page) into the EMA the budgets use. The caller measures: the core
+    /// has no clock.
+    pub fn observe_cost(&mut self, ns_per_page: f64) {
+        if ns_per_page.is_finite() && ns_per_page > 0.0 {
+            self.cost.update(ns_per_page);
+        }
+    }
+
+    /// Brings the tracked regions in line with the source: new regions
+    /// enter the bottom level, vanished ones leave, resized ones are
+    /// resized.
+    pub fn sync_regions(&mut self, src: &impl MemorySource, now: Nanos) {
+        let current = src.regions();
+        let mut live: HashMap<RegionId, u32> = HashMap::with_capacity(current.len());
+        for r in &current {
+            live.insert(r.id, r.pages);
+            match self.regions.get_mut(&r.id) {
+                Some(t) if t.pages != r.pages => {
+                    t.pages = r.pages;
+                    t.probes.retain(|p| p.page < r.pages);
+                    self.ladder.resize(r.id, r.pages);
+                }
+                Some(_) => {}
+                None => {
+                    self.regions.insert(
+                        r.id,
+                        Tracked {
+                            pages: r.pages,
+                            probes: VecDeque::new(),
+                        },
+                    );
+                    self.ladder.insert(r.id, r.pages, now);
+                }
+            }
+        }
+        let gone: Vec<RegionId> = self
+            .regions
+            .keys()
+            .filter(|id| !live.contains_key(id))
+            .copied()
+            .collect();
+        for id in gone {
+            self.forget(id);
+        }
+        let tracked: u64 = live.values().map(|&p| p as u64).sum();
+        self.index.set_tracked_pages(tracked);
+    }
+
+    fn forget(&mut self, id: RegionId) {
+        self.regions.remove(&id);
+        self.ladder.remove(id);
+        self.index.remove_region(id);
+    }
+
+    /// The page budget of each level for one wake-up at the current cost.
+    pub fn budgets(&self) -> Vec<u64> {
+        self.params
+            .levels
+            .iter()
+            .map(|l| pages_per_wakeup(l.cpu_share, self.config.sleep, self.cost.value()))
+            .collect()
+    }
+
+    /// One wake-up: sample every level within its budget.
+    pub fn wake(&mut self, src: &mut impl MemorySource, now: Nanos) -> WakeReport {
+        let levels = self.ladder.levels();
+        let budget = self.budgets();
+        let mut report = WakeReport {
+            sampled: vec![0; levels],
+            budget: budget.clone(),
+            ..Default::default()
+        };
+        let s = self.cost.value();
+        for level in 0..levels {
+            let pages = self.ladder.level_pages(level);
+            if pages == 0 {
+                self.round_done[level] = true;
+                continue;
+            }
+            let lb = self.params.levels[level];
+            self.ladder.set_interval(
+                level,
+                sampling_interval(pages, s, lb.round_time, lb.cpu_share),
+            );
+            if self.ladder.round_finished(level) {
+                self.ladder.start_round(level);
+            }
+            while report.sampled[level] < budget[level] {
+                match self.ladder.next_sample(level) {
+                    Some(page) => {
+                        report.sampled[level] += 1;
+                        self.sample(src, page, &mut report);
+                    }
+                    None => {
+                        report.moves.extend(self.ladder.end_round(level, now));
+                        self.round_done[level] = true;
+                        break;
+                    }
+                }
+            }
+        }
+        for id in report.gone.clone() {
+            self.forget(id);
+        }
+        let all_done =
+            (0..levels).all(|l| self.round_done[l] || self.ladder.level_pages(l) == 0);
+        if all_done {
+            self.end_global_round(src);
+            report.global_round_ended = true;
+        }
+        report.strength = self.controller.strength();
+        report
+    }
+
+    fn end_global_round(&mut self, src: &mut impl MemorySource) {
+        self.global_rounds += 1;
+        self.round_done.iter_mut().for_each(|d| *d = false);
+        let old = self.controller.strength();
+        if let Some(new) = self.controller.end_round() {
+            if new != old {
+                let hasher = &self.hasher;
+                let buf = &mut self.scratch.page;
+                self.index.rekey_stable(|page, hash| {
+                    src.read_page(page, buf)
+                        .ok()
+                        .map(|()| hasher.rehash(buf, hash, old, new))
+                });
+                self.zero_hash = self.hasher.hash(&[0; WORDS_PER_PAGE], new);
+            }
+        }
+        self.index.clear_unstable();
+    }
+
+    fn sample(&mut self, src: &mut impl MemorySource, page: PageRef, report: &mut WakeReport) {
+        let state = match src.page_state(page) {
+            Ok(s) => s,
+            Err(SourceError::Gone(id)) => {
+                if !report.gone.contains(&id) {
+                    report.gone.push(id);
+                }
+                return;
+            }
+            Err(_) => return,
+        };
+        let mut sample = Sample {
+            duplicate: false,
+            merged: false,
+            cow_broken: false,
+        };
+        match state {
+            PageState::NotPresent => {}
+            PageState::Zero => sample.merged = true,
+            PageState::Merged => {
+                sample.merged = true;
+                if let Some(hash) = self.read_and_hash(src, page) {
+                    if self.find_stable(src, hash, page, report).is_none() {
+                        self.index.insert_stable(hash, page);
+                    }
+                }
+            }
+            PageState::Present => {
+                let Some(hash) = self.read_and_hash(src, page) else {
+                    return;
+                };
+                self.controller.on_hashed(1);
+                if hash == self.zero_hash && self.scratch.page.iter().all(|&w| w == 0) {
+                    // KSM merges zero pages into the zero page (use_zero_pages)
+                    // or with each other: a duplicate either way.
+                    sample.duplicate = true;
+                } else if self.find_stable(src, hash, page, report).is_some() {
+                    sample.duplicate = true;
+                } else if let Some(twin) = self.find_unstable(src, hash, page, report) {
+                    sample.duplicate = true;
+                    self.index.insert_stable(hash, twin);
+                    self.ladder.record(
+                        twin,
+                        Sample {
+                            duplicate: true,
+                            merged: false,
+                            cow_broken: false,
+                        },
+                    );
+                }
+            }
+        }
+        if sample.duplicate || sample.merged {
+            sample.cow_broken = self.check_probe(src, page);
+            if sample.cow_broken {
+                report.cow_breaks += 1;
+            }
+        }
+        report.duplicates += sample.duplicate as u64;
+        report.merged += sample.merged as u64;
+        self.ladder.record(page, sample);
+    }
+
+    /// Checks the oldest probe of the page's region and makes the page a
+    /// probe. Returns whether the probe was COW-broken.
+    fn check_probe(&mut self, src: &mut impl MemorySource, page: PageRef) -> bool {
+        let Some(t) = self.regions.get_mut(&page.region) else {
+            return false;
+        };
+        let mut broken = false;
+        if t.probes.len() >= PROBES_PER_REGION {
+            if let Some(old) = t.probes.pop_front() {
+                let at = PageRef {
+                    region: page.region,
+                    page: old.page,
+                };
+                let unmerged = old.merged && src.page_state(at) == Ok(PageState::Present);
+                broken = unmerged || src.take_written(at) == Some(true);
+            }
+        }
+        if !t.probes.iter().any(|p| p.page == page.page) {
+            // Reset the write flag: only writes after now count.
+            let _ = src.take_written(page);
+            let merged = matches!(src.page_state(page), Ok(PageState::Merged));
+            t.probes.push_back(Probe {
+                page: page.page,
+                merged,
+            });
+        }
+        broken
+    }
+
+    fn read_and_hash(&mut self, src: &mut impl MemorySource, page: PageRef) -> Option<u32> {
+        src.read_page(page, &mut self.scratch.page).ok()?;
+        Some(
+            self.hasher
+                .hash(&self.scratch.page, self.controller.strength()),
+        )
+    }
+
+    fn find_stable(
+        &mut self,
+        src: &mut impl MemorySource,
+        hash: u32,
+        page: PageRef,
+        report: &mut WakeReport,
+    ) -> Option<PageRef> {
+        let Distiller {
+            index,
+            scratch,
+            controller,
+            ..
+        } = self;
+        index.find_stable(hash, |cand| {
+            verify(src, scratch, controller, report, page, cand)
+        })
+    }
+
+    fn find_unstable(
+        &mut self,
+        src: &mut impl MemorySource,
+        hash: u32,
+        page: PageRef,
+        report: &mut WakeReport,
+    ) -> Option<PageRef> {
+        let Distiller {
+            index,
+            scratch,
+            controller,
+            ..
+        } = self;
+        index.find_or_insert_unstable(hash, page, |cand| {
+            verify(src, scratch, controller, report, page, cand)
+        })
+    }
+}
+
+/// The full comparison behind every hash hit. `scratch.page` holds the
+/// sampled page; a candidate that reads differently is a false collision.
+fn verify(
+    src: &mut impl MemorySource,
+    scratch: &mut Scratch,
+    controller: &mut StrengthController,
+    report: &mut WakeReport,
+    page: PageRef,
+    cand: PageRef,
+) -> bool {
+    if cand == page {
+        return false;
+    }
+    if src.read_page(cand, &mut scratch.other).is_err() {
+        return false;
+    }
+    let same = *scratch.page == *scratch.other;
+    if !same {
+        controller.on_false_collision();
+        report.false_collisions += 1;
+    }
+    same
+}
