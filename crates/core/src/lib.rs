@@ -51,6 +51,7 @@
 
 pub mod hash;
 pub mod source;
+pub mod strength;
 
 /// Bytes in a page. pagesift works on 4 KiB base pages, as KSM does.
 pub const PAGE_SIZE: usize = 4096;
