@@ -50,6 +50,8 @@
 #![forbid(unsafe_code)]
 
 pub mod hash;
+pub mod hints;
+pub mod index;
 pub mod source;
 
 /// Bytes in a page. pagesift works on 4 KiB base pages, as KSM does.
