@@ -50,6 +50,8 @@
 #![forbid(unsafe_code)]
 
 pub mod hash;
+pub mod hints;
+pub mod index;
 pub mod source;
 pub mod strength;
 
