@@ -49,7 +49,9 @@
 
 #![forbid(unsafe_code)]
 
+pub mod governor;
 pub mod hash;
+pub mod ladder;
 pub mod source;
 
 /// Bytes in a page. pagesift works on 4 KiB base pages, as KSM does.
