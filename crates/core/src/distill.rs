@@ -20,11 +20,19 @@
 //!   counters of both regions").
 //!
 //! COW breaks cannot be hooked from user space, so each region keeps a few
-//! *probes*: recently sampled pages that were merged or duplicated. Each
-//! merged or duplicate sample checks the oldest probe: a probe that was
-//! merged and is now an ordinary present page, or that the source reports
-//! written since it was seen, is a COW break (real or would-be). That is
-//! what demotes a region whose duplicates do not stay duplicates.
+//! *probes*: sampled pages that were merged or duplicated. Each merged or
+//! duplicate sample checks the oldest probe once it is at least one round
+//! of the region's level old: a probe that was merged and is now an
+//! ordinary present page, or that the source reports written since it was
+//! seen, is a COW break (real, or the one a merge would have suffered).
+//! The ratio the ladder sees is therefore "of the duplicates seen, how many
+//! were written within a round", UKSM's COW-broken ratio measured without
+//! a fault hook. It is what demotes a region whose duplicates do not stay
+//! duplicates.
+//!
+//! Levels are walked top-down, so a region that climbs at the end of a
+//! level's round waits for the next wake-up to be sampled on its new level
+//! instead of racing up several levels at once.
 //!
 //! A global round ends when every non-empty level has finished a round;
 //! then the strength controller adjusts, the stable set is re-keyed
@@ -65,7 +73,7 @@ impl Default for DistillerConfig {
             sleep: 100_000_000,
             index: IndexConfig::default(),
             strength: StrengthConfig::default(),
-            shifts: Shifts::DEFAULT,
+            shifts: Shifts::PAPER,
             seed: 0x7061_6765_7369_6674, // "pagesift"
         }
     }
@@ -100,6 +108,7 @@ pub struct WakeReport {
 struct Probe {
     page: u32,
     merged: bool,
+    seen_at: Nanos,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -134,13 +143,13 @@ pub struct Distiller {
 impl Distiller {
     pub fn new(config: DistillerConfig) -> Self {
         let hasher = PartialHasher::new(config.seed, config.shifts);
-        let controller = StrengthController::new(config.strength.clone());
+        let controller = StrengthController::new(config.strength);
         let zero_hash = hasher.hash(&[0; WORDS_PER_PAGE], controller.strength());
         let levels = config.ladder.levels;
         Distiller {
             params: config.governor.params(levels),
             ladder: Ladder::new(config.ladder.clone(), config.seed ^ 0x6c61_6464_6572),
-            index: SampleIndex::new(config.index.clone()),
+            index: SampleIndex::new(config.index),
             hasher,
             controller,
             cost: CostEma::new(),
@@ -260,7 +269,7 @@ impl Distiller {
             ..Default::default()
         };
         let s = self.cost.value();
-        for level in 0..levels {
+        for level in (0..levels).rev() {
             let pages = self.ladder.level_pages(level);
             if pages == 0 {
                 self.round_done[level] = true;
@@ -275,24 +284,21 @@ impl Distiller {
                 self.ladder.start_round(level);
             }
             while report.sampled[level] < budget[level] {
-                match self.ladder.next_sample(level) {
-                    Some(page) => {
-                        report.sampled[level] += 1;
-                        self.sample(src, page, &mut report);
-                    }
-                    None => {
-                        report.moves.extend(self.ladder.end_round(level, now));
-                        self.round_done[level] = true;
-                        break;
-                    }
-                }
+                let Some(page) = self.ladder.next_sample(level) else {
+                    break;
+                };
+                report.sampled[level] += 1;
+                self.sample(src, page, now, lb.round_time, &mut report);
+            }
+            if self.ladder.round_finished(level) {
+                report.moves.extend(self.ladder.end_round(level, now));
+                self.round_done[level] = true;
             }
         }
         for id in report.gone.clone() {
             self.forget(id);
         }
-        let all_done =
-            (0..levels).all(|l| self.round_done[l] || self.ladder.level_pages(l) == 0);
+        let all_done = (0..levels).all(|l| self.round_done[l] || self.ladder.level_pages(l) == 0);
         if all_done {
             self.end_global_round(src);
             report.global_round_ended = true;
@@ -305,22 +311,29 @@ impl Distiller {
         self.global_rounds += 1;
         self.round_done.iter_mut().for_each(|d| *d = false);
         let old = self.controller.strength();
-        if let Some(new) = self.controller.end_round() {
-            if new != old {
-                let hasher = &self.hasher;
-                let buf = &mut self.scratch.page;
-                self.index.rekey_stable(|page, hash| {
-                    src.read_page(page, buf)
-                        .ok()
-                        .map(|()| hasher.rehash(buf, hash, old, new))
-                });
-                self.zero_hash = self.hasher.hash(&[0; WORDS_PER_PAGE], new);
-            }
+        if let Some(new) = self.controller.end_round()
+            && new != old
+        {
+            let hasher = &self.hasher;
+            let buf = &mut self.scratch.page;
+            self.index.rekey_stable(|page, hash| {
+                src.read_page(page, buf)
+                    .ok()
+                    .map(|()| hasher.rehash(buf, hash, old, new))
+            });
+            self.zero_hash = self.hasher.hash(&[0; WORDS_PER_PAGE], new);
         }
         self.index.clear_unstable();
     }
 
-    fn sample(&mut self, src: &mut impl MemorySource, page: PageRef, report: &mut WakeReport) {
+    fn sample(
+        &mut self,
+        src: &mut impl MemorySource,
+        page: PageRef,
+        now: Nanos,
+        probe_age: Nanos,
+        report: &mut WakeReport,
+    ) {
         let state = match src.page_state(page) {
             Ok(s) => s,
             Err(SourceError::Gone(id)) => {
@@ -341,10 +354,10 @@ impl Distiller {
             PageState::Zero => sample.merged = true,
             PageState::Merged => {
                 sample.merged = true;
-                if let Some(hash) = self.read_and_hash(src, page) {
-                    if self.find_stable(src, hash, page, report).is_none() {
-                        self.index.insert_stable(hash, page);
-                    }
+                if let Some(hash) = self.read_and_hash(src, page)
+                    && self.find_stable(src, hash, page, report).is_none()
+                {
+                    self.index.insert_stable(hash, page);
                 }
             }
             PageState::Present => {
@@ -373,7 +386,7 @@ impl Distiller {
             }
         }
         if sample.duplicate || sample.merged {
-            sample.cow_broken = self.check_probe(src, page);
+            sample.cow_broken = self.check_probe(src, page, now, probe_age);
             if sample.cow_broken {
                 report.cow_breaks += 1;
             }
@@ -383,30 +396,37 @@ impl Distiller {
         self.ladder.record(page, sample);
     }
 
-    /// Checks the oldest probe of the page's region and makes the page a
-    /// probe. Returns whether the probe was COW-broken.
-    fn check_probe(&mut self, src: &mut impl MemorySource, page: PageRef) -> bool {
+    /// Checks the oldest probe of the page's region if it is `min_age` old,
+    /// and makes the page a probe if there is room. Returns whether the
+    /// probe was COW-broken.
+    fn check_probe(
+        &mut self,
+        src: &mut impl MemorySource,
+        page: PageRef,
+        now: Nanos,
+        min_age: Nanos,
+    ) -> bool {
         let Some(t) = self.regions.get_mut(&page.region) else {
             return false;
         };
         let mut broken = false;
-        if t.probes.len() >= PROBES_PER_REGION {
-            if let Some(old) = t.probes.pop_front() {
-                let at = PageRef {
-                    region: page.region,
-                    page: old.page,
-                };
-                let unmerged = old.merged && src.page_state(at) == Ok(PageState::Present);
-                broken = unmerged || src.take_written(at) == Some(true);
-            }
+        if t.probes.front().is_some_and(|p| now - p.seen_at >= min_age) {
+            let old = t.probes.pop_front().expect("front exists");
+            let at = PageRef {
+                region: page.region,
+                page: old.page,
+            };
+            let unmerged = old.merged && src.page_state(at) == Ok(PageState::Present);
+            broken = unmerged || src.take_written(at) == Some(true);
         }
-        if !t.probes.iter().any(|p| p.page == page.page) {
+        if t.probes.len() < PROBES_PER_REGION && !t.probes.iter().any(|p| p.page == page.page) {
             // Reset the write flag: only writes after now count.
             let _ = src.take_written(page);
             let merged = matches!(src.page_state(page), Ok(PageState::Merged));
             t.probes.push_back(Probe {
                 page: page.page,
                 merged,
+                seen_at: now,
             });
         }
         broken

@@ -49,9 +49,13 @@
 
 #![forbid(unsafe_code)]
 
+pub mod distill;
+pub mod governor;
 pub mod hash;
 pub mod hints;
 pub mod index;
+pub mod ladder;
+pub mod sim;
 pub mod source;
 pub mod strength;
 

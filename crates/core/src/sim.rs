@@ -4,8 +4,11 @@
 //! - **static**: statically duplicated regions (every page one of a few
 //!   contents), the kind worth merging;
 //! - **sparse**: distinct pages, nothing to gain;
-//! - **cow-broken**: duplicated pages rewritten every few milliseconds of
-//!   simulated time (UKSM §8.1.2 memsets one page every 10 ms);
+//! - **cow-broken**: duplicated pages rewritten with the same content, one
+//!   every few tens of microseconds of simulated time, sweeping the region
+//!   so that each page is rewritten every fraction of a second (UKSM
+//!   §8.1.2 memsets one page every 10 ms; a simulated region is far
+//!   smaller than its 2 GB, so the rate per page is what is kept high);
 //! - **short-lived**: duplicated regions mapped and unmapped about every
 //!   second (UKSM §8.1.3).
 //!
@@ -19,7 +22,7 @@ use crate::distill::{Distiller, DistillerConfig, WakeReport};
 use crate::ladder::Move;
 use crate::source::{InMemorySource, MemorySource, PageState};
 use crate::{Nanos, PageRef, RegionId};
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, HashMap};
 
@@ -34,7 +37,12 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [Kind::Static, Kind::Sparse, Kind::CowBroken, Kind::ShortLived];
+    pub const ALL: [Kind; 4] = [
+        Kind::Static,
+        Kind::Sparse,
+        Kind::CowBroken,
+        Kind::ShortLived,
+    ];
     pub fn name(self) -> &'static str {
         match self {
             Kind::Static => "static",
@@ -55,7 +63,8 @@ pub struct SimConfig {
     pub region_pages: u32,
     /// Distinct contents in a static region.
     pub static_contents: u64,
-    /// One page of a COW-broken region is rewritten this often.
+    /// One page of a COW-broken region is rewritten this often (the default,
+    /// 50 µs, rewrites each page of a 4096-page region every ~0.2 s).
     pub cow_write_every: Nanos,
     /// A short-lived region lives this long, then is replaced by a new one.
     pub short_lifetime: Nanos,
@@ -71,7 +80,7 @@ impl Default for SimConfig {
             regions_per_kind: 4,
             region_pages: 4096,
             static_contents: 4,
-            cow_write_every: 2_000_000,
+            cow_write_every: 50_000,
             short_lifetime: 1_000_000_000,
             per_page_ns: 500.0,
             distiller: DistillerConfig::default(),
@@ -204,7 +213,7 @@ impl Simulation {
         let kind_moves = wake
             .moves
             .iter()
-            .filter_map(|m| self.kind_of(move_region(m)).map(|k| (k, m.clone())))
+            .filter_map(|m| self.kind_of(m.region()).map(|k| (k, *m)))
             .collect();
         // Forget regions the source no longer has (after their moves are named).
         let live: Vec<RegionId> = self.src.regions().iter().map(|r| r.id).collect();
@@ -295,14 +304,5 @@ impl Simulation {
             }
         }
         n
-    }
-}
-
-fn move_region(m: &Move) -> RegionId {
-    match *m {
-        Move::Climb { region, .. }
-        | Move::Drop { region, .. }
-        | Move::Bottom { region }
-        | Move::Stay { region } => region,
     }
 }

@@ -72,16 +72,21 @@ fn cow_broken_regions_are_demoted() {
     let drops = steps
         .iter()
         .flat_map(|s| &s.kind_moves)
-        .filter(|(k, m)| *k == Kind::CowBroken && matches!(m, Move::Drop { .. } | Move::Bottom { .. }))
+        .filter(|(k, m)| {
+            *k == Kind::CowBroken && matches!(m, Move::Drop { .. } | Move::Bottom { .. })
+        })
         .count();
     assert!(drops > 0, "no COW-broken region was ever demoted");
-    // Over the second half of the run they spend little time on the top level.
-    let half = &steps[steps.len() / 2..];
-    let at_top: usize = half.iter().map(|s| s.levels[&Kind::CowBroken][top]).sum();
-    let static_at_top: usize = half.iter().map(|s| s.levels[&Kind::Static][top]).sum();
+    // They never settle on the upper levels: at most a tenth of the
+    // region-steps above level 1, where static regions are promoted.
+    let high: usize = steps
+        .iter()
+        .map(|s| s.levels[&Kind::CowBroken][2..=top].iter().sum::<usize>())
+        .sum();
+    let all = steps.len() * SimConfig::default().regions_per_kind;
     assert!(
-        at_top * 4 < static_at_top,
-        "COW-broken regions sat on the top level {at_top} region-steps, static ones {static_at_top}"
+        high * 10 <= all,
+        "COW-broken regions spent {high} of {all} region-steps on levels 2 and up"
     );
 }
 
@@ -122,6 +127,16 @@ fn pages_sampled_stay_within_the_governors_budget() {
 fn the_simulation_is_deterministic_for_a_seed() {
     let (_, a) = run(9, 5);
     let (_, b) = run(9, 5);
-    let key = |s: &Step| (s.now, s.wake.sampled.clone(), s.levels.clone(), s.merged_pages);
-    assert_eq!(a.iter().map(key).collect::<Vec<_>>(), b.iter().map(key).collect::<Vec<_>>());
+    let key = |s: &Step| {
+        (
+            s.now,
+            s.wake.sampled.clone(),
+            s.levels.clone(),
+            s.merged_pages,
+        )
+    };
+    assert_eq!(
+        a.iter().map(key).collect::<Vec<_>>(),
+        b.iter().map(key).collect::<Vec<_>>()
+    );
 }
