@@ -1,0 +1,518 @@
+//! Discovery: which processes to look at, and which of their VMAs KSM could
+//! merge.
+//!
+//! ## Processes
+//! All processes under `/proc`, narrowed by a [`ProcessFilter`]: pids,
+//! command names (`/proc/PID/comm`, exact), effective uids and cgroups (a
+//! path, matching the cgroup or any cgroup below it, in any hierarchy). Kinds combine with
+//! AND, values of one kind with OR. pagesift's own process is never listed;
+//! naming it explicitly is an error, as is naming a pid that does not
+//! exist; a thread id names its process. Kernel threads (no memory) and
+//! zombies are skipped, and processes that exit while being listed are
+//! dropped silently.
+//!
+//! ## Regions
+//! `/proc/PID/smaps` is read once and parsed by `procfs`; the `VmFlags`
+//! line of each VMA is kept as raw tokens because `procfs` drops flags it
+//! does not know (such as `dp`, `VM_DROPPABLE`). A VMA is kept when KSM's
+//! `ksm_compatible()` would accept it (mainline-ksm.md §2.3): not shared
+//! (`sh`, `ms`), not `VM_PFNMAP`/`VM_IO` (`pf`, `io`), not `VM_DONTEXPAND`
+//! (`de`), not hugetlb (`ht`), not `VM_MIXEDMAP` (`mm`), not `VM_DROPPABLE`
+//! (`dp`). DAX mappings are not visible in smaps and are not filtered (KSM
+//! ignores them; their pages are never anonymous). Two more rules are
+//! pagesift's own: a VMA must be readable, because `process_vm_readv`
+//! cannot read `PROT_NONE` memory, and `[vsyscall]` is not a real VMA.
+//!
+//! A kept VMA is [`RegionKind::Anonymous`] or [`RegionKind::PrivateFile`]:
+//! in a private file mapping only the pages that were written (COWed, and
+//! so anonymous) are merge candidates; the others are page cache, which KSM
+//! never merges. The per-page distinction comes from pagemap's "file" bit.
+
+use crate::error::LinuxError;
+use procfs::FromBufRead;
+use procfs::process::{MMapPath, MemoryMaps, Process};
+use std::io::Read;
+use std::path::PathBuf;
+
+/// Which processes to look at. Empty lists do not filter.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessFilter {
+    /// Only these pids (each must exist).
+    pub pids: Vec<u32>,
+    /// Only processes whose `comm` is one of these.
+    pub comms: Vec<String>,
+    /// Only processes whose effective uid is one of these.
+    pub uids: Vec<u32>,
+    /// Only processes in one of these cgroups (paths such as
+    /// `/system.slice/foo.service`, with or without the `/sys/fs/cgroup`
+    /// prefix), or in a cgroup below one of them. On cgroup v1 hosts a
+    /// process matches through any of its hierarchies.
+    pub cgroups: Vec<String>,
+}
+
+impl ProcessFilter {
+    /// Every process except pagesift itself.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Exactly these pids.
+    pub fn pids(pids: impl IntoIterator<Item = u32>) -> Self {
+        ProcessFilter {
+            pids: pids.into_iter().collect(),
+            ..Self::default()
+        }
+    }
+
+    fn matches(&self, info: &ProcessInfo) -> bool {
+        (self.comms.is_empty() || self.comms.contains(&info.comm))
+            && (self.uids.is_empty() || self.uids.contains(&info.uid))
+            && (self.cgroups.is_empty()
+                || self
+                    .cgroups
+                    .iter()
+                    .any(|c| info.cgroups.iter().any(|have| cgroup_matches(c, have))))
+    }
+}
+
+/// Whether cgroup path `have` is `want` or below it. `want` may carry the
+/// `/sys/fs/cgroup` mount prefix.
+fn cgroup_matches(want: &str, have: &str) -> bool {
+    let want = want.strip_prefix("/sys/fs/cgroup").unwrap_or(want);
+    let want = want.trim_end_matches('/');
+    if want.is_empty() {
+        return true; // the root cgroup contains everything
+    }
+    have == want || have.strip_prefix(want).is_some_and(|r| r.starts_with('/'))
+}
+
+/// A process that was selected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessInfo {
+    /// Its pid (thread-group id).
+    pub pid: u32,
+    /// `/proc/PID/comm`.
+    pub comm: String,
+    /// Effective uid.
+    pub uid: u32,
+    /// cgroup v2 path (empty if the process is only in v1 hierarchies).
+    pub cgroup: String,
+    /// Its cgroup path in every hierarchy (v2 and v1), deduplicated.
+    pub cgroups: Vec<String>,
+    /// Start time in clock ticks after boot; with the pid it identifies the
+    /// process even if the pid is reused later.
+    pub start_time: u64,
+}
+
+/// Why a process is not listed when it is looked at.
+enum Skip {
+    /// Kernel thread or zombie: no user memory.
+    NoMemory,
+    /// It exited while being read.
+    Gone,
+}
+
+fn process_info(pid: u32) -> Result<ProcessInfo, Skip> {
+    let p = Process::new(pid as i32).map_err(|_| Skip::Gone)?;
+    let stat = p.stat().map_err(|_| Skip::Gone)?;
+    const PF_KTHREAD: u32 = 0x0020_0000;
+    if stat.flags & PF_KTHREAD != 0 || stat.state == 'Z' || stat.state == 'X' {
+        return Err(Skip::NoMemory);
+    }
+    let status = p.status().map_err(|_| Skip::Gone)?;
+    let all: Vec<_> = p.cgroups().map_err(|_| Skip::Gone)?.into_iter().collect();
+    let cgroup = all
+        .iter()
+        .find(|c| c.hierarchy == 0)
+        .map(|c| c.pathname.clone())
+        .unwrap_or_default();
+    let mut cgroups: Vec<String> = all.into_iter().map(|c| c.pathname).collect();
+    cgroups.sort();
+    cgroups.dedup();
+    Ok(ProcessInfo {
+        pid,
+        comm: stat.comm,
+        uid: status.euid,
+        cgroup,
+        cgroups,
+        start_time: stat.starttime,
+    })
+}
+
+/// Lists the processes `filter` selects, never pagesift's own. A pid named
+/// in `filter.pids` that does not exist is an error
+/// ([`LinuxError::NoSuchProcess`]), as is naming pagesift's own pid; a
+/// thread id selects its process.
+pub fn list_processes(filter: &ProcessFilter) -> Result<Vec<ProcessInfo>, LinuxError> {
+    let own = crate::own_pid();
+    let mut out = Vec::new();
+    if !filter.pids.is_empty() {
+        for &pid in &filter.pids {
+            if pid == own {
+                return Err(LinuxError::OwnProcess(pid));
+            }
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                return Err(LinuxError::NoSuchProcess(pid));
+            }
+            // A thread id names its process.
+            let pid = Process::new(pid as i32)
+                .and_then(|p| p.status())
+                .map(|s| s.tgid as u32)
+                .map_err(|_| LinuxError::NoSuchProcess(pid))?;
+            if pid == own {
+                return Err(LinuxError::OwnProcess(pid));
+            }
+            if out.iter().any(|p: &ProcessInfo| p.pid == pid) {
+                continue;
+            }
+            match process_info(pid) {
+                Ok(info) if filter.matches(&info) => out.push(info),
+                Ok(_) | Err(Skip::NoMemory) => {}
+                Err(Skip::Gone) => return Err(LinuxError::NoSuchProcess(pid)),
+            }
+        }
+        return Ok(out);
+    }
+    let all = procfs::process::all_processes()
+        .map_err(|e| LinuxError::io("listing /proc", std::io::Error::other(e.to_string())))?;
+    for p in all.flatten() {
+        let pid = p.pid() as u32;
+        if pid == own {
+            continue;
+        }
+        if let Ok(info) = process_info(pid)
+            && filter.matches(&info)
+        {
+            out.push(info);
+        }
+    }
+    out.sort_by_key(|p| p.pid);
+    Ok(out)
+}
+
+/// How a kept VMA's pages can be merge candidates.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum RegionKind {
+    /// Private anonymous memory (heap, stacks, anonymous mmaps): every
+    /// present page is a candidate.
+    Anonymous,
+    /// A private file mapping: only its COWed (anonymous) pages are
+    /// candidates; unmodified pages are page cache.
+    PrivateFile,
+}
+
+/// Why a VMA is not kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ineligible {
+    /// `VM_SHARED`/`VM_MAYSHARE` (shared file, shmem, shared anonymous).
+    Shared,
+    /// `VM_HUGETLB`.
+    Hugetlb,
+    /// `VM_PFNMAP` or `VM_IO` (device memory).
+    PfnMapOrIo,
+    /// `VM_DONTEXPAND` (special mappings such as the vDSO, driver buffers).
+    DontExpand,
+    /// `VM_MIXEDMAP`.
+    MixedMap,
+    /// `VM_DROPPABLE` (MAP_DROPPABLE, e.g. vgetrandom state).
+    Droppable,
+    /// Not readable (`PROT_NONE` guard areas): `process_vm_readv` cannot
+    /// read it.
+    Unreadable,
+    /// `[vsyscall]`, which is not a VMA of the process.
+    Vsyscall,
+}
+
+/// A VMA's `VmFlags` tokens as smaps prints them (`rd wr mr mw me ac ...`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VmaFlags(Vec<String>);
+
+impl VmaFlags {
+    /// Parses the text after `VmFlags:`.
+    pub fn parse(line: &str) -> Self {
+        VmaFlags(line.split_whitespace().map(str::to_owned).collect())
+    }
+
+    /// Whether the two-letter flag is set.
+    pub fn has(&self, flag: &str) -> bool {
+        self.0.iter().any(|f| f == flag)
+    }
+}
+
+/// Applies KSM's `ksm_compatible()` rule (mainline-ksm.md §2.3) plus
+/// pagesift's readability rule to one VMA.
+pub fn classify(
+    flags: &VmaFlags,
+    readable: bool,
+    path: &MMapPath,
+) -> Result<RegionKind, Ineligible> {
+    if matches!(path, MMapPath::Vsyscall) {
+        return Err(Ineligible::Vsyscall);
+    }
+    if flags.has("sh") || flags.has("ms") {
+        return Err(Ineligible::Shared);
+    }
+    if flags.has("ht") {
+        return Err(Ineligible::Hugetlb);
+    }
+    if flags.has("pf") || flags.has("io") {
+        return Err(Ineligible::PfnMapOrIo);
+    }
+    if flags.has("de") {
+        return Err(Ineligible::DontExpand);
+    }
+    if flags.has("mm") {
+        return Err(Ineligible::MixedMap);
+    }
+    if flags.has("dp") {
+        return Err(Ineligible::Droppable);
+    }
+    if !readable || !flags.has("rd") {
+        return Err(Ineligible::Unreadable);
+    }
+    Ok(match path {
+        MMapPath::Path(_) => RegionKind::PrivateFile,
+        _ => RegionKind::Anonymous,
+    })
+}
+
+/// A VMA KSM could merge.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Region {
+    /// First address.
+    pub start: u64,
+    /// End address (exclusive).
+    pub end: u64,
+    /// Whether every present page or only COWed pages are candidates.
+    pub kind: RegionKind,
+    /// The mapped file, for [`RegionKind::PrivateFile`]; the pseudo-path
+    /// (`[heap]`, `[stack]`, `[anon:name]`) or none for anonymous memory.
+    pub path: Option<PathBuf>,
+    /// Already `VM_MERGEABLE` (`mg`).
+    pub mergeable: bool,
+    /// `MADV_HUGEPAGE` was advised (`hg`).
+    pub thp_advised: bool,
+}
+
+impl Region {
+    /// Length in pages.
+    pub fn pages(&self) -> u64 {
+        (self.end - self.start) / crate::PAGE_SIZE
+    }
+}
+
+/// A VMA that was not kept, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RejectedRegion {
+    /// First address.
+    pub start: u64,
+    /// End address (exclusive).
+    pub end: u64,
+    /// Why KSM (or pagesift) cannot use it.
+    pub reason: Ineligible,
+}
+
+/// A process's VMAs, split into kept and rejected.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessRegions {
+    /// VMAs KSM could merge, in address order.
+    pub eligible: Vec<Region>,
+    /// The others, in address order.
+    pub rejected: Vec<RejectedRegion>,
+}
+
+/// Reads `/proc/PID/smaps` and classifies every VMA. A process that does not
+/// exist gives [`LinuxError::NoSuchProcess`]; the caller that discovered it
+/// earlier may treat that as [`LinuxError::Gone`].
+pub fn process_regions(pid: u32) -> Result<ProcessRegions, LinuxError> {
+    if pid == crate::own_pid() {
+        return Err(LinuxError::OwnProcess(pid));
+    }
+    let p = Process::new(pid as i32).map_err(|_| LinuxError::NoSuchProcess(pid))?;
+    let mut text = String::new();
+    p.open_relative("smaps")
+        .map_err(|e| proc_error(pid, e))?
+        .read_to_string(&mut text)
+        .map_err(|e| {
+            LinuxError::from_process_op(
+                pid,
+                e,
+                "reading /proc/PID/smaps",
+                crate::Capability::SysPtrace,
+                crate::error::WHY_PTRACE,
+            )
+        })?;
+    parse_smaps(&text)
+}
+
+fn proc_error(pid: u32, e: procfs::ProcError) -> LinuxError {
+    match e {
+        procfs::ProcError::NotFound(_) => LinuxError::NoSuchProcess(pid),
+        procfs::ProcError::PermissionDenied(_) => LinuxError::from_process_op(
+            pid,
+            std::io::Error::from_raw_os_error(crate::error::libc_errno::EACCES),
+            "opening /proc/PID/smaps",
+            crate::Capability::SysPtrace,
+            crate::error::WHY_PTRACE,
+        ),
+        other => LinuxError::Parse(format!("/proc/{pid}/smaps: {other}")),
+    }
+}
+
+/// Classifies the VMAs of an smaps text.
+pub fn parse_smaps(text: &str) -> Result<ProcessRegions, LinuxError> {
+    let maps = MemoryMaps::from_buf_read(text.as_bytes())
+        .map_err(|e| LinuxError::Parse(format!("smaps: {e}")))?;
+    let flags: Vec<VmaFlags> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("VmFlags:"))
+        .map(VmaFlags::parse)
+        .collect();
+    if flags.len() != maps.len() {
+        return Err(LinuxError::Parse(format!(
+            "smaps: {} VMAs but {} VmFlags lines",
+            maps.len(),
+            flags.len()
+        )));
+    }
+    let mut out = ProcessRegions::default();
+    for (m, f) in maps.iter().zip(flags) {
+        let (start, end) = m.address;
+        let readable = m.perms.contains(procfs::process::MMPermissions::READ);
+        match classify(&f, readable, &m.pathname) {
+            Ok(kind) => out.eligible.push(Region {
+                start,
+                end,
+                kind,
+                path: match &m.pathname {
+                    MMapPath::Path(p) => Some(p.clone()),
+                    MMapPath::Heap => Some("[heap]".into()),
+                    MMapPath::Stack => Some("[stack]".into()),
+                    MMapPath::TStack(t) => Some(format!("[stack:{t}]").into()),
+                    MMapPath::Other(s) => Some(s.into()),
+                    _ => None,
+                },
+                mergeable: f.has("mg"),
+                thp_advised: f.has("hg"),
+            }),
+            Err(reason) => out.rejected.push(RejectedRegion { start, end, reason }),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(s: &str) -> VmaFlags {
+        VmaFlags::parse(s)
+    }
+
+    #[test]
+    fn ksm_compatible_rule() {
+        let anon = MMapPath::Anonymous;
+        let file = MMapPath::Path("/usr/lib/libc.so.6".into());
+        assert_eq!(
+            classify(&f("rd wr mr mw me ac"), true, &anon),
+            Ok(RegionKind::Anonymous)
+        );
+        assert_eq!(
+            classify(&f("rd wr mr mw me ac"), true, &file),
+            Ok(RegionKind::PrivateFile)
+        );
+        assert_eq!(
+            classify(&f("rd wr sh mr mw me ms"), true, &file),
+            Err(Ineligible::Shared)
+        );
+        assert_eq!(
+            classify(&f("rd mr me ms"), true, &file),
+            Err(Ineligible::Shared)
+        );
+        assert_eq!(
+            classify(&f("rd wr mr mw me ht"), true, &anon),
+            Err(Ineligible::Hugetlb)
+        );
+        assert_eq!(
+            classify(&f("rd wr pf io de"), true, &anon),
+            Err(Ineligible::PfnMapOrIo)
+        );
+        assert_eq!(
+            classify(&f("rd ex mr me de"), true, &MMapPath::Vdso),
+            Err(Ineligible::DontExpand)
+        );
+        assert_eq!(
+            classify(&f("rd wr mm"), true, &anon),
+            Err(Ineligible::MixedMap)
+        );
+        assert_eq!(
+            classify(&f("rd wr mr mw me ac dp"), true, &anon),
+            Err(Ineligible::Droppable)
+        );
+        assert_eq!(
+            classify(&f("mr mw me ac"), false, &anon),
+            Err(Ineligible::Unreadable)
+        );
+        assert_eq!(
+            classify(&f("ex"), true, &MMapPath::Vsyscall),
+            Err(Ineligible::Vsyscall)
+        );
+    }
+
+    #[test]
+    fn cgroup_subtree_match() {
+        assert!(cgroup_matches("/system.slice", "/system.slice/a.service"));
+        assert!(cgroup_matches(
+            "/sys/fs/cgroup/system.slice/",
+            "/system.slice"
+        ));
+        assert!(!cgroup_matches("/system.slice", "/system.slicex"));
+        assert!(!cgroup_matches("/user.slice", "/system.slice/a.service"));
+        assert!(cgroup_matches("/", "/anything"));
+    }
+
+    const SMAPS: &str = "\
+55d0c0000000-55d0c0021000 rw-p 00000000 00:00 0                          [heap]
+Size:                132 kB
+Rss:                   4 kB
+VmFlags: rd wr mr mw me ac
+7f0000000000-7f0000100000 rw-s 00000000 00:05 1234                       /dev/zero (deleted)
+Size:               1024 kB
+VmFlags: rd wr sh mr mw me ms
+7f0000200000-7f0000201000 rw-p 00000000 00:00 0 
+Size:                  4 kB
+VmFlags: rd wr mr mw me ac dp
+7f0000300000-7f0000310000 r--p 00001000 08:01 42                         /usr/lib/x.so
+Size:                 64 kB
+VmFlags: rd mr mw me mg
+7ffc00000000-7ffc00002000 r--p 00000000 00:00 0                          [vvar]
+Size:                  8 kB
+VmFlags: rd mr pf io de dd
+";
+
+    #[test]
+    fn smaps_text_is_classified_in_order() {
+        let r = parse_smaps(SMAPS).unwrap();
+        assert_eq!(r.eligible.len(), 2);
+        assert_eq!(r.eligible[0].start, 0x55d0_c000_0000);
+        assert_eq!(r.eligible[0].kind, RegionKind::Anonymous);
+        assert_eq!(r.eligible[0].pages(), 0x21);
+        assert_eq!(r.eligible[1].kind, RegionKind::PrivateFile);
+        assert!(r.eligible[1].mergeable);
+        let reasons: Vec<_> = r.rejected.iter().map(|x| x.reason).collect();
+        assert_eq!(
+            reasons,
+            vec![
+                Ineligible::Shared,
+                Ineligible::Droppable,
+                Ineligible::PfnMapOrIo
+            ]
+        );
+    }
+
+    #[test]
+    fn mismatched_vmflags_is_a_parse_error() {
+        let text = SMAPS.replacen("VmFlags: rd wr mr mw me ac\n", "", 1);
+        assert!(matches!(parse_smaps(&text), Err(LinuxError::Parse(_))));
+    }
+}

@@ -1,0 +1,179 @@
+//! `/proc/kpageflags`: per physical frame, what kind of page is it?
+//!
+//! One 64-bit word per PFN (Documentation/admin-guide/mm/pagemap.rst). The
+//! bits pagesift uses, verified on this machine (mechanisms.md §4): ANON 12,
+//! COMPOUND_HEAD 15, COMPOUND_TAIL 16, HUGE (hugetlb) 17, NOPAGE 20, KSM 21,
+//! THP 22, ZERO_PAGE 24 (set for the zero page and the huge zero page).
+//!
+//! The file is indexed by PFN, so single 8-byte reads cost 290–390 ns each;
+//! [`KPageFlags::read_many`] sorts the PFNs and reads clustered ones with
+//! one `pread` per cluster. A PFN can change between the pagemap read and
+//! this one (migration, compaction, a KSM merge): the flags are hints, and
+//! the content read later is what counts.
+
+use crate::caps::{self, Capability};
+use crate::error::{LinuxError, WHY_PFN};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+/// The flags of one frame.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct KpfFlags(pub u64);
+
+impl KpfFlags {
+    fn bit(self, b: u32) -> bool {
+        self.0 >> b & 1 == 1
+    }
+    /// An anonymous page.
+    pub fn anon(self) -> bool {
+        self.bit(12)
+    }
+    /// First page of a compound page.
+    pub fn compound_head(self) -> bool {
+        self.bit(15)
+    }
+    /// Non-first page of a compound page.
+    pub fn compound_tail(self) -> bool {
+        self.bit(16)
+    }
+    /// A hugetlbfs page.
+    pub fn hugetlb(self) -> bool {
+        self.bit(17)
+    }
+    /// No page frame at this PFN.
+    pub fn nopage(self) -> bool {
+        self.bit(20)
+    }
+    /// A KSM page: already merged.
+    pub fn ksm(self) -> bool {
+        self.bit(21)
+    }
+    /// Part of a transparent huge page.
+    pub fn thp(self) -> bool {
+        self.bit(22)
+    }
+    /// The zero page or the huge zero page.
+    pub fn zero_page(self) -> bool {
+        self.bit(24)
+    }
+}
+
+/// Clustered PFNs closer than this are read with one `pread` (the gap is
+/// read and discarded: 64 entries cost about one extra syscall).
+const CLUSTER_GAP: u64 = 64;
+
+/// An open `/proc/kpageflags`.
+#[derive(Debug)]
+pub struct KPageFlags {
+    file: File,
+    scratch: Vec<u64>,
+    order: Vec<usize>,
+}
+
+impl KPageFlags {
+    /// Opens `/proc/kpageflags` (root only, and meaningful only with PFNs,
+    /// i.e. `CAP_SYS_ADMIN`).
+    pub fn open() -> Result<KPageFlags, LinuxError> {
+        if !caps::has(Capability::SysAdmin) {
+            return Err(LinuxError::MissingCapability {
+                cap: Capability::SysAdmin,
+                why: WHY_PFN,
+            });
+        }
+        let file = File::open("/proc/kpageflags").map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                LinuxError::Unsupported("/proc/kpageflags (CONFIG_PROC_PAGE_MONITOR is off)".into())
+            }
+            _ => LinuxError::io("opening /proc/kpageflags (mode 0400, owned by root)", e),
+        })?;
+        Ok(KPageFlags {
+            file,
+            scratch: Vec::new(),
+            order: Vec::new(),
+        })
+    }
+
+    /// The flags of one frame.
+    pub fn read_one(&mut self, pfn: u64) -> Result<KpfFlags, LinuxError> {
+        let mut out = [KpfFlags(0)];
+        self.read_many(&[pfn], &mut out)?;
+        Ok(out[0])
+    }
+
+    /// `out[i]` receives the flags of `pfns[i]`.
+    pub fn read_many(&mut self, pfns: &[u64], out: &mut [KpfFlags]) -> Result<(), LinuxError> {
+        assert_eq!(pfns.len(), out.len());
+        self.order.clear();
+        self.order.extend(0..pfns.len());
+        self.order.sort_unstable_by_key(|&i| pfns[i]);
+        let mut k = 0;
+        while k < self.order.len() {
+            // One cluster: sorted PFNs with gaps below CLUSTER_GAP.
+            let first = pfns[self.order[k]];
+            let mut last = first;
+            let mut j = k + 1;
+            while j < self.order.len() && pfns[self.order[j]] - last < CLUSTER_GAP {
+                last = pfns[self.order[j]];
+                j += 1;
+            }
+            let n = (last - first + 1) as usize;
+            self.scratch.clear();
+            self.scratch.resize(n, 0);
+            read_exact_at(
+                &self.file,
+                bytemuck::cast_slice_mut(&mut self.scratch),
+                first * 8,
+            )?;
+            for &i in &self.order[k..j] {
+                out[i] = KpfFlags(self.scratch[(pfns[i] - first) as usize]);
+            }
+            k = j;
+        }
+        Ok(())
+    }
+}
+
+fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> Result<(), LinuxError> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => {
+                return Err(LinuxError::Parse(format!(
+                    "/proc/kpageflags ends before PFN {}",
+                    (offset + done as u64) / 8
+                )));
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(LinuxError::io("reading /proc/kpageflags", e)),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_bits() {
+        let f = KpfFlags(1 << 21 | 1 << 12);
+        assert!(f.ksm() && f.anon() && !f.thp() && !f.zero_page());
+        assert!(KpfFlags(1 << 24).zero_page());
+        assert!(KpfFlags(1 << 22 | 1 << 16).thp());
+    }
+
+    #[test]
+    fn many_matches_one_by_one_in_any_order() {
+        if !caps::has(Capability::SysAdmin) {
+            return; // needs root; the integration tests cover the error
+        }
+        let mut k = KPageFlags::open().unwrap();
+        let pfns = [5000u64, 17, 5001, 4_000, 18, 5000, 1 << 20];
+        let mut many = vec![KpfFlags(0); pfns.len()];
+        k.read_many(&pfns, &mut many).unwrap();
+        for (i, &p) in pfns.iter().enumerate() {
+            assert_eq!(k.read_one(p).unwrap(), many[i], "pfn {p}");
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! # pagesift-linux: live processes as a `MemorySource`
+//!
+//! Every syscall, `/proc` and `/sys` access of pagesift lives in this crate;
+//! the algorithms in `pagesift-core` only see the
+//! [`MemorySource`](pagesift_core::source::MemorySource) trait. The
+//! crate is read-only towards its targets: it never writes their memory,
+//! never changes their mappings and never touches KSM's state.
+//!
+//! ## How a page is reached, before the code
+//!
+//! 1. **Discover** ([`discover`]). Processes come from `/proc` (filters by
+//!    pid, comm, uid and cgroup; pagesift's own process is never listed).
+//!    Their VMAs come from `/proc/PID/smaps`, parsed by the `procfs` crate;
+//!    only the VMAs that KSM could merge are kept (mainline-ksm.md §2.3:
+//!    private, not hugetlb, not PFNMAP/IO/MIXEDMAP, not DONTEXPAND, not
+//!    DROPPABLE). Private file mappings are kept too, but only their COWed
+//!    (anonymous) pages are candidates.
+//! 2. **Look without touching** ([`pagemap`], [`kpageflags`], [`inspect`]).
+//!    `/proc/PID/pagemap` says, per virtual page, whether it is present and
+//!    which frame (PFN) backs it; `/proc/kpageflags` says, per frame, whether
+//!    it is the zero page, a KSM page or part of a THP. `PAGEMAP_SCAN` finds
+//!    present runs of a large sparse VMA in one ioctl. None of these fault a
+//!    page in (mechanisms.md §4).
+//! 3. **Read** ([`read`]). Only pages known to be present are read. A
+//!    remote read of a non-present page would *fault it in* in the target:
+//!    it maps the zero page and allocates page tables there (mechanisms.md
+//!    §3, verified with `pvr_fault.c`). Exclusively mapped pages are read
+//!    with `process_vm_readv`, many whole pages per call (up to `IOV_MAX`
+//!    iovecs, contiguous pages coalesced). Pages shared with another
+//!    process (after fork) or possibly merged by KSM are read through
+//!    `/proc/PID/mem` instead: `process_vm_readv` pins pages, and pinning a
+//!    shared anonymous page makes the kernel copy it in the target (measured
+//!    here, see [`read`]). [`LinuxSource`] re-checks presence and
+//!    exclusivity right before each read.
+//! 4. **Present it to the core** ([`source`]). [`LinuxSource`] maps VMAs to
+//!    stable [`RegionId`](pagesift_core::RegionId)s and implements the trait.
+//!
+//! ## Privileges
+//!
+//! Reading another process's memory (`process_vm_readv`, `/proc/PID/mem`)
+//! needs ptrace *attach* access: `CAP_SYS_PTRACE` for a process of another
+//! user or with capabilities the caller lacks. Its smaps and pagemap need
+//! ptrace *read* access, which `CAP_SYS_ADMIN` or `CAP_PERFMON` also grant
+//! (observed on this kernel). PFNs in pagemap are only shown with
+//! `CAP_SYS_ADMIN`, and `/proc/kpageflags` is root-only. A missing
+//! capability is reported by name ([`LinuxError::MissingCapability`]).
+//!
+//! All `unsafe` code is in [`sys`], each block with a `// SAFETY:` comment.
+
+pub mod caps;
+pub mod discover;
+pub mod error;
+pub mod inspect;
+pub mod kpageflags;
+pub mod pagemap;
+pub mod read;
+pub mod source;
+pub mod sys;
+
+pub use caps::Capability;
+pub use discover::{ProcessFilter, ProcessInfo, Region, RegionKind};
+pub use error::LinuxError;
+pub use inspect::{PageClass, PageInfo, PageInspector};
+pub use read::{PageBuffer, RemoteReader};
+pub use source::{LinuxSource, SourceConfig};
+
+/// Bytes in a base page (x86-64 and arm64 4K kernels; pagesift assumes it).
+pub const PAGE_SIZE: u64 = pagesift_core::PAGE_SIZE as u64;
+
+/// pagesift's own pid: never listed, never read.
+pub fn own_pid() -> u32 {
+    std::process::id()
+}

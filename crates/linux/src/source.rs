@@ -1,0 +1,562 @@
+//! [`LinuxSource`]: the live processes of this machine as a
+//! [`MemorySource`].
+//!
+//! ## Regions and their ids
+//! Every VMA that [`discover`] keeps becomes one region, or
+//! several slices of at most [`SourceConfig::max_region_pages`] pages (the
+//! core addresses pages of a region with a `u32`). A region's id is keyed by
+//! (pid, process start time, first address): [`LinuxSource::refresh`]
+//! re-reads the maps and keeps the id of a region that is still there (its
+//! length may change, e.g. a growing heap), gives new regions new ids, and
+//! forgets unmapped ones. The start time makes a reused pid a new process.
+//! Ids are never reused.
+//!
+//! ## Page states
+//! [`MemorySource::page_state`] reads one pagemap entry and, for a present
+//! page, its kpageflags word ([`PageInspector`]); [`LinuxSource::inspect`]
+//! does the same for a run of pages in two batched reads.
+//!
+//! ## Reads, and why pages are checked again
+//! [`MemorySource::read_pages`] groups the requested pages by process,
+//! reads their pagemap entries (clustered `pread`s) right before the read,
+//! and reads only the leading pages that are still present. The core's
+//! contract already says "read only pages whose state you checked", but
+//! the state may be stale by then (the target can free a page at any
+//! time), and a remote read of a non-present page would fault it in inside
+//! the target. Checking again shrinks that window to the microseconds
+//! between two syscalls. The same entries choose the read path
+//! ([`crate::read`]): exclusively mapped pages outside `VM_MERGEABLE`
+//! regions go through `process_vm_readv`; shared pages (after fork) and
+//! everything in mergeable regions (where KSM pages live) through
+//! `/proc/PID/mem`, because pinning them would make the kernel copy them
+//! in the target. The check costs one pagemap `pread` per cluster of
+//! nearby pages (≈0.7 µs for an isolated page, ≈40 ns per page in
+//! contiguous runs, mechanisms.md §4).
+//!
+//! ## Vanishing processes
+//! A process that exits is normal: its regions report
+//! [`SourceError::Gone`], it is remembered in [`LinuxSource::gone`], and the
+//! next refresh drops it.
+
+use crate::discover::{self, ProcessFilter, ProcessInfo, RegionKind};
+use crate::error::LinuxError;
+use crate::inspect::{PageInfo, PageInspector};
+use crate::kpageflags::KPageFlags;
+use crate::pagemap::{Pagemap, PagemapEntry};
+use crate::read::RemoteReader;
+use pagesift_core::source::{MemorySource, PageState, RegionInfo, SourceError};
+use pagesift_core::{PageRef, PageWords, RegionId};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+/// How [`LinuxSource`] cuts memory into regions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceConfig {
+    /// VMAs longer than this many pages are split into slices of this
+    /// length (the last one shorter).
+    pub max_region_pages: u32,
+    /// Keep private file mappings (only their COWed pages are candidates).
+    pub private_file: bool,
+}
+
+impl Default for SourceConfig {
+    fn default() -> Self {
+        SourceConfig {
+            max_region_pages: u32::MAX,
+            private_file: true,
+        }
+    }
+}
+
+/// A region as [`LinuxSource`] tracks it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinuxRegion {
+    /// Its id.
+    pub id: RegionId,
+    /// The owning process.
+    pub pid: u32,
+    /// First address.
+    pub start: u64,
+    /// Length in pages.
+    pub pages: u32,
+    /// Whether all present pages or only COWed ones are candidates.
+    pub kind: RegionKind,
+    /// The mapped file or pseudo-path, if any.
+    pub path: Option<PathBuf>,
+    /// `VM_MERGEABLE` at the last refresh: KSM pages can only be here, so
+    /// its pages are always read through the unpinned path.
+    pub mergeable: bool,
+}
+
+impl LinuxRegion {
+    /// Address of page `page`.
+    pub fn address(&self, page: u32) -> u64 {
+        self.start + page as u64 * crate::PAGE_SIZE
+    }
+}
+
+#[derive(Debug)]
+struct Proc {
+    info: ProcessInfo,
+    inspector: PageInspector,
+    reader: RemoteReader,
+    gone: bool,
+}
+
+/// Live processes as a [`MemorySource`]. Read-only: it never writes a
+/// target's memory, mappings or KSM state.
+#[derive(Debug)]
+pub struct LinuxSource {
+    filter: ProcessFilter,
+    config: SourceConfig,
+    procs: BTreeMap<u32, Proc>,
+    regions: BTreeMap<RegionId, LinuxRegion>,
+    ids: HashMap<(u32, u64, u64), RegionId>,
+    next_id: u64,
+    gone: Vec<u32>,
+    skipped: Vec<(u32, String)>,
+    entries: Vec<PagemapEntry>,
+    checked: Vec<PagemapEntry>,
+    order: Vec<usize>,
+    addrs: Vec<u64>,
+    unpinned: Vec<bool>,
+}
+
+impl LinuxSource {
+    /// Discovers the processes `filter` selects and their mergeable regions.
+    ///
+    /// Errors: a named pid that does not exist, pagesift's own pid, or a
+    /// missing capability (`CAP_SYS_ADMIN` for PFNs, checked first;
+    /// `CAP_SYS_PTRACE` when a target refuses access).
+    ///
+    /// Each selected process holds two open files (pagemap and mem), so the
+    /// soft limit on open files is raised to the hard limit.
+    pub fn new(filter: ProcessFilter, config: SourceConfig) -> Result<LinuxSource, LinuxError> {
+        // Fail early, and by name, without CAP_SYS_ADMIN.
+        KPageFlags::open()?;
+        raise_open_file_limit();
+        let mut s = LinuxSource {
+            filter,
+            config,
+            procs: BTreeMap::new(),
+            regions: BTreeMap::new(),
+            ids: HashMap::new(),
+            next_id: 0,
+            gone: Vec::new(),
+            skipped: Vec::new(),
+            entries: Vec::new(),
+            checked: Vec::new(),
+            order: Vec::new(),
+            addrs: Vec::new(),
+            unpinned: Vec::new(),
+        };
+        s.discover(true)?;
+        Ok(s)
+    }
+
+    /// Re-reads processes and maps. Region ids of unchanged regions are
+    /// kept; processes that exited are dropped and recorded in
+    /// [`gone`](Self::gone).
+    pub fn refresh(&mut self) -> Result<(), LinuxError> {
+        self.discover(false)
+    }
+
+    /// Pids of processes that exited after they were discovered (or while
+    /// being discovered), since the last [`take_gone`](Self::take_gone).
+    pub fn gone(&self) -> &[u32] {
+        &self.gone
+    }
+
+    /// Returns and forgets the pids in [`gone`](Self::gone) (a long-running
+    /// caller drains it after counting).
+    pub fn take_gone(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.gone)
+    }
+
+    /// Processes that were selected but could not be opened at the last
+    /// discovery, with why (e.g. refused by an LSM despite the
+    /// capabilities).
+    pub fn skipped(&self) -> &[(u32, String)] {
+        &self.skipped
+    }
+
+    /// The selected processes that are alive (as of the last access).
+    pub fn processes(&self) -> impl Iterator<Item = &ProcessInfo> {
+        self.procs.values().filter(|p| !p.gone).map(|p| &p.info)
+    }
+
+    /// A region's details.
+    pub fn region(&self, id: RegionId) -> Option<&LinuxRegion> {
+        self.regions.get(&id)
+    }
+
+    /// All tracked regions, by id.
+    pub fn linux_regions(&self) -> impl Iterator<Item = &LinuxRegion> {
+        self.regions.values()
+    }
+
+    fn discover(&mut self, first: bool) -> Result<(), LinuxError> {
+        self.skipped.clear();
+        let listed = if self.filter.pids.is_empty() || first {
+            discover::list_processes(&self.filter)?
+        } else {
+            // Named pids that exited since are gone, not errors.
+            let mut v = Vec::new();
+            for &pid in &self.filter.pids {
+                let one = ProcessFilter {
+                    pids: vec![pid],
+                    ..self.filter.clone()
+                };
+                match discover::list_processes(&one) {
+                    Ok(mut p) => v.append(&mut p),
+                    Err(LinuxError::NoSuchProcess(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            v
+        };
+        // Drop processes that vanished or whose pid now names another.
+        let keep: HashMap<u32, u64> = listed.iter().map(|p| (p.pid, p.start_time)).collect();
+        let stale: Vec<(u32, bool)> = self
+            .procs
+            .iter()
+            .filter(|(pid, p)| p.gone || keep.get(pid) != Some(&p.info.start_time))
+            .map(|(&pid, p)| (pid, p.gone))
+            .collect();
+        for (pid, counted) in stale {
+            if !counted {
+                self.mark_gone(pid);
+            }
+            self.procs.remove(&pid);
+        }
+        let mut seen: Vec<RegionId> = Vec::new();
+        for info in listed {
+            let pid = info.pid;
+            if let std::collections::btree_map::Entry::Vacant(slot) = self.procs.entry(pid) {
+                match open_proc(info) {
+                    Ok(p) => {
+                        slot.insert(p);
+                    }
+                    Err(e) if e.is_gone() || matches!(e, LinuxError::NoSuchProcess(_)) => {
+                        self.mark_gone(pid);
+                        continue;
+                    }
+                    Err(e @ LinuxError::PermissionDenied { .. }) => {
+                        self.skipped.push((pid, e.to_string()));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let start_time = self.procs[&pid].info.start_time;
+            let maps = match discover::process_regions(pid) {
+                Ok(m) => m,
+                Err(LinuxError::NoSuchProcess(_)) | Err(LinuxError::Gone(_)) => {
+                    self.procs.remove(&pid);
+                    self.mark_gone(pid);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            for r in maps.eligible {
+                if r.kind == RegionKind::PrivateFile && !self.config.private_file {
+                    continue;
+                }
+                let slice = self.config.max_region_pages.max(1) as u64;
+                let total = r.pages();
+                let mut first_page = 0;
+                while first_page < total {
+                    let pages = (total - first_page).min(slice) as u32;
+                    let start = r.start + first_page * crate::PAGE_SIZE;
+                    let key = (pid, start_time, start);
+                    let id = *self.ids.entry(key).or_insert_with(|| {
+                        self.next_id += 1;
+                        RegionId(self.next_id)
+                    });
+                    self.regions.insert(
+                        id,
+                        LinuxRegion {
+                            id,
+                            pid,
+                            start,
+                            pages,
+                            kind: r.kind.clone(),
+                            path: r.path.clone(),
+                            mergeable: r.mergeable,
+                        },
+                    );
+                    seen.push(id);
+                    first_page += pages as u64;
+                }
+            }
+        }
+        // Forget regions that were not seen this time.
+        seen.sort_unstable();
+        self.regions.retain(|id, _| seen.binary_search(id).is_ok());
+        let live: std::collections::HashSet<RegionId> = seen.into_iter().collect();
+        self.ids.retain(|_, id| live.contains(id));
+        Ok(())
+    }
+
+    fn mark_gone(&mut self, pid: u32) {
+        if !self.gone.contains(&pid) {
+            self.gone.push(pid);
+        }
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.gone = true;
+        }
+    }
+
+    /// The region and live process of `page`, or the core's error.
+    fn locate(&self, page: PageRef) -> Result<(&LinuxRegion, u32), SourceError> {
+        let r = self
+            .regions
+            .get(&page.region)
+            .ok_or(SourceError::Gone(page.region))?;
+        if page.page >= r.pages {
+            return Err(SourceError::OutOfRange(page));
+        }
+        match self.procs.get(&r.pid) {
+            Some(p) if !p.gone => Ok((r, r.pid)),
+            _ => Err(SourceError::Gone(page.region)),
+        }
+    }
+
+    fn fail(&mut self, region: RegionId, pid: u32, e: LinuxError) -> SourceError {
+        if e.is_gone() {
+            self.mark_gone(pid);
+        }
+        e.into_source_error(region)
+    }
+
+    /// Fills `out[i]` with what is known about page `first + i` of
+    /// `region`, in one pagemap read and clustered kpageflags reads.
+    pub fn inspect(
+        &mut self,
+        region: RegionId,
+        first: u32,
+        out: &mut [PageInfo],
+    ) -> Result<(), SourceError> {
+        let end = first as u64 + out.len() as u64;
+        let (r, pid) = self.locate(PageRef {
+            region,
+            page: first,
+        })?;
+        if end > r.pages as u64 {
+            return Err(SourceError::OutOfRange(PageRef {
+                region,
+                page: r.pages,
+            }));
+        }
+        let addr = r.address(first);
+        let res = self
+            .procs
+            .get_mut(&pid)
+            .expect("located")
+            .inspector
+            .inspect(addr, out);
+        res.map_err(|e| self.fail(region, pid, e))
+    }
+
+    /// The process and address of a page.
+    pub fn page_address(&self, page: PageRef) -> Option<(u32, u64)> {
+        let r = self.regions.get(&page.region)?;
+        (page.page < r.pages).then(|| (r.pid, r.address(page.page)))
+    }
+
+    /// Reads as many leading `pages` as are present, re-checking presence
+    /// (and exclusivity, which picks the read path) first; returns how many
+    /// were read and, if fewer than all, why.
+    fn read_checked(
+        &mut self,
+        pages: &[PageRef],
+        out: &mut [PageWords],
+    ) -> (usize, Option<SourceError>) {
+        let mut done = 0;
+        while done < pages.len() {
+            // A group: consecutive pages of one process.
+            let pid = match self.locate(pages[done]) {
+                Ok((_, pid)) => pid,
+                Err(e) => return (done, Some(e)),
+            };
+            self.addrs.clear();
+            self.unpinned.clear();
+            let mut stop = None;
+            for &p in &pages[done..] {
+                match self
+                    .locate(p)
+                    .map(|(r, q)| (q, r.address(p.page), r.mergeable))
+                {
+                    Ok((q, a, mergeable)) if q == pid => {
+                        self.addrs.push(a);
+                        // KSM pages live only in VM_MERGEABLE regions; there
+                        // the KSM bit is not checked here, so never pin.
+                        self.unpinned.push(mergeable);
+                    }
+                    Ok(_) => break,
+                    Err(e) => {
+                        stop = Some(e);
+                        break;
+                    }
+                }
+            }
+            let n = self.addrs.len();
+            let region = pages[done].region;
+            if let Err(e) = self.check_entries(pid) {
+                return (done, Some(self.fail(region, pid, e)));
+            }
+            // Leading pages that are resident, each with its read path.
+            let mut k = 0;
+            while k < n {
+                let e = self.checked[k];
+                if !e.present() || e.swapped() {
+                    break;
+                }
+                if !crate::read::safe_to_pin(e, self.unpinned[k]) {
+                    self.unpinned[k] = true;
+                }
+                k += 1;
+            }
+            // Read runs of pages that share a path, in order.
+            let mut i = 0;
+            while i < k {
+                let path = self.unpinned[i];
+                let mut j = i + 1;
+                while j < k && self.unpinned[j] == path {
+                    j += 1;
+                }
+                let reader = &mut self.procs.get_mut(&pid).expect("located").reader;
+                let res = if path {
+                    reader.read_pages_unpinned(&self.addrs[i..j], &mut out[done + i..done + j])
+                } else {
+                    reader.read_pages(&self.addrs[i..j], &mut out[done + i..done + j])
+                };
+                let got = match res {
+                    Ok(g) => g,
+                    Err(e) => return (done + i, Some(self.fail(region, pid, e))),
+                };
+                if got < j - i {
+                    let p = pages[done + i + got];
+                    return (
+                        done + i + got,
+                        Some(SourceError::Other(format!(
+                            "page {} of region {} was unmapped before it could be read",
+                            p.page, p.region.0
+                        ))),
+                    );
+                }
+                i = j;
+            }
+            done += k;
+            if k < n {
+                let p = pages[done];
+                return (
+                    done,
+                    Some(SourceError::Other(format!(
+                        "page {} of region {} is not present; pagesift never reads a \
+                         non-present page (it would fault it in)",
+                        p.page, p.region.0
+                    ))),
+                );
+            }
+            if let Some(e) = stop {
+                return (done, Some(e));
+            }
+        }
+        (done, None)
+    }
+
+    /// Fills `self.checked[i]` with the current pagemap entry of
+    /// `self.addrs[i]`, from clustered pagemap reads.
+    fn check_entries(&mut self, pid: u32) -> Result<(), LinuxError> {
+        let pagemap: &Pagemap = self.procs[&pid].inspector.pagemap();
+        let n = self.addrs.len();
+        self.order.clear();
+        self.order.extend(0..n);
+        let addrs = &self.addrs;
+        self.order.sort_unstable_by_key(|&i| addrs[i]);
+        self.checked.clear();
+        self.checked.resize(n, PagemapEntry(0));
+        // Nearby pages share one pread: a gap of up to 32 pages costs less
+        // than another syscall (mechanisms.md §4: 0.7 µs per call, ~35 ns
+        // per entry).
+        const GAP: u64 = 32 * crate::PAGE_SIZE;
+        const SPAN: u64 = 4096 * crate::PAGE_SIZE;
+        let mut k = 0;
+        while k < n {
+            let first = addrs[self.order[k]];
+            let mut last = first;
+            let mut j = k + 1;
+            while j < n {
+                let a = addrs[self.order[j]];
+                if a - last > GAP || a - first >= SPAN {
+                    break;
+                }
+                last = a;
+                j += 1;
+            }
+            let count = ((last - first) / crate::PAGE_SIZE + 1) as usize;
+            self.entries.clear();
+            self.entries.resize(count, PagemapEntry(0));
+            pagemap.read(first, &mut self.entries)?;
+            for &i in &self.order[k..j] {
+                self.checked[i] = self.entries[((addrs[i] - first) / crate::PAGE_SIZE) as usize];
+            }
+            k = j;
+        }
+        Ok(())
+    }
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (best effort).
+fn raise_open_file_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut l = getrlimit(Resource::Nofile);
+    if l.current < l.maximum {
+        l.current = l.maximum;
+        let _ = setrlimit(Resource::Nofile, l);
+    }
+}
+
+fn open_proc(info: ProcessInfo) -> Result<Proc, LinuxError> {
+    let pid = info.pid;
+    Ok(Proc {
+        inspector: PageInspector::open(pid)?,
+        reader: RemoteReader::new(pid)?,
+        info,
+        gone: false,
+    })
+}
+
+impl MemorySource for LinuxSource {
+    fn regions(&self) -> Vec<RegionInfo> {
+        self.regions
+            .values()
+            .filter(|r| self.procs.get(&r.pid).is_some_and(|p| !p.gone))
+            .map(|r| RegionInfo {
+                id: r.id,
+                pages: r.pages,
+                owner: r.pid,
+            })
+            .collect()
+    }
+
+    fn page_state(&mut self, page: PageRef) -> Result<PageState, SourceError> {
+        let mut info = [PageInfo::default()];
+        self.inspect(page.region, page.page, &mut info)?;
+        Ok(info[0].class().state())
+    }
+
+    fn read_page(&mut self, page: PageRef, out: &mut PageWords) -> Result<(), SourceError> {
+        match self.read_checked(&[page], std::slice::from_mut(out)) {
+            (1, _) => Ok(()),
+            (_, Some(e)) => Err(e),
+            (_, None) => Err(SourceError::Other("page not read".into())),
+        }
+    }
+
+    fn read_pages(&mut self, pages: &[PageRef], out: &mut [PageWords]) -> usize {
+        let n = pages.len().min(out.len());
+        self.read_checked(&pages[..n], &mut out[..n]).0
+    }
+}

@@ -1,0 +1,315 @@
+//! The only `unsafe` code of pagesift: thin wrappers over syscalls that the
+//! well-kept crates (`nix`, `rustix`) expose only as `unsafe fn`.
+//!
+//! - [`pagemap_scan`]: the `PAGEMAP_SCAN` ioctl on `/proc/PID/pagemap`
+//!   (Linux 6.7+), which reports runs of pages by category (present,
+//!   zero-PFN, file, THP) without faulting anything in (mechanisms.md §4).
+//! - [`AnonMapping`]: a private anonymous mapping, used by
+//!   `pagesift-workload` to build reproducible memory patterns.
+//! - [`fork_single_threaded`]: `fork(2)`, refused unless the caller has
+//!   exactly one thread (the only case in which the child may run arbitrary
+//!   code), used by the workload's fork family.
+//!
+//! Everything else (process_vm_readv, capget, kill, prctl) has safe wrappers
+//! in `nix`/`rustix` and is called directly by the modules that need it.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::ptr::NonNull;
+
+/// `struct page_region` of `<linux/fs.h>`: one run of pages with the same
+/// categories.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageRegion {
+    /// First address of the run.
+    pub start: u64,
+    /// End address of the run (exclusive).
+    pub end: u64,
+    /// `PAGE_IS_*` bits of every page in the run (masked by `return_mask`).
+    pub categories: u64,
+}
+
+/// `struct pm_scan_arg` of `<linux/fs.h>`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+/// The raw ioctl, kept private: only [`pagemap_scan`] calls it.
+mod raw {
+    // PAGEMAP_SCAN = _IOWR('f', 16, struct pm_scan_arg) (<linux/fs.h>).
+    nix::ioctl_readwrite!(pagemap_scan_ioctl, b'f', 16, super::PmScanArg);
+}
+
+/// Which pages a [`pagemap_scan`] reports, in the kernel's terms: a page
+/// matches when all `required` categories are set and none of `excluded`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ScanQuery {
+    /// `PAGE_IS_*` bits that must be set.
+    pub required: u64,
+    /// `PAGE_IS_*` bits that must be clear.
+    pub excluded: u64,
+    /// `PAGE_IS_*` bits reported in [`PageRegion::categories`]; runs are
+    /// split where these differ.
+    pub returned: u64,
+}
+
+/// Runs `PAGEMAP_SCAN` over `[start, end)` of the process whose pagemap is
+/// `fd`, writing matching runs into `out`. Returns the number of runs
+/// written and the address where the walk stopped (`< end` when `out`
+/// filled up; call again from there).
+pub fn pagemap_scan(
+    fd: BorrowedFd<'_>,
+    start: u64,
+    end: u64,
+    query: ScanQuery,
+    out: &mut [PageRegion],
+) -> io::Result<(usize, u64)> {
+    let mut arg = PmScanArg {
+        size: std::mem::size_of::<PmScanArg>() as u64,
+        flags: 0,
+        start,
+        end,
+        walk_end: 0,
+        vec: out.as_mut_ptr() as u64,
+        vec_len: out.len() as u64,
+        max_pages: 0,
+        // A page matches when ((categories ^ inverted) & mask) == mask.
+        category_inverted: query.excluded,
+        category_mask: query.required | query.excluded,
+        category_anyof_mask: 0,
+        return_mask: query.returned,
+    };
+    // SAFETY: `arg` is a properly laid-out `pm_scan_arg` whose `size` field
+    // tells the kernel its size; `vec`/`vec_len` describe `out`, a live,
+    // exclusively borrowed buffer of `repr(C)` `page_region`s that the
+    // kernel writes at most `vec_len` entries into. `flags` is 0, so no
+    // write-protect operation is requested and the target is not modified.
+    let n =
+        unsafe { raw::pagemap_scan_ioctl(fd.as_raw_fd(), &mut arg) }.map_err(io::Error::from)?;
+    Ok((n as usize, arg.walk_end))
+}
+
+/// Whether a mapping should be backed by transparent huge pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HugePages {
+    /// `MADV_NOHUGEPAGE`: 4 KiB pages only, whatever the THP setting.
+    Never,
+    /// `MADV_HUGEPAGE`, and the mapping is aligned to 2 MiB.
+    Advised,
+}
+
+/// A private anonymous read-write mapping, unmapped on drop. Its untouched
+/// pages are not present until written (or read, which maps the shared
+/// zero page).
+///
+/// It is surrounded by `PROT_NONE` guard pages, so the kernel never merges
+/// it with a neighbouring anonymous VMA of the same flags (glibc thread
+/// stacks carry `MADV_NOHUGEPAGE` too): the VMA is exactly this mapping.
+#[derive(Debug)]
+pub struct AnonMapping {
+    ptr: NonNull<u8>,
+    len: usize,
+    reserved: (usize, usize),
+}
+
+// SAFETY: the mapping is plain memory owned by this value; moving the owner
+// to another thread is as safe as moving a `Vec<u8>`.
+unsafe impl Send for AnonMapping {}
+// SAFETY: shared access only hands out `&[u8]`, like `Vec<u8>`.
+unsafe impl Sync for AnonMapping {}
+
+const HUGE_PAGE: usize = 2 << 20;
+
+impl AnonMapping {
+    /// Maps `len` bytes (rounded up to whole pages; at least one page).
+    pub fn new(len: usize, huge: HugePages) -> io::Result<AnonMapping> {
+        use rustix::mm::{Advice, MapFlags, MprotectFlags, ProtFlags, mmap_anonymous, mprotect};
+        let page = crate::PAGE_SIZE as usize;
+        let len = len.max(1).div_ceil(page) * page;
+        // Reserve guard pages on both sides, plus room to align to 2 MiB
+        // for THP.
+        let align = if huge == HugePages::Advised {
+            HUGE_PAGE
+        } else {
+            page
+        };
+        let total = len + 2 * page + (align - page);
+        // SAFETY: a fresh anonymous mapping at an address the kernel chooses
+        // cannot alias any existing Rust object.
+        let raw = unsafe {
+            mmap_anonymous(
+                std::ptr::null_mut(),
+                total,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE,
+            )
+        }?;
+        let base = raw as usize;
+        let start = (base + page).next_multiple_of(align);
+        let unmap_on_error = |e: rustix::io::Errno| {
+            // SAFETY: the reservation was created above and nothing refers to it.
+            let _ = unsafe { rustix::mm::munmap(raw, total) };
+            io::Error::from(e)
+        };
+        // SAFETY: `start..start+len` lies inside the reservation (at least
+        // one guard page on each side) and nothing refers to it yet.
+        unsafe {
+            mprotect(
+                start as *mut _,
+                len,
+                MprotectFlags::READ | MprotectFlags::WRITE,
+            )
+        }
+        .map_err(unmap_on_error)?;
+        let advice = match huge {
+            HugePages::Never => Advice::LinuxNoHugepage,
+            HugePages::Advised => Advice::LinuxHugepage,
+        };
+        // SAFETY: the range is inside our reservation; THP advice does not
+        // change its contents.
+        unsafe { rustix::mm::madvise(start as *mut _, len, advice) }.map_err(unmap_on_error)?;
+        Ok(AnonMapping {
+            ptr: NonNull::new(start as *mut u8).expect("mmap never returns null on success"),
+            len,
+            reserved: (base, total),
+        })
+    }
+
+    /// The mapping's first address.
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Length in bytes (whole pages).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a mapping has at least one page.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Faults in the pages of `[offset, offset + len)` in one call
+    /// (`MADV_POPULATE_WRITE`, or `MADV_POPULATE_READ` which maps the zero
+    /// page): much cheaper than one page fault per page. Contents are not
+    /// changed. The range must be page-aligned and inside the mapping.
+    pub fn populate(&self, offset: usize, len: usize, write: bool) -> io::Result<()> {
+        let page = crate::PAGE_SIZE as usize;
+        if !offset.is_multiple_of(page)
+            || !len.is_multiple_of(page)
+            || offset.checked_add(len).is_none_or(|e| e > self.len)
+        {
+            return Err(io::Error::from_raw_os_error(
+                crate::error::libc_errno::EINVAL,
+            ));
+        }
+        let advice = if write {
+            rustix::mm::Advice::LinuxPopulateWrite
+        } else {
+            rustix::mm::Advice::LinuxPopulateRead
+        };
+        // SAFETY: the range is inside our mapping (checked above); populate
+        // advice only faults pages in, without changing their contents.
+        unsafe { rustix::mm::madvise(self.ptr.as_ptr().add(offset).cast(), len, advice) }?;
+        Ok(())
+    }
+
+    /// The mapping's bytes. Reading an untouched page faults it in as the
+    /// shared zero page.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` is a live readable mapping owned by `self`
+        // for the lifetime of the borrow; mapped anonymous memory is always
+        // initialized (zero-filled).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The mapping's bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` guarantees exclusivity.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AnonMapping {
+    fn drop(&mut self) {
+        // SAFETY: the reservation is ours and no borrow of it outlives
+        // `self`.
+        let _ = unsafe { rustix::mm::munmap(self.reserved.0 as *mut _, self.reserved.1) };
+    }
+}
+
+/// Which side of a fork we are on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forked {
+    /// The parent, with the child's pid.
+    Parent(u32),
+    /// The child.
+    Child,
+}
+
+/// `fork(2)`, only when the calling process has exactly one thread.
+///
+/// With one thread no lock (allocator, stdio) can be held by another thread
+/// at the fork, so the child may run ordinary Rust code. Any other caller
+/// gets an error instead of undefined behaviour.
+pub fn fork_single_threaded() -> io::Result<Forked> {
+    let threads = procfs::process::Process::myself()
+        .and_then(|p| p.status())
+        .map_err(|e| io::Error::other(format!("reading /proc/self/status: {e}")))?
+        .threads;
+    if threads != 1 {
+        return Err(io::Error::other(format!(
+            "refusing to fork a process with {threads} threads"
+        )));
+    }
+    // SAFETY: the process has exactly one thread (checked above; only this
+    // thread could start another, and it is here), so the child inherits no
+    // lock held by a vanished thread and may run arbitrary code.
+    match unsafe { nix::unistd::fork() }.map_err(io::Error::from)? {
+        nix::unistd::ForkResult::Parent { child } => Ok(Forked::Parent(child.as_raw() as u32)),
+        nix::unistd::ForkResult::Child => Ok(Forked::Child),
+    }
+}
+
+/// Asks the kernel to SIGKILL the calling process when its parent dies, and
+/// returns false if the parent has already gone (then the caller should
+/// exit). Used by workload children so none outlives its test.
+pub fn die_with_parent(parent: u32) -> io::Result<bool> {
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+    Ok(rustix::process::getppid().map(|p| p.as_raw_nonzero().get() as u32) == Some(parent))
+}
+
+/// Sends SIGKILL to `pid`.
+pub fn kill(pid: u32) -> io::Result<()> {
+    let pid = rustix::process::Pid::from_raw(pid as i32)
+        .ok_or_else(|| io::Error::from_raw_os_error(crate::error::libc_errno::EINVAL))?;
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL)?;
+    Ok(())
+}
+
+/// `IOV_MAX`: the most iovecs one `process_vm_readv` accepts (1024 on
+/// Linux, mechanisms.md §0).
+pub fn iov_max() -> usize {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::IOV_MAX)
+        .ok()
+        .flatten()
+        .map(|v| v as usize)
+        .filter(|&v| v > 0)
+        .unwrap_or(1024)
+}

@@ -1,0 +1,857 @@
+//! Live tests: real `pagesift-workload` processes, discovered, inspected and
+//! read through pagesift-linux, checked against the exact counts each
+//! workload reports, and checked for harm (checksum, RSS, page tables and
+//! present pages unchanged after a full read).
+//!
+//! They need root (PFNs and other processes' memory). Workloads are small
+//! (8–32 MiB) so the suite is quick; throughput is measured by
+//! `examples/read_throughput.rs`, not here.
+
+mod common;
+
+use common::*;
+use pagesift_core::source::{MemorySource, PageState, SourceError};
+use pagesift_core::{PageRef, PageWords, RegionId, WORDS_PER_PAGE};
+use pagesift_linux::discover::{self, ProcessFilter, RegionKind};
+use pagesift_linux::inspect::{PageClass, PageInfo, PageInspector};
+use pagesift_linux::kpageflags::KPageFlags;
+use pagesift_linux::pagemap::{Pagemap, category};
+use pagesift_linux::{Capability, LinuxError, LinuxSource, RemoteReader, SourceConfig};
+use std::collections::{HashMap, HashSet};
+
+fn source_for(pids: &[u32]) -> LinuxSource {
+    LinuxSource::new(
+        ProcessFilter::pids(pids.iter().copied()),
+        SourceConfig::default(),
+    )
+    .expect("LinuxSource")
+}
+
+/// The region of `src` that starts at `start` in process `pid`.
+fn region_at(src: &LinuxSource, pid: u32, start: u64) -> RegionId {
+    src.linux_regions()
+        .find(|r| r.pid == pid && r.start == start)
+        .unwrap_or_else(|| panic!("no region of {pid} at {start:#x}"))
+        .id
+}
+
+/// Classes of every page of a region.
+fn classes(src: &mut LinuxSource, region: RegionId) -> Vec<PageInfo> {
+    let pages = src.region(region).unwrap().pages;
+    let mut out = vec![PageInfo::default(); pages as usize];
+    for (k, chunk) in out.chunks_mut(512).enumerate() {
+        src.inspect(region, (k * 512) as u32, chunk)
+            .expect("inspect");
+    }
+    out
+}
+
+/// Reads every page of `region` whose class is in `which`; returns the
+/// contents in page order.
+fn read_all(
+    src: &mut LinuxSource,
+    region: RegionId,
+    infos: &[PageInfo],
+    which: &[PageClass],
+) -> Vec<Vec<u32>> {
+    let refs: Vec<PageRef> = infos
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| which.contains(&i.class()))
+        .map(|(p, _)| PageRef {
+            region,
+            page: p as u32,
+        })
+        .collect();
+    let mut buf = vec![[0u32; WORDS_PER_PAGE]; 1024];
+    let mut out = Vec::with_capacity(refs.len());
+    for batch in refs.chunks(1024) {
+        let n = src.read_pages(batch, &mut buf[..batch.len()]);
+        assert_eq!(n, batch.len(), "a present page could not be read");
+        out.extend(buf[..n].iter().map(|p| p.to_vec()));
+    }
+    out
+}
+
+/// (distinct, duplicate pages, pages with duplicates, duplicated contents)
+fn content_counts<'a>(pages: impl IntoIterator<Item = &'a Vec<u32>>) -> (u64, u64, u64, u64) {
+    let mut m: HashMap<&Vec<u32>, u64> = HashMap::new();
+    let mut n = 0;
+    for p in pages {
+        *m.entry(p).or_default() += 1;
+        n += 1;
+    }
+    let distinct = m.len() as u64;
+    let with_dups: u64 = m.values().filter(|&&c| c > 1).sum();
+    let dup_contents = m.values().filter(|&&c| c > 1).count() as u64;
+    (distinct, n - distinct, with_dups, dup_contents)
+}
+
+fn count_class(infos: &[PageInfo], c: PageClass) -> u64 {
+    infos.iter().filter(|i| i.class() == c).count() as u64
+}
+
+#[test]
+fn discovery_finds_the_workload_and_never_itself() {
+    require_root();
+    let w = Workload::start(&["static-dup", "--mib", "8"]);
+    let pid = w.pid();
+    let (start, pages) = w.region();
+
+    let all = discover::list_processes(&ProcessFilter::all()).unwrap();
+    assert!(all.iter().any(|p| p.pid == pid));
+    assert!(all.iter().all(|p| p.pid != std::process::id()));
+
+    let me = all.iter().find(|p| p.pid == pid).unwrap().clone();
+    let by_comm = discover::list_processes(&ProcessFilter {
+        comms: vec!["pagesift-worklo".into()], // comm is cut to 15 bytes
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(by_comm.iter().any(|p| p.pid == pid));
+    assert!(by_comm.iter().all(|p| p.comm == "pagesift-worklo"));
+    let by_uid_cgroup = discover::list_processes(&ProcessFilter {
+        uids: vec![me.uid],
+        cgroups: vec![me.cgroup.clone()],
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(by_uid_cgroup.iter().any(|p| p.pid == pid));
+    let other_uid = discover::list_processes(&ProcessFilter {
+        pids: vec![pid],
+        uids: vec![me.uid + 12345],
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(other_uid.is_empty());
+
+    let regions = discover::process_regions(pid).unwrap();
+    let r = regions
+        .eligible
+        .iter()
+        .find(|r| r.start == start)
+        .expect("workload region kept");
+    assert_eq!(r.pages(), pages);
+    assert_eq!(r.kind, RegionKind::Anonymous);
+    assert!(!r.mergeable, "workloads never call MADV_MERGEABLE");
+    // The vDSO/vvar special mappings are never kept.
+    assert!(!regions.rejected.is_empty());
+    let kept: HashSet<u64> = regions.eligible.iter().map(|r| r.start).collect();
+    assert!(regions.rejected.iter().all(|r| !kept.contains(&r.start)));
+
+    // A thread id selects its process.
+    let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap())
+        .collect();
+    let tid = *tids
+        .iter()
+        .find(|&&t| t != pid)
+        .expect("the workload's command thread");
+    let by_tid = discover::list_processes(&ProcessFilter::pids([tid, pid])).unwrap();
+    assert_eq!(by_tid.iter().map(|p| p.pid).collect::<Vec<_>>(), vec![pid]);
+
+    // Naming pagesift's own process is refused.
+    let own = std::process::id();
+    assert!(matches!(
+        discover::list_processes(&ProcessFilter::pids([own])),
+        Err(LinuxError::OwnProcess(_))
+    ));
+    assert!(matches!(
+        discover::process_regions(own),
+        Err(LinuxError::OwnProcess(_))
+    ));
+}
+
+/// A source over many processes at once, selected by cgroup (the
+/// workloads inherit this test's) and command name (so that the test opens
+/// no process it did not start).
+#[test]
+fn a_source_over_a_cgroup_covers_all_its_selected_processes() {
+    require_root();
+    let w1 = Workload::start(&["random", "--mib", "1"]);
+    let w2 = Workload::start(&["static-dup", "--mib", "1"]);
+    let me = procfs::process::Process::myself().unwrap();
+    let mine: Vec<String> = me
+        .cgroups()
+        .unwrap()
+        .into_iter()
+        .map(|c| c.pathname)
+        .filter(|p| p != "/")
+        .collect();
+    if mine.is_empty() {
+        eprintln!("skipped: this test runs in the root cgroup of every hierarchy");
+        return;
+    }
+    let filter = ProcessFilter {
+        cgroups: mine,
+        comms: vec!["pagesift-worklo".into()],
+        ..Default::default()
+    };
+    let src = LinuxSource::new(filter, SourceConfig::default()).unwrap();
+    let pids: HashSet<u32> = src.processes().map(|p| p.pid).collect();
+    assert!(pids.contains(&w1.pid()) && pids.contains(&w2.pid()));
+    assert!(src.processes().all(|p| p.comm == "pagesift-worklo"));
+    region_at(&src, w1.pid(), w1.region().0);
+    region_at(&src, w2.pid(), w2.region().0);
+    assert!(src.regions().iter().all(|r| r.owner != std::process::id()));
+}
+
+#[test]
+fn a_pid_that_does_not_exist_says_so() {
+    require_root();
+    let e =
+        LinuxSource::new(ProcessFilter::pids([NO_SUCH_PID]), SourceConfig::default()).unwrap_err();
+    assert!(matches!(e, LinuxError::NoSuchProcess(NO_SUCH_PID)), "{e:?}");
+    assert_eq!(e.to_string(), format!("no process with pid {NO_SUCH_PID}"));
+    assert!(matches!(
+        discover::process_regions(NO_SUCH_PID),
+        Err(LinuxError::NoSuchProcess(_))
+    ));
+    assert!(matches!(
+        Pagemap::open(NO_SUCH_PID),
+        Err(LinuxError::NoSuchProcess(_))
+    ));
+}
+
+/// Checks one workload's region against its report, page class by page
+/// class and content by content.
+fn check_against_report(args: &[&str]) {
+    let w = Workload::start(args);
+    let pid = w.pid();
+    let (start, pages) = w.region();
+    let mut src = source_for(&[pid]);
+    let id = region_at(&src, pid, start);
+    assert_eq!(src.region(id).unwrap().pages as u64, pages);
+    let infos = classes(&mut src, id);
+    assert_eq!(
+        count_class(&infos, PageClass::Anon),
+        w.count("present_pages"),
+        "{args:?}"
+    );
+    assert_eq!(
+        count_class(&infos, PageClass::Zero),
+        w.count("zero_pages"),
+        "{args:?}"
+    );
+    assert_eq!(
+        count_class(&infos, PageClass::NotPresent),
+        w.count("untouched_pages"),
+        "{args:?}"
+    );
+    let contents = read_all(&mut src, id, &infos, &[PageClass::Anon]);
+    let (distinct, dup, with_dups, dup_contents) = content_counts(&contents);
+    assert_eq!(distinct, w.count("distinct_contents"), "{args:?}");
+    assert_eq!(dup, w.count("duplicate_pages"), "{args:?}");
+    assert_eq!(with_dups, w.count("pages_with_duplicates"), "{args:?}");
+    assert_eq!(dup_contents, w.count("duplicated_contents"), "{args:?}");
+    // Zero-page mappings read as zeros.
+    for z in read_all(&mut src, id, &infos, &[PageClass::Zero]) {
+        assert!(z.iter().all(|&x| x == 0));
+    }
+}
+
+#[test]
+fn static_dup_contents_match_the_report() {
+    require_root();
+    check_against_report(&[
+        "static-dup",
+        "--mib",
+        "8",
+        "--contents",
+        "5",
+        "--hole-every",
+        "9",
+        "--zero-every",
+        "7",
+        "--untouched-mib",
+        "2",
+        "--seed",
+        "3",
+    ]);
+}
+
+#[test]
+fn random_contents_match_the_report() {
+    require_root();
+    check_against_report(&["random", "--mib", "8", "--hole-every", "4", "--seed", "4"]);
+}
+
+#[test]
+fn mixed_contents_match_the_report() {
+    require_root();
+    check_against_report(&[
+        "mixed",
+        "--mib",
+        "16",
+        "--dup-ratio",
+        "0.3",
+        "--run-pages",
+        "8",
+        "--dup-contents",
+        "20",
+        "--zero-every",
+        "13",
+        "--seed",
+        "5",
+    ]);
+}
+
+#[test]
+fn cow_broken_contents_match_the_report() {
+    require_root();
+    check_against_report(&["cow-broken", "--mib", "4", "--interval-ms", "1"]);
+}
+
+#[test]
+fn fork_family_frames_and_contents_match_the_report() {
+    require_root();
+    let w = Workload::start(&[
+        "fork-family",
+        "--mib",
+        "8",
+        "--children",
+        "3",
+        "--dirty-fraction",
+        "0.3",
+        "--dup-ratio",
+        "0.4",
+        "--seed",
+        "6",
+    ]);
+    let mut pids = vec![w.pid()];
+    pids.extend(w.children());
+    assert_eq!(pids.len(), 4);
+    let (start, _) = w.region();
+    let mut src = source_for(&pids);
+    let mut all_pages = Vec::new();
+    let mut pfns = HashSet::new();
+    let mut virt = 0;
+    for &pid in &pids {
+        let id = region_at(&src, pid, start);
+        let infos = classes(&mut src, id);
+        let anon: Vec<&PageInfo> = infos
+            .iter()
+            .filter(|i| i.class() == PageClass::Anon)
+            .collect();
+        virt += anon.len() as u64;
+        pfns.extend(anon.iter().map(|i| i.pfn().unwrap()));
+        // Pages still shared with the parent are not exclusive.
+        if pid != w.pid() {
+            let shared = anon.iter().filter(|i| !i.exclusive()).count();
+            assert!(
+                shared > 0,
+                "child {pid}: {} pages, none shared with the parent",
+                anon.len()
+            );
+        }
+        all_pages.extend(read_all(&mut src, id, &infos, &[PageClass::Anon]));
+    }
+    assert_eq!(virt, w.count("family.virtual_present_pages"));
+    assert_eq!(pfns.len() as u64, w.count("family.physical_pages"));
+    let (distinct, dup_virtual, _, _) = content_counts(&all_pages);
+    assert_eq!(distinct, w.count("family.distinct_contents"));
+    assert_eq!(dup_virtual, w.count("family.duplicate_pages_virtual"));
+    assert_eq!(
+        pfns.len() as u64 - distinct,
+        w.count("family.duplicate_pages")
+    );
+}
+
+#[test]
+fn a_full_read_changes_nothing_in_the_target() {
+    require_root();
+    let mut w = Workload::start(&[
+        "static-dup",
+        "--mib",
+        "16",
+        "--contents",
+        "3",
+        "--hole-every",
+        "5",
+        "--zero-every",
+        "11",
+        "--untouched-mib",
+        "8",
+    ]);
+    let pid = w.pid();
+    let (start, pages) = w.region();
+    let sum_before = w.checksum(); // also warms up the workload's command thread
+    let (rss0, pte0) = rss_and_pte(pid);
+    let present0 = present_count(pid, start, pages);
+    let entries0 = pagemap_entries(pid, start, pages);
+
+    // Read every page of every region the source offers, asking for all of
+    // them, present or not: the source must refuse the non-present ones.
+    let mut src = source_for(&[pid]);
+    let ids: Vec<RegionId> = src.regions().iter().map(|r| r.id).collect();
+    let mut read = 0;
+    let mut refused = 0;
+    let mut buf = vec![[0u32; WORDS_PER_PAGE]; 256];
+    for id in ids {
+        let infos = classes(&mut src, id);
+        for (p, info) in infos.iter().enumerate() {
+            let class = info.class();
+            let page = PageRef {
+                region: id,
+                page: p as u32,
+            };
+            match src.read_page(page, &mut buf[0]) {
+                Ok(()) => {
+                    assert!(class.resident(), "read a non-present page ({class:?})");
+                    read += 1;
+                }
+                Err(SourceError::Other(msg)) => {
+                    assert!(!class.resident(), "{class:?}: {msg}");
+                    refused += 1;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    assert!(read >= w.count("present_pages") + w.count("zero_pages"));
+    assert!(refused >= w.count("untouched_pages"));
+
+    let (rss1, pte1) = rss_and_pte(pid);
+    assert_eq!(
+        present_count(pid, start, pages),
+        present0,
+        "a page was faulted in"
+    );
+    assert!(rss1 <= rss0, "RSS grew from {rss0} to {rss1} kB");
+    assert!(pte1 <= pte0, "VmPTE grew from {pte0} to {pte1} kB");
+    // Same frames, same flags: nothing was copied or remapped.
+    assert!(
+        pagemap_entries(pid, start, pages) == entries0,
+        "pagemap changed"
+    );
+    assert_eq!(w.checksum(), sum_before, "the target's memory changed");
+}
+
+/// Reading a fork family must not unshare the pages the children still
+/// share with the parent (a pinned read would copy each of them).
+#[test]
+fn a_full_read_of_a_fork_family_keeps_shared_pages_shared() {
+    require_root();
+    let mut w = Workload::start(&[
+        "fork-family",
+        "--mib",
+        "8",
+        "--children",
+        "2",
+        "--dirty-fraction",
+        "0.25",
+        "--hole-every",
+        "10",
+        "--seed",
+        "9",
+    ]);
+    let mut pids = vec![w.pid()];
+    pids.extend(w.children());
+    let (start, pages) = w.region();
+    let sum = w.checksum();
+    let snapshot = |pids: &[u32]| -> Vec<_> {
+        pids.iter()
+            .map(|&p| pagemap_entries(p, start, pages))
+            .collect()
+    };
+    let before = snapshot(&pids);
+    let shared_before = before[0]
+        .iter()
+        .filter(|e| e.present() && !e.exclusive())
+        .count();
+    assert!(shared_before > 0);
+
+    let mut src = source_for(&pids);
+    let ids: Vec<RegionId> = src.regions().iter().map(|r| r.id).collect();
+    let mut read = 0;
+    for id in ids {
+        let infos = classes(&mut src, id);
+        read += read_all(&mut src, id, &infos, &[PageClass::Anon, PageClass::Zero]).len();
+    }
+    assert!(read as u64 >= 3 * w.count("present_pages"));
+    assert!(
+        snapshot(&pids) == before,
+        "a read changed a frame or its sharing"
+    );
+    assert_eq!(w.checksum(), sum);
+}
+
+/// The control for the test above: a pinned read (`process_vm_readv`) of
+/// pages shared after fork makes the kernel copy them in the target.
+#[test]
+fn control_a_pinned_read_unshares_fork_shared_pages() {
+    require_root();
+    let w = Workload::start(&[
+        "fork-family",
+        "--mib",
+        "1",
+        "--children",
+        "1",
+        "--dirty-fraction",
+        "0",
+    ]);
+    let (start, pages) = w.region();
+    let before = pagemap_entries(w.pid(), start, pages);
+    assert!(before.iter().all(|e| e.present() && !e.exclusive()));
+    let mut r = RemoteReader::new(w.pid()).unwrap();
+    let mut buf = vec![[0u32; WORDS_PER_PAGE]; pages as usize];
+    assert_eq!(
+        r.read_range_unpinned(start, &mut buf).unwrap(),
+        pages as usize
+    );
+    assert!(
+        pagemap_entries(w.pid(), start, pages) == before,
+        "the unpinned read changed it"
+    );
+    assert_eq!(r.read_range(start, &mut buf).unwrap(), pages as usize);
+    let after = pagemap_entries(w.pid(), start, pages);
+    let copied = after
+        .iter()
+        .zip(&before)
+        .filter(|(a, b)| a.pfn() != b.pfn())
+        .count();
+    assert_eq!(copied as u64, pages, "every shared page got a new frame");
+    assert!(after.iter().all(|e| e.exclusive()));
+}
+
+/// The control for the test above: a remote read of an untouched page
+/// (bypassing the presence check) does fault it in and allocate page
+/// tables, so the checks above can fail.
+#[test]
+fn control_a_blind_remote_read_faults_pages_in() {
+    require_root();
+    let w = Workload::start(&["random", "--mib", "1", "--untouched-mib", "8"]);
+    let pid = w.pid();
+    let (start, pages) = w.region();
+    let tail = start + 4 * (1 << 20); // 4 MiB into the untouched tail
+    let present0 = present_count(pid, start, pages);
+    let (_, pte0) = rss_and_pte(pid);
+    let mut r = RemoteReader::new(pid).unwrap();
+    let mut buf = vec![[0u32; WORDS_PER_PAGE]; 16];
+    assert_eq!(r.read_range(tail, &mut buf).unwrap(), 16);
+    assert_eq!(present_count(pid, start, pages), present0 + 16);
+    let (_, pte1) = rss_and_pte(pid);
+    assert!(
+        pte1 > pte0,
+        "no page table was allocated ({pte0} -> {pte1} kB)"
+    );
+}
+
+#[test]
+fn read_pages_stops_at_a_non_present_page() {
+    require_root();
+    let w = Workload::start(&["random", "--mib", "1", "--hole-every", "3"]);
+    let pid = w.pid();
+    let (start, pages) = w.region();
+    let mut src = source_for(&[pid]);
+    let id = region_at(&src, pid, start);
+    let p = |i| PageRef {
+        region: id,
+        page: i,
+    };
+    assert_eq!(src.page_state(p(0)), Ok(PageState::Present));
+    assert_eq!(src.page_state(p(2)), Ok(PageState::NotPresent));
+    let mut out = vec![[0u32; WORDS_PER_PAGE]; 4];
+    assert_eq!(src.read_pages(&[p(0), p(1), p(2), p(3)], &mut out), 2);
+    assert!(matches!(
+        src.read_page(p(2), &mut out[0]),
+        Err(SourceError::Other(_))
+    ));
+    assert!(matches!(
+        src.page_state(p(pages as u32)),
+        Err(SourceError::OutOfRange(_))
+    ));
+    assert_eq!(
+        present_count(pid, start, pages) as u64,
+        w.count("present_pages")
+    );
+}
+
+#[test]
+fn a_process_killed_mid_read_is_gone() {
+    require_root();
+    let mut w = Workload::start(&["random", "--mib", "32"]);
+    let pid = w.pid();
+    let (start, _) = w.region();
+    let mut src = source_for(&[pid]);
+    let id = region_at(&src, pid, start);
+    let pages = src.region(id).unwrap().pages;
+    let refs: Vec<PageRef> = (0..pages)
+        .map(|page| PageRef { region: id, page })
+        .collect();
+    let mut buf = vec![[0u32; WORDS_PER_PAGE]; 256];
+    let mut reader = RemoteReader::new(pid).unwrap();
+    assert_eq!(src.read_pages(&refs[..256], &mut buf), 256);
+    w.kill();
+    // Keep reading; within a few seconds the exit completes and every
+    // access reports the region gone.
+    let t = std::time::Instant::now();
+    let err = loop {
+        let mut one: PageWords = [0; WORDS_PER_PAGE];
+        match src.read_page(
+            refs[(t.elapsed().as_micros() as usize) % refs.len()],
+            &mut one,
+        ) {
+            Ok(()) => assert!(
+                t.elapsed().as_secs() < 10,
+                "still readable 10 s after SIGKILL"
+            ),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err, SourceError::Gone(id));
+    assert_eq!(src.gone(), &[pid]);
+    assert_eq!(src.page_state(refs[0]), Err(SourceError::Gone(id)));
+    assert!(src.regions().is_empty());
+    // The lower layers say the same once it is reaped, by both read paths;
+    // a new reader finds no such process.
+    w.wait();
+    assert!(matches!(
+        reader.read_range(start, &mut buf[..1]),
+        Err(LinuxError::Gone(_))
+    ));
+    assert!(matches!(
+        reader.read_range_unpinned(start, &mut buf[..1]),
+        Err(LinuxError::Gone(_))
+    ));
+    assert!(matches!(
+        RemoteReader::new(pid),
+        Err(LinuxError::NoSuchProcess(_))
+    ));
+    // A named pid that has exited is dropped on refresh, not an error, and
+    // is counted once.
+    src.refresh().unwrap();
+    assert!(src.regions().is_empty());
+    assert_eq!(src.take_gone(), vec![pid]);
+    src.refresh().unwrap();
+    assert!(src.gone().is_empty());
+}
+
+#[test]
+fn pagemap_readers_see_a_gone_process() {
+    require_root();
+    let mut w = Workload::start(&["random", "--mib", "1"]);
+    let pid = w.pid();
+    let (start, _) = w.region();
+    let pm = Pagemap::open(pid).unwrap();
+    w.kill();
+    w.wait();
+    let mut e = vec![pagesift_linux::pagemap::PagemapEntry(0); 8];
+    assert!(matches!(pm.read(start, &mut e), Err(LinuxError::Gone(p)) if p == pid));
+}
+
+#[test]
+fn missing_capabilities_are_named() {
+    require_root();
+    let w = Workload::start(&["random", "--mib", "1"]);
+    let pid = w.pid();
+    let (start, _) = w.region();
+
+    // Without CAP_SYS_ADMIN: no PFNs.
+    let e = std::thread::spawn(move || {
+        pagesift_linux::caps::drop_from_this_thread(&[Capability::SysAdmin]).unwrap();
+        LinuxSource::new(ProcessFilter::pids([pid]), SourceConfig::default()).unwrap_err()
+    })
+    .join()
+    .unwrap();
+    assert!(
+        matches!(
+            e,
+            LinuxError::MissingCapability {
+                cap: Capability::SysAdmin,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("CAP_SYS_ADMIN"), "{e}");
+
+    // A pagemap opened without CAP_SYS_ADMIN hides PFNs; inspecting it
+    // names the capability instead of misreading PFN 0.
+    let kpf = KPageFlags::open().unwrap();
+    let e = std::thread::spawn(move || {
+        pagesift_linux::caps::drop_from_this_thread(&[Capability::SysAdmin]).unwrap();
+        let pm = Pagemap::open(pid).unwrap();
+        assert!(!pm.pfns_visible());
+        let mut ins = PageInspector::with(pm, kpf);
+        let mut out = vec![PageInfo::default(); 4];
+        ins.inspect(start, &mut out).unwrap_err()
+    })
+    .join()
+    .unwrap();
+    assert!(e.to_string().contains("CAP_SYS_ADMIN"), "{e}");
+
+    // Without CAP_SYS_PTRACE the memory of a process with more privileges
+    // cannot be read, and the error names the capability, whether it comes
+    // from a reader or from a whole source.
+    let (e1, e2) = std::thread::spawn(move || {
+        pagesift_linux::caps::drop_from_this_thread(&[Capability::SysPtrace]).unwrap();
+        let e1 = RemoteReader::new(pid).unwrap_err();
+        let e2 = LinuxSource::new(ProcessFilter::pids([pid]), SourceConfig::default()).unwrap_err();
+        (e1, e2)
+    })
+    .join()
+    .unwrap();
+    // The page map needs only ptrace *read* access, which CAP_SYS_ADMIN and
+    // CAP_PERFMON also grant on this kernel; without all three it is refused.
+    let e3 = std::thread::spawn(move || {
+        use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
+        let mut s = capabilities(None).unwrap();
+        let drop = CapabilitySet::SYS_PTRACE | CapabilitySet::SYS_ADMIN | CapabilitySet::PERFMON;
+        s.effective.remove(drop);
+        s.permitted.remove(drop);
+        set_capabilities(None, s).unwrap();
+        Pagemap::open(pid).unwrap_err()
+    })
+    .join()
+    .unwrap();
+    for e in [e1, e2, e3] {
+        assert!(
+            matches!(
+                e,
+                LinuxError::MissingCapability {
+                    cap: Capability::SysPtrace,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("CAP_SYS_PTRACE"), "{e}");
+    }
+}
+
+#[test]
+fn pagemap_scan_agrees_with_pagemap() {
+    require_root();
+    let w = Workload::start(&[
+        "static-dup",
+        "--mib",
+        "4",
+        "--hole-every",
+        "6",
+        "--zero-every",
+        "5",
+        "--untouched-mib",
+        "1",
+    ]);
+    let pid = w.pid();
+    let (start, pages) = w.region();
+    let pm = Pagemap::open(pid).unwrap();
+    let runs = pm.present_runs(start, start + pages * 4096).unwrap();
+    let present: u64 = runs.iter().map(|r| (r.end - r.start) / 4096).sum();
+    let zero: u64 = runs
+        .iter()
+        .filter(|r| r.categories & category::PFNZERO != 0)
+        .map(|r| (r.end - r.start) / 4096)
+        .sum();
+    assert_eq!(present, present_count(pid, start, pages) as u64);
+    assert_eq!(present, w.count("present_pages") + w.count("zero_pages"));
+    assert_eq!(zero, w.count("zero_pages"));
+}
+
+#[test]
+fn thp_pages_are_flagged_as_the_kernel_accounts_them() {
+    require_root();
+    let w = Workload::start(&["random", "--mib", "8", "--thp"]);
+    let pid = w.pid();
+    let (start, pages) = w.region();
+    let mut src = source_for(&[pid]);
+    let id = region_at(&src, pid, start);
+    let infos = classes(&mut src, id);
+    let thp = infos.iter().filter(|i| i.thp()).count() as u64;
+    // The kernel's own account of the region: smaps AnonHugePages.
+    let smaps = procfs::process::Process::new(pid as i32)
+        .unwrap()
+        .smaps()
+        .unwrap();
+    let m = smaps.iter().find(|m| m.address.0 == start).unwrap();
+    let huge_kb = m.extension.map.get("AnonHugePages").copied().unwrap_or(0) / 1024;
+    assert_eq!(thp * 4, huge_kb);
+    assert_eq!(count_class(&infos, PageClass::Anon), pages);
+    // And the contents are still all distinct.
+    let contents = read_all(&mut src, id, &infos, &[PageClass::Anon]);
+    assert_eq!(content_counts(&contents).0, w.count("distinct_contents"));
+}
+
+#[test]
+fn region_ids_are_stable_and_never_reused() {
+    require_root();
+    let w = Workload::start(&["static-dup", "--mib", "2"]);
+    let pid = w.pid();
+    let (start, _) = w.region();
+    let mut src = source_for(&[pid]);
+    let ids = |src: &LinuxSource| -> HashMap<u64, RegionId> {
+        src.linux_regions().map(|r| (r.start, r.id)).collect()
+    };
+    let before = ids(&src);
+    src.refresh().unwrap();
+    let after = ids(&src);
+    // Every region still there keeps its id (the workload may still be
+    // starting its command thread, which adds regions).
+    assert!(before.len() > 5);
+    for (s, id) in &before {
+        if let Some(id2) = after.get(s) {
+            assert_eq!(id, id2);
+        }
+    }
+    assert_eq!(before[&start], after[&start]);
+
+    // A region that goes away and comes back is a new region.
+    let s = Workload::start(&["short-lived", "--mib", "2", "--period-ms", "150"]);
+    let (start, _) = s.region();
+    let mut src = source_for(&[s.pid()]);
+    let first = region_at(&src, s.pid(), start);
+    let t = std::time::Instant::now();
+    let mut saw_gone = false;
+    let later = loop {
+        assert!(
+            t.elapsed().as_secs() < 10,
+            "the short-lived region never cycled"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        src.refresh().unwrap();
+        match src
+            .linux_regions()
+            .find(|r| r.start == start && r.pages == 512)
+        {
+            None => saw_gone = true,
+            Some(r) if saw_gone => break r.id,
+            Some(_) => {}
+        }
+    };
+    assert_ne!(later, first);
+    assert!(later > first);
+    let mut page: PageWords = [0; WORDS_PER_PAGE];
+    // The old id finds nothing.
+    assert_eq!(
+        src.read_page(
+            PageRef {
+                region: first,
+                page: 0
+            },
+            &mut page
+        ),
+        Err(SourceError::Gone(first))
+    );
+}
+
+#[test]
+fn long_regions_are_sliced() {
+    require_root();
+    let w = Workload::start(&["static-dup", "--mib", "4"]);
+    let pid = w.pid();
+    let (start, pages) = w.region();
+    let config = SourceConfig {
+        max_region_pages: 300,
+        ..SourceConfig::default()
+    };
+    let src = LinuxSource::new(ProcessFilter::pids([pid]), config).unwrap();
+    let slices: Vec<_> = src
+        .linux_regions()
+        .filter(|r| r.start >= start && r.start < start + pages * 4096)
+        .collect();
+    assert_eq!(slices.len() as u64, pages.div_ceil(300));
+    assert_eq!(slices.iter().map(|r| r.pages as u64).sum::<u64>(), pages);
+    assert!(slices.iter().all(|r| r.pages <= 300));
+}
