@@ -500,3 +500,133 @@ fn verify(
     }
     same
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::{InMemorySource, ZERO_CONTENT};
+
+    const MS: Nanos = 1_000_000;
+
+    fn distiller() -> Distiller {
+        Distiller::new(DistillerConfig::default())
+    }
+
+    /// Wakes until a global round has ended, returning the reports.
+    fn one_global_round(
+        d: &mut Distiller,
+        src: &mut InMemorySource,
+        now: &mut Nanos,
+    ) -> Vec<WakeReport> {
+        let mut out = Vec::new();
+        loop {
+            *now += 100 * MS;
+            d.sync_regions(src, *now);
+            let r = d.wake(src, *now);
+            let ended = r.global_round_ended;
+            out.push(r);
+            if ended {
+                return out;
+            }
+        }
+    }
+
+    #[test]
+    fn duplicates_across_regions_are_found_and_verified() {
+        let mut src = InMemorySource::new();
+        // Two small regions holding the same 8 contents: every page has a twin
+        // in the other region, none in its own.
+        let contents: Vec<u64> = (100..108).collect();
+        let a = src.map(1, &contents);
+        let b = src.map(2, &contents);
+        let mut d = distiller();
+        let mut now = 0;
+        // Rounds of these tiny regions last one wake-up (100 ms): they can
+        // climb once older than V_life (100 ms), in the third.
+        let mut reports = Vec::new();
+        for _ in 0..3 {
+            reports.extend(one_global_round(&mut d, &mut src, &mut now));
+        }
+        let dups: u64 = reports.iter().map(|r| r.duplicates).sum();
+        let sampled: u64 = reports.iter().map(|r| r.sampled.iter().sum::<u64>()).sum();
+        assert!(sampled >= 16, "both tiny regions are read whole: {sampled}");
+        assert!(
+            dups >= 8,
+            "every second sample finds its twin: {dups} of {sampled}"
+        );
+        // Both regions climb: the finder and, credited, the partner.
+        let moves: Vec<Move> = reports.iter().flat_map(|r| r.moves.clone()).collect();
+        for id in [a, b] {
+            assert!(
+                moves.contains(&Move::Climb { region: id, to: 1 }),
+                "{id:?} did not climb: {moves:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn distinct_pages_are_never_reported_duplicate() {
+        let mut src = InMemorySource::new();
+        src.set_differing_words(1); // near-identical pages: weak hashes collide
+        let r = src.map(1, &(1..=512).collect::<Vec<u64>>());
+        let mut d = distiller();
+        let mut now = 0;
+        for _ in 0..3 {
+            let reports = one_global_round(&mut d, &mut src, &mut now);
+            assert_eq!(reports.iter().map(|r| r.duplicates).sum::<u64>(), 0);
+        }
+        assert_eq!(d.ladder().level_of(r), Some(0));
+    }
+
+    #[test]
+    fn zero_and_merged_pages_count_as_merged_and_send_a_region_to_the_bottom() {
+        let mut src = InMemorySource::new();
+        let r = src.map(1, &[ZERO_CONTENT; 64]);
+        let mut d = distiller();
+        let mut now = 0;
+        let reports = one_global_round(&mut d, &mut src, &mut now);
+        let merged: u64 = reports.iter().map(|r| r.merged).sum();
+        let sampled: u64 = reports.iter().map(|r| r.sampled.iter().sum::<u64>()).sum();
+        assert_eq!(merged, sampled);
+        assert_eq!(d.ladder().level_of(r), Some(0));
+    }
+
+    #[test]
+    fn an_unmapped_region_leaves_the_ladder_and_the_index() {
+        let mut src = InMemorySource::new();
+        let a = src.map(1, &[7; 32]);
+        let mut d = distiller();
+        let mut now = 0;
+        one_global_round(&mut d, &mut src, &mut now);
+        assert!(d.ladder().level_of(a).is_some());
+        assert!(d.index().stable_len() > 0);
+        src.unmap(a);
+        d.sync_regions(&src, now);
+        assert_eq!(d.ladder().level_of(a), None);
+        assert_eq!(d.index().stable_len() + d.index().unstable_len(), 0);
+    }
+
+    #[test]
+    fn written_duplicates_are_cow_breaks() {
+        let mut src = InMemorySource::new();
+        let r = src.map(1, &[9; 256]);
+        let mut d = distiller();
+        let mut now = 0;
+        let mut cow = 0;
+        // Probes are checked once they are a bottom round (1 s) old.
+        for _ in 0..20 {
+            // Rewrite every page with the same content between rounds: the
+            // duplicates stay duplicates but would not stay merged.
+            for page in 0..256 {
+                src.write(PageRef { region: r, page }, 9).unwrap();
+            }
+            cow += one_global_round(&mut d, &mut src, &mut now)
+                .iter()
+                .map(|r| r.cow_breaks)
+                .sum::<u64>();
+        }
+        assert!(cow > 0, "no COW break detected");
+        let stats = d.ladder().region_stats(r).unwrap();
+        assert!(stats.total.cow_broken > 0);
+    }
+}
