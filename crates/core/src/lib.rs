@@ -49,8 +49,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod avalanche;
 pub mod hash;
 pub mod source;
+pub mod superfasthash;
 
 /// Bytes in a page. pagesift works on 4 KiB base pages, as KSM does.
 pub const PAGE_SIZE: usize = 4096;
