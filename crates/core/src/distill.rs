@@ -73,7 +73,7 @@ impl Default for DistillerConfig {
             sleep: 100_000_000,
             index: IndexConfig::default(),
             strength: StrengthConfig::default(),
-            shifts: Shifts::PAPER,
+            shifts: Shifts::DEFAULT,
             seed: 0x7061_6765_7369_6674, // "pagesift"
         }
     }

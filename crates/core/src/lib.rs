@@ -49,6 +49,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod avalanche;
 pub mod distill;
 pub mod governor;
 pub mod hash;
@@ -58,6 +59,7 @@ pub mod ladder;
 pub mod sim;
 pub mod source;
 pub mod strength;
+pub mod superfasthash;
 
 /// Bytes in a page. pagesift works on 4 KiB base pages, as KSM does.
 pub const PAGE_SIZE: usize = 4096;
