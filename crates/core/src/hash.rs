@@ -78,6 +78,19 @@ const fn inverse_mod_2_32(a: u32) -> u32 {
 }
 
 /// The progressive hash: a seeded offset permutation and a shift pair.
+///
+/// ```
+/// use pagesift_core::hash::{PartialHasher, Shifts};
+///
+/// let hasher = PartialHasher::new(42, Shifts::DEFAULT);
+/// let mut page = [0u32; 1024];
+/// page[17] = 0xfeed;
+/// let weak = hasher.hash(&page, 8);
+/// // Strengthen to 64 words, then weaken back: only the difference is hashed.
+/// let strong = hasher.rehash(&page, weak, 8, 64);
+/// assert_eq!(strong, hasher.hash(&page, 64));
+/// assert_eq!(hasher.rehash(&page, strong, 64, 8), weak);
+/// ```
 #[derive(Clone, Debug)]
 pub struct PartialHasher {
     offsets: Box<[u16; WORDS_PER_PAGE]>,
