@@ -41,7 +41,7 @@
 
 use crate::governor::{CostEma, Governor, GovernorParams, pages_per_wakeup, sampling_interval};
 use crate::hash::{PartialHasher, Shifts};
-use crate::index::{IndexConfig, SampleIndex};
+use crate::index::{IndexConfig, IndexSet, SampleIndex};
 use crate::ladder::{Ladder, LadderConfig, Move, Sample};
 use crate::source::{MemorySource, PageState, SourceError};
 use crate::strength::{StrengthConfig, StrengthController};
@@ -355,7 +355,9 @@ impl Distiller {
             PageState::Merged => {
                 sample.merged = true;
                 if let Some(hash) = self.read_and_hash(src, page)
-                    && self.find_stable(src, hash, page, report).is_none()
+                    && self
+                        .find(IndexSet::Stable, src, hash, page, report)
+                        .is_none()
                 {
                     self.index.insert_stable(hash, page);
                 }
@@ -369,9 +371,12 @@ impl Distiller {
                     // KSM merges zero pages into the zero page (use_zero_pages)
                     // or with each other: a duplicate either way.
                     sample.duplicate = true;
-                } else if self.find_stable(src, hash, page, report).is_some() {
+                } else if self
+                    .find(IndexSet::Stable, src, hash, page, report)
+                    .is_some()
+                {
                     sample.duplicate = true;
-                } else if let Some(twin) = self.find_unstable(src, hash, page, report) {
+                } else if let Some(twin) = self.find(IndexSet::Unstable, src, hash, page, report) {
                     sample.duplicate = true;
                     self.index.insert_stable(hash, twin);
                     self.ladder.record(
@@ -440,8 +445,11 @@ impl Distiller {
         )
     }
 
-    fn find_stable(
+    /// Looks `page` (whose words are in `scratch.page`) up in the stable
+    /// set, or in the unstable set where it is inserted if no twin is found.
+    fn find(
         &mut self,
+        set: IndexSet,
         src: &mut impl MemorySource,
         hash: u32,
         page: PageRef,
@@ -453,27 +461,11 @@ impl Distiller {
             controller,
             ..
         } = self;
-        index.find_stable(hash, |cand| {
-            verify(src, scratch, controller, report, page, cand)
-        })
-    }
-
-    fn find_unstable(
-        &mut self,
-        src: &mut impl MemorySource,
-        hash: u32,
-        page: PageRef,
-        report: &mut WakeReport,
-    ) -> Option<PageRef> {
-        let Distiller {
-            index,
-            scratch,
-            controller,
-            ..
-        } = self;
-        index.find_or_insert_unstable(hash, page, |cand| {
-            verify(src, scratch, controller, report, page, cand)
-        })
+        let same = |cand| verify(src, scratch, controller, report, page, cand);
+        match set {
+            IndexSet::Stable => index.find_stable(hash, same),
+            IndexSet::Unstable => index.find_or_insert_unstable(hash, page, same),
+        }
     }
 }
 

@@ -212,25 +212,21 @@ impl InMemorySource {
 
     /// The content id of a page (the simulation's ground truth).
     pub fn content(&self, page: PageRef) -> Result<u64, SourceError> {
-        let r = self
-            .regions
-            .get(&page.region)
-            .ok_or(SourceError::Gone(page.region))?;
-        r.pages
-            .get(page.page as usize)
-            .map(|p| p.content)
-            .ok_or(SourceError::OutOfRange(page))
+        self.page_ref(page).map(|p| p.content)
     }
 
     /// The state of a page, without needing `&mut` (the simulation's view).
     pub fn state(&self, page: PageRef) -> Result<PageState, SourceError> {
+        self.page_ref(page).map(|p| p.state)
+    }
+
+    fn page_ref(&self, page: PageRef) -> Result<&SimPage, SourceError> {
         let r = self
             .regions
             .get(&page.region)
             .ok_or(SourceError::Gone(page.region))?;
         r.pages
             .get(page.page as usize)
-            .map(|p| p.state)
             .ok_or(SourceError::OutOfRange(page))
     }
 
