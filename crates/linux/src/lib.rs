@@ -52,6 +52,7 @@ pub mod discover;
 pub mod error;
 pub mod inspect;
 pub mod kpageflags;
+pub mod ksm;
 pub mod pagemap;
 pub mod read;
 pub mod source;
