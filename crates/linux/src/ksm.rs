@@ -65,8 +65,8 @@
 //!
 //! [`with_memory_merge`] sets `PR_SET_MEMORY_MERGE` (mainline-ksm.md §2.2)
 //! in a child between fork and exec; the flag survives exec since 6.7 (and
-//! the exec'd image is really scanned since 6.10). It is the only `unsafe`
-//! of this module, in the private `prctl` module, each block with a `// SAFETY:` comment.
+//! the exec'd image is really scanned since 6.10). The `prctl` call itself
+//! is in [`crate::sys`], with the crate's other `unsafe` code.
 
 use crate::LinuxError;
 use crate::error::libc_errno;
@@ -1525,57 +1525,19 @@ impl KsmVmstat {
 /// its anonymous private memory is mergeable, and its children inherit it
 /// (mainline-ksm.md §2.2). The child fails to spawn if the prctl fails.
 pub fn with_memory_merge(cmd: &mut Command) -> &mut Command {
-    prctl::merge_any_before_exec(cmd)
+    crate::sys::prctl::merge_any_before_exec(cmd)
 }
 
 /// Turns `PR_SET_MEMORY_MERGE` on or off for the calling process (off
 /// unmerges its merged pages). For `pagesift exec`, which sets it and then
 /// execs.
 pub fn set_memory_merge(enable: bool) -> io::Result<()> {
-    prctl::set_memory_merge(enable)
+    crate::sys::prctl::set_memory_merge(enable)
 }
 
 /// `PR_GET_MEMORY_MERGE` of the calling process.
 pub fn memory_merge() -> io::Result<bool> {
-    prctl::get_memory_merge()
-}
-
-/// The module's only `unsafe`: `prctl(2)`, which neither `nix` nor `rustix`
-/// wraps for these options.
-#[allow(unsafe_code)]
-mod prctl {
-    use std::io;
-    use std::os::unix::process::CommandExt;
-    use std::process::Command;
-
-    fn raw(option: libc::c_int, arg2: libc::c_ulong) -> io::Result<libc::c_int> {
-        // SAFETY: PR_SET_MEMORY_MERGE and PR_GET_MEMORY_MERGE take integer
-        // arguments only (arg3..arg5 must be 0, mainline-ksm.md §2.2); no
-        // pointer is passed, so no memory of ours is read or written. The
-        // call is async-signal-safe (a bare syscall), as `pre_exec` needs.
-        let r = unsafe { libc::prctl(option, arg2, 0 as libc::c_ulong, 0 as libc::c_ulong, 0) };
-        if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(r)
-        }
-    }
-
-    pub fn set_memory_merge(enable: bool) -> io::Result<()> {
-        raw(libc::PR_SET_MEMORY_MERGE, enable as libc::c_ulong).map(|_| ())
-    }
-
-    pub fn get_memory_merge() -> io::Result<bool> {
-        raw(libc::PR_GET_MEMORY_MERGE, 0).map(|r| r != 0)
-    }
-
-    pub fn merge_any_before_exec(cmd: &mut Command) -> &mut Command {
-        // SAFETY: the closure runs in the forked child before exec, where
-        // only async-signal-safe work is allowed: it makes one raw syscall
-        // and builds an `io::Error` from errno (no allocation), and touches
-        // no lock or state shared with the parent.
-        unsafe { cmd.pre_exec(|| set_memory_merge(true)) }
-    }
+    crate::sys::prctl::get_memory_merge()
 }
 
 #[cfg(test)]

@@ -2,9 +2,9 @@
 //!
 //! Every syscall, `/proc` and `/sys` access of pagesift lives in this crate;
 //! the algorithms in `pagesift-core` only see the
-//! [`MemorySource`](pagesift_core::source::MemorySource) trait. The
-//! crate is read-only towards its targets: it never writes their memory,
-//! never changes their mappings and never touches KSM's state.
+//! [`MemorySource`](pagesift_core::source::MemorySource) trait. It never
+//! writes a target's memory, and KSM's global state is changed only
+//! through [`ksm::KsmGuard`], which restores it.
 //!
 //! ## How a page is reached, before the code
 //!

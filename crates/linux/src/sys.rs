@@ -10,7 +10,10 @@
 //!   exactly one thread (the only case in which the child may run arbitrary
 //!   code), used by the workload's fork family.
 //!
-//! Everything else (process_vm_readv, capget, kill, prctl) has safe wrappers
+//! - [`prctl`]: `PR_SET_MEMORY_MERGE` for `pagesift exec` and for test
+//!   children made mergeable before exec (mainline-ksm.md §2.2).
+//!
+//! Everything else (process_vm_readv, capget, kill) has safe wrappers
 //! in `nix`/`rustix` and is called directly by the modules that need it.
 #![allow(unsafe_code)]
 
@@ -312,4 +315,41 @@ pub fn iov_max() -> usize {
         .map(|v| v as usize)
         .filter(|&v| v > 0)
         .unwrap_or(1024)
+}
+
+/// `prctl(2)` for `PR_SET_MEMORY_MERGE` / `PR_GET_MEMORY_MERGE`, which
+/// neither `nix` nor `rustix` wraps.
+pub mod prctl {
+    use std::io;
+    use std::os::unix::process::CommandExt;
+    use std::process::Command;
+
+    fn raw(option: libc::c_int, arg2: libc::c_ulong) -> io::Result<libc::c_int> {
+        // SAFETY: PR_SET_MEMORY_MERGE and PR_GET_MEMORY_MERGE take integer
+        // arguments only (arg3..arg5 must be 0, mainline-ksm.md §2.2); no
+        // pointer is passed, so no memory of ours is read or written. The
+        // call is async-signal-safe (a bare syscall), as `pre_exec` needs.
+        let r = unsafe { libc::prctl(option, arg2, 0 as libc::c_ulong, 0 as libc::c_ulong, 0) };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r)
+        }
+    }
+
+    pub fn set_memory_merge(enable: bool) -> io::Result<()> {
+        raw(libc::PR_SET_MEMORY_MERGE, enable as libc::c_ulong).map(|_| ())
+    }
+
+    pub fn get_memory_merge() -> io::Result<bool> {
+        raw(libc::PR_GET_MEMORY_MERGE, 0).map(|r| r != 0)
+    }
+
+    pub fn merge_any_before_exec(cmd: &mut Command) -> &mut Command {
+        // SAFETY: the closure runs in the forked child before exec, where
+        // only async-signal-safe work is allowed: it makes one raw syscall
+        // and builds an `io::Error` from errno (no allocation), and touches
+        // no lock or state shared with the parent.
+        unsafe { cmd.pre_exec(|| set_memory_merge(true)) }
+    }
 }
