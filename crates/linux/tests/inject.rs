@@ -794,3 +794,108 @@ fn gone_and_missing_processes() {
     assert!(err.to_string().contains("is a thread of process"), "{err}");
     t.finish();
 }
+
+/// A cgroup v2 made for a test; thawed, emptied and removed on drop.
+struct TestCgroup {
+    root: String,
+    dir: PathBuf,
+}
+
+impl TestCgroup {
+    fn new(name: &str) -> TestCgroup {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let root = info
+            .lines()
+            .find_map(|l| {
+                let (left, right) = l.split_once(" - ")?;
+                (right.split_whitespace().next()? == "cgroup2")
+                    .then(|| left.split_whitespace().nth(4).map(str::to_string))?
+            })
+            .expect("a cgroup v2 mount (for the freezer)");
+        let dir = PathBuf::from(&root).join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).expect("mkdir cgroup");
+        TestCgroup { root, dir }
+    }
+
+    fn add(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+
+    fn freeze(&self, on: bool) {
+        std::fs::write(self.dir.join("cgroup.freeze"), if on { "1" } else { "0" }).unwrap();
+        let want = if on { "frozen 1" } else { "frozen 0" };
+        wait_for("the freezer", Duration::from_secs(5), || {
+            std::fs::read_to_string(self.dir.join("cgroup.events"))
+                .unwrap()
+                .lines()
+                .any(|l| l == want)
+        });
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("cgroup.freeze"), "0");
+        if let Ok(procs) = std::fs::read_to_string(self.dir.join("cgroup.procs")) {
+            for p in procs.lines() {
+                let _ = std::fs::write(PathBuf::from(&self.root).join("cgroup.procs"), p);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+#[test]
+fn frozen_target_is_skipped_and_a_call_that_cannot_start_is_abandoned() {
+    let _g = serial();
+    let cg_a = TestCgroup::new("pagesift-inject-a");
+    let cg_b = TestCgroup::new("pagesift-inject-b");
+    let t = Target::start("sleep", &["--ms", "5"]);
+    let pid = t.pid();
+    cg_a.add(pid);
+    let mut inj = Injector::new(InjectConfig {
+        syscall_timeout: Duration::from_millis(300),
+        ..InjectConfig::default()
+    });
+    // Seen once in cgroup a (not frozen): works, and a's path is cached.
+    assert_eq!(
+        done(inj.run(pid, &[Syscall::Getpid]).unwrap()).results,
+        vec![pid as i64]
+    );
+    cg_a.freeze(true);
+    assert_eq!(
+        inj.run(pid, &[madvise(&t, Advice::Mergeable)]).unwrap(),
+        Outcome::Skipped(SkipReason::Frozen)
+    );
+    cg_a.freeze(false);
+    // Moved into frozen cgroup b behind the cache's back: the thread stops
+    // (a ptrace trap beats the freezer) but never runs the call; after the
+    // call timeout the batch is abandoned and the thread released intact.
+    cg_b.freeze(true);
+    cg_b.add(pid);
+    wait_for("the target to freeze", Duration::from_secs(5), || {
+        std::fs::read_to_string(cg_b.dir.join("cgroup.events"))
+            .unwrap()
+            .lines()
+            .any(|l| l == "frozen 1")
+    });
+    let t0 = Instant::now();
+    assert_eq!(
+        inj.run(pid, &[madvise(&t, Advice::Mergeable)]).unwrap(),
+        Outcome::Skipped(SkipReason::SyscallTimeout { completed: vec![] })
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert_eq!(tracer_pid(pid), 0);
+    assert!(!mergeable(pid, t.addr()), "the abandoned call never ran");
+    // The cache was dropped: now b is seen frozen.
+    assert_eq!(
+        inj.run(pid, &[Syscall::Getpid]).unwrap(),
+        Outcome::Skipped(SkipReason::Frozen)
+    );
+    cg_b.freeze(false);
+    assert_eq!(
+        done(inj.run(pid, &[madvise(&t, Advice::Mergeable)]).unwrap()).results,
+        vec![0]
+    );
+    t.finish();
+}
