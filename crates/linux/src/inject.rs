@@ -304,9 +304,10 @@ pub struct Injection {
     pub tid: u32,
     /// The syscall the thread was in when it stopped (`orig_rax`), if any.
     pub interrupted_syscall: Option<i64>,
-    /// Whether that syscall returns EINTR to the application because of the
-    /// stop (it had returned -EINTR by the time the thread stopped, as
-    /// `epoll_wait` does).
+    /// Whether that syscall returns EINTR to the application because of our
+    /// stop (it had returned -EINTR when our interrupt stopped the thread,
+    /// as `epoll_wait` does; not counted when a group-stop or a signal
+    /// stopped it first).
     pub app_sees_eintr: bool,
     /// Signals that arrived during the injection and were delivered again
     /// at the detach.
@@ -1509,6 +1510,13 @@ impl Tracer {
         let first = ptrace::interrupt(tid)
             .map_err(os("PTRACE_INTERRUPT"))
             .and_then(|()| s.wait(Some(Instant::now() + cfg.stop_timeout)));
+        let by_interrupt = matches!(
+            first,
+            Ok(Some(Stop::Event {
+                sig: libc::SIGTRAP,
+                ..
+            }))
+        );
         match first {
             Ok(Some(stop)) if stop.is_exit() => return gone(true, vec![]),
             Ok(Some(stop)) => {
@@ -1598,7 +1606,10 @@ impl Tracer {
             results,
             tid,
             interrupted_syscall,
-            app_sees_eintr: interrupted_syscall.is_some()
+            // Ours only if our interrupt stopped it: a group-stop or a
+            // signal would have caused the EINTR anyway.
+            app_sees_eintr: by_interrupt
+                && interrupted_syscall.is_some()
                 && saved.rax as i64 == -(libc::EINTR as i64),
             signals_redelivered: redelivered,
             vmas_before,
