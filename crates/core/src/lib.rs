@@ -49,6 +49,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod census;
 pub mod distill;
 pub mod governor;
 pub mod hash;
