@@ -146,6 +146,17 @@ fn main() {
             .expect("exact scan");
             per_cpu.push(s.frames as f64 / (cpu_seconds() - cpu0));
             frames = s.frames;
+            let per_page = |ns: u64| ns as f64 / s.frames as f64;
+            println!(
+                "  {threads} thread(s): {:.0} ns/page in all; smaps {:.0}, pagemap+kpageflags {:.0}, reads {:.0}, hash {:.0} + group {:.0}{}",
+                per_page(s.scan_ns),
+                per_page(s.time.smaps_ns),
+                per_page(s.time.inspect_ns),
+                per_page(s.time.read_ns),
+                per_page(s.time.hash_ns),
+                per_page(s.time.group_ns - s.time.hash_ns),
+                if threads == 2 { " (second thread)" } else { "" }
+            );
             s.pages_per_second()
         });
         per_cpu.sort_by(f64::total_cmp);

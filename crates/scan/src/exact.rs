@@ -76,7 +76,7 @@ use pagesift_linux::discover::{self, ProcessFilter, ProcessInfo, RegionKind};
 use pagesift_linux::kpageflags::{KPageFlags, KpfFlags};
 use pagesift_linux::pagemap::{Pagemap, PagemapEntry};
 use pagesift_linux::{LinuxError, PageBuffer, RemoteReader};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -157,6 +157,26 @@ pub struct ExactStats {
     pub group: GroupStats,
     /// Frames read again by the rescan.
     pub rescanned: u64,
+    /// Where the first pass spent its time, in nanoseconds of wall time
+    /// on the thread that did it: reading smaps (discovery of VMAs),
+    /// pagemap and kpageflags, reading pages, and hashing plus grouping
+    /// (on the second thread when there are two).
+    pub time: PhaseTimes,
+}
+
+/// Time per phase of the first pass (nanoseconds).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PhaseTimes {
+    /// `/proc/PID/smaps` (VMAs and their flags).
+    pub smaps_ns: u64,
+    /// pagemap and kpageflags.
+    pub inspect_ns: u64,
+    /// Page reads (both paths).
+    pub read_ns: u64,
+    /// Hashing, grouping and verification re-reads (hashing included).
+    pub group_ns: u64,
+    /// Of which hashing alone.
+    pub hash_ns: u64,
 }
 
 impl ExactStats {
@@ -234,6 +254,8 @@ pub fn run_with_stats(opts: &ExactOptions) -> Result<(Report, ExactStats), ScanE
         census,
         records,
         group,
+        group_ns,
+        hash_ns,
         mut reps,
     } = done;
     let scan_ns = t0.elapsed().as_nanos() as u64;
@@ -246,6 +268,11 @@ pub fn run_with_stats(opts: &ExactOptions) -> Result<(Report, ExactStats), ScanE
         shared_pages: scanner.shared_pages,
         vanished: scanner.vanished,
         group,
+        time: PhaseTimes {
+            group_ns,
+            hash_ns,
+            ..scanner.time
+        },
         ..ExactStats::default()
     };
 
@@ -445,6 +472,8 @@ struct Finished {
     census: Census,
     records: Vec<PageRecord>,
     group: GroupStats,
+    group_ns: u64,
+    hash_ns: u64,
     reps: LiveReps,
 }
 
@@ -453,6 +482,8 @@ struct Hasher {
     grouper: Grouper,
     reps: LiveReps,
     hashes: Vec<u64>,
+    busy_ns: u64,
+    hash_ns: u64,
 }
 
 impl Hasher {
@@ -461,10 +492,19 @@ impl Hasher {
             grouper: Grouper::new(cache_pages, PENDING_PAGES, records),
             reps: LiveReps::default(),
             hashes: Vec::with_capacity(CHUNK_PAGES),
+            busy_ns: 0,
+            hash_ns: 0,
         }
     }
 
     fn handle(&mut self, msg: Msg) -> Option<Batch> {
+        let t = Instant::now();
+        let out = self.handle_timed(msg);
+        self.busy_ns += t.elapsed().as_nanos() as u64;
+        out
+    }
+
+    fn handle_timed(&mut self, msg: Msg) -> Option<Batch> {
         match msg {
             Msg::Process {
                 ix,
@@ -485,12 +525,14 @@ impl Hasher {
                 let pages = b.pages.pages();
                 // Hash the whole batch first: the table probes that follow
                 // then run back to back, and their cache misses overlap.
+                let t = Instant::now();
                 self.hashes.clear();
                 self.hashes.extend(
                     b.items
                         .iter()
                         .map(|it| self.grouper.hash_of(&pages[it.buf as usize])),
                 );
+                self.hash_ns += t.elapsed().as_nanos() as u64;
                 for (it, &hash) in b.items.iter().zip(&self.hashes) {
                     let loc = Loc {
                         region: b.region,
@@ -511,11 +553,14 @@ impl Hasher {
     }
 
     fn finish(mut self) -> Finished {
+        let t = Instant::now();
         let (census, records, group) = self.grouper.finish(&mut self.reps);
         Finished {
             census,
             records,
             group,
+            group_ns: self.busy_ns + t.elapsed().as_nanos() as u64,
+            hash_ns: self.hash_ns,
             reps: self.reps,
         }
     }
@@ -769,6 +814,27 @@ fn read_all(
     Ok(())
 }
 
+/// A set of frame numbers: one bit per PFN, grown to the largest PFN met
+/// (1 MiB of bits covers 32 GiB of RAM), so a lookup is one memory access
+/// and no hashing.
+#[derive(Default)]
+struct FrameSet {
+    bits: Vec<u64>,
+}
+
+impl FrameSet {
+    /// Adds `pfn`; returns whether it was new.
+    fn insert(&mut self, pfn: u64) -> bool {
+        let (word, bit) = ((pfn / 64) as usize, pfn % 64);
+        if word >= self.bits.len() {
+            self.bits.resize((word + 1).next_power_of_two(), 0);
+        }
+        let new = self.bits[word] >> bit & 1 == 0;
+        self.bits[word] |= 1 << bit;
+        new
+    }
+}
+
 /// A process as the reading side saw it.
 struct ProcEntry {
     info: ProcessInfo,
@@ -796,12 +862,13 @@ struct Scanner {
     regions: Vec<RegionEntry>,
     skipped: Vec<(u32, String)>,
     gone: u64,
-    /// PFNs of frames already met that may be mapped elsewhere too.
-    seen: HashSet<u64>,
+    /// Frames already met that may be mapped elsewhere too.
+    seen: FrameSet,
     pages_read: u64,
     shared_pages: u64,
     vanished: u64,
     started: Instant,
+    time: PhaseTimes,
     // Scratch, reused per chunk.
     entries: Vec<PagemapEntry>,
     pfns: Vec<u64>,
@@ -824,11 +891,12 @@ impl Scanner {
             regions: Vec::new(),
             skipped: Vec::new(),
             gone: 0,
-            seen: HashSet::new(),
+            seen: FrameSet::default(),
             pages_read: 0,
             shared_pages: 0,
             vanished: 0,
             started: Instant::now(),
+            time: PhaseTimes::default(),
             entries: Vec::new(),
             pfns: Vec::new(),
             pfn_at: Vec::new(),
@@ -881,7 +949,10 @@ impl Scanner {
         // A second pair for the verifier, opened now so that it names this
         // very process (both files pin its mm).
         let theirs = Handles::open(pid)?;
-        let maps = discover::process_regions(pid)?;
+        let t = Instant::now();
+        let maps = discover::process_regions(pid);
+        self.time.smaps_ns += t.elapsed().as_nanos() as u64;
+        let maps = maps?;
         if maps.eligible.is_empty() {
             // A zombie (exited, not yet reaped) has no VMAs left but its
             // files still open: it is gone, not empty.
@@ -977,6 +1048,7 @@ impl Scanner {
         sink: &mut dyn Sink,
     ) -> Result<u64, LinuxError> {
         let n = ((b - a) / PAGE) as usize;
+        let t_inspect = Instant::now();
         self.entries.clear();
         self.entries.resize(n, PagemapEntry(0));
         h.pagemap.read(a, &mut self.entries)?;
@@ -1010,6 +1082,7 @@ impl Scanner {
             }
         }
         if present_entries == 0 {
+            self.time.inspect_ns += t_inspect.elapsed().as_nanos() as u64;
             return Ok(0);
         }
         self.flags.clear();
@@ -1017,6 +1090,7 @@ impl Scanner {
         if !self.pfns.is_empty() {
             self.kpf.read_many(&self.pfns, &mut self.flags)?;
         }
+        self.time.inspect_ns += t_inspect.elapsed().as_nanos() as u64;
         // Classify in address order; collect the pages to read.
         let (mut present, mut zero, mut merged) = (0u64, 0u64, 0u64);
         self.pinned.clear();
@@ -1073,6 +1147,7 @@ impl Scanner {
         self.ok_pinned.resize(np, false);
         self.ok_unpinned.clear();
         self.ok_unpinned.resize(nu, false);
+        let t_read = Instant::now();
         {
             let bufs = batch.pages.pages_mut();
             let (bp, bu) = bufs.split_at_mut(np);
@@ -1089,6 +1164,7 @@ impl Scanner {
                 )?;
             }
         }
+        self.time.read_ns += t_read.elapsed().as_nanos() as u64;
         let (mut ip, mut iu) = (0, 0);
         for &(addr, pin) in &self.order {
             let (buf, ok) = if pin {
@@ -1191,5 +1267,26 @@ impl Scanner {
             elapsed_ms: elapsed.as_millis() as u64,
             pages_read,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_set_remembers_each_frame_once() {
+        let mut s = FrameSet::default();
+        let firsts: Vec<bool> = [0u64, 63, 64, 5, 63, 0, 64]
+            .iter()
+            .map(|&p| s.insert(p))
+            .collect();
+        assert_eq!(firsts, [true, true, true, true, false, false, false]);
+        let mut s = FrameSet::default();
+        assert!(s.insert(1 << 22));
+        assert!(!s.insert(1 << 22));
+        assert!(s.insert((1 << 22) + 1));
+        assert!(s.insert(0));
+        assert!(!s.insert(0));
     }
 }

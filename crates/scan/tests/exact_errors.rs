@@ -1,5 +1,5 @@
-//! Exact scan errors (root): each error the operator can meet, through the
-//! library and through `pagesift scan --exact`, with its exit code.
+//! Exact scan errors (root): each error the operator can meet, with what
+//! it says and its exit code (the command line's are in `exact_cli.rs`).
 
 mod exact_support;
 
@@ -8,7 +8,6 @@ use pagesift_linux::caps::{self, Capability};
 use pagesift_linux::{LinuxError, ProcessFilter};
 use pagesift_scan::ScanError;
 use pagesift_scan::exact::{ExactOptions, run};
-use std::process::Command;
 
 fn opts(pids: &[u32]) -> ExactOptions {
     ExactOptions {
@@ -133,54 +132,4 @@ fn invalid_options_are_usage_errors() {
     .expect_err("threads 3");
     assert_eq!(e.exit_code(), 2);
     assert!(e.to_string().contains("threads"), "{e}");
-}
-
-#[test]
-fn the_command_line_exit_codes() {
-    require_root();
-    let _g = serial();
-    let bin = pagesift_bin();
-    let run = |args: &[&str]| {
-        let o = Command::new(&bin)
-            .args(args)
-            .output()
-            .expect("running pagesift");
-        (
-            o.status.code().expect("exit code"),
-            String::from_utf8_lossy(&o.stdout).to_string(),
-            String::from_utf8_lossy(&o.stderr).to_string(),
-        )
-    };
-    let (code, _, err) = run(&["scan", "--exact", "--pid", &NO_SUCH_PID.to_string()]);
-    assert_eq!(code, 1, "{err}");
-    assert!(
-        err.contains(&format!("no process with pid {NO_SUCH_PID}")),
-        "{err}"
-    );
-    for bad in [
-        &["scan", "--exact", "--rescan", "-1"][..],
-        &["scan", "--exact", "--rescan", "nan"],
-        &["scan", "--rescan", "1"],
-        &["scan", "--exact", "--threads", "3"],
-        &["scan", "--exact", "--no-such-option"],
-        &["scan", "--exact", "--pid", "abc"],
-    ] {
-        let (code, _, err) = run(bad);
-        assert_eq!(code, 2, "{bad:?}: {err}");
-        assert!(!err.is_empty());
-    }
-    let w = Workload::start(&["static-dup", "--mib", "16", "--seed", "81"]);
-    let (code, out, err) = run(&["scan", "--exact", "--pid", &w.pid().to_string(), "--json"]);
-    assert_eq!(code, 0, "{err}");
-    // Not a terminal: no progress bar on stderr.
-    assert!(err.is_empty(), "{err}");
-    let r: pagesift_scan::Report = serde_json::from_str(&out).expect("--json is a Report");
-    let x = region(&r, w.pid(), w.region().0);
-    assert_eq!(n(&x.counts.saving), w.count("duplicate_pages"));
-    let (code, out, _) = run(&["scan", "--exact", "--pid", &w.pid().to_string()]);
-    assert_eq!(code, 0);
-    assert!(
-        out.contains("TOTAL") && out.contains(&w.pid().to_string()),
-        "{out}"
-    );
 }

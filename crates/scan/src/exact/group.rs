@@ -34,6 +34,7 @@
 use pagesift_core::PageWords;
 use pagesift_core::census::{Census, GroupIx, RegionIx};
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::hash::{BuildHasherDefault, Hasher};
 
 const NONE: u32 = u32::MAX;
@@ -92,7 +93,10 @@ impl Hasher for PassThrough {
 #[derive(Clone, Copy, Debug)]
 struct GroupRec {
     hash: u64,
-    rep: Loc,
+    /// The representative's address and region (a `Loc`, split so that
+    /// the record packs into 32 bytes).
+    rep_addr: u64,
+    rep_region: RegionIx,
     /// Next group with the same hash, or NONE.
     next: GroupIx,
     /// Cache slot, or NONE.
@@ -100,6 +104,15 @@ struct GroupRec {
     /// The representative could not be read again: no page can be
     /// verified against it any more.
     lost: bool,
+}
+
+impl GroupRec {
+    fn rep(&self) -> Loc {
+        Loc {
+            region: self.rep_region,
+            addr: self.rep_addr,
+        }
+    }
 }
 
 /// Bounded representative contents, CLOCK eviction.
@@ -257,8 +270,16 @@ impl Grouper {
 
     /// Places one page whose hash ([`hash_of`](Self::hash_of)) is `hash`.
     pub fn add_hashed(&mut self, page: &PageWords, hash: u64, loc: Loc, src: &mut dyn RepSource) {
-        let mut g = self.table.get(&hash).copied().unwrap_or(NONE);
-        let had_candidates = g != NONE;
+        // One probe for a new content (the common case in a large scan).
+        let mut g = match self.table.entry(hash) {
+            Entry::Vacant(v) => {
+                v.insert(self.groups.len() as GroupIx);
+                let g = self.push_group(hash, loc, NONE);
+                self.cache_if_room(g, page);
+                return;
+            }
+            Entry::Occupied(o) => *o.get(),
+        };
         let mut unverified = false;
         while g != NONE {
             let rec = self.groups[g as usize];
@@ -282,10 +303,13 @@ impl Grouper {
             }
             return;
         }
-        if had_candidates {
-            self.stats.mismatches += 1;
-        }
+        self.stats.mismatches += 1;
         let g = self.create(hash, loc);
+        self.cache_if_room(g, page);
+    }
+
+    /// Caches a new group's content while the cache is nearly empty.
+    fn cache_if_room(&mut self, g: GroupIx, page: &PageWords) {
         if self.cache.pages.len() < CACHE_AT_CREATION.min(self.cache.cap) {
             let slot = self.cache.insert(g, page, &mut self.groups);
             self.groups[g as usize].slot = slot;
@@ -306,12 +330,21 @@ impl Grouper {
 
     /// A new group with representative `loc`, chained first for `hash`.
     fn create(&mut self, hash: u64, loc: Loc) -> GroupIx {
+        let next = self
+            .table
+            .insert(hash, self.groups.len() as GroupIx)
+            .unwrap_or(NONE);
+        self.push_group(hash, loc, next)
+    }
+
+    /// Appends a group (the table already points at it).
+    fn push_group(&mut self, hash: u64, loc: Loc, next: GroupIx) -> GroupIx {
         let g = self.census.new_group(loc.region);
         debug_assert_eq!(g as usize, self.groups.len());
-        let next = self.table.insert(hash, g).unwrap_or(NONE);
         self.groups.push(GroupRec {
             hash,
-            rep: loc,
+            rep_addr: loc.addr,
+            rep_region: loc.region,
             next,
             slot: NONE,
             lost: false,
@@ -346,9 +379,12 @@ impl Grouper {
                 g = rec.next;
             }
         }
-        need.sort_unstable_by_key(|&g| (self.groups[g as usize].rep, g));
+        need.sort_unstable_by_key(|&g| (self.groups[g as usize].rep(), g));
         need.dedup();
-        let locs: Vec<Loc> = need.iter().map(|&g| self.groups[g as usize].rep).collect();
+        let locs: Vec<Loc> = need
+            .iter()
+            .map(|&g| self.groups[g as usize].rep())
+            .collect();
         // Contents available during this flush: group → index in `held`.
         let mut held: Vec<PageWords> = vec![[0u32; pagesift_core::WORDS_PER_PAGE]; locs.len()];
         let mut ok = vec![false; locs.len()];
@@ -502,6 +538,11 @@ mod tests {
         v.sort_unstable();
         v.dedup();
         v.len() as u64
+    }
+
+    #[test]
+    fn group_records_are_32_bytes() {
+        assert_eq!(std::mem::size_of::<GroupRec>(), 32);
     }
 
     #[test]
