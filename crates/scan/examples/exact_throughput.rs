@@ -11,7 +11,8 @@
 //!   the cache, as the scan hashes them right after reading).
 //!
 //! The goal (issue 3) is ≥ 1.5 M present pages per second on one core.
-//! Every figure is printed as a `RESULT key=value ...` line for
+//! Every figure is printed as a `RESULT key=value ...` line, and where
+//! each scan's time went (ns per page and phase) as a `PHASES` line, for
 //! `scripts/bench-scan`, which writes docs/benchmarks.md.
 //!
 //! Run (as root):
@@ -147,15 +148,26 @@ fn main() {
             per_cpu.push(s.frames as f64 / (cpu_seconds() - cpu0));
             frames = s.frames;
             let per_page = |ns: u64| ns as f64 / s.frames as f64;
+            let t = &s.time;
             println!(
                 "  {threads} thread(s): {:.0} ns/page in all; smaps {:.0}, pagemap+kpageflags {:.0}, reads {:.0}, hash {:.0} + group {:.0}{}",
                 per_page(s.scan_ns),
-                per_page(s.time.smaps_ns),
-                per_page(s.time.inspect_ns),
-                per_page(s.time.read_ns),
-                per_page(s.time.hash_ns),
-                per_page(s.time.group_ns - s.time.hash_ns),
+                per_page(t.smaps_ns),
+                per_page(t.inspect_ns),
+                per_page(t.read_ns),
+                per_page(t.hash_ns),
+                per_page(t.group_ns - t.hash_ns),
                 if threads == 2 { " (second thread)" } else { "" }
+            );
+            println!(
+                "PHASES kind={} threads={threads} total={:.0} smaps={:.0} inspect={:.0} reads={:.0} hash={:.0} group={:.0}",
+                a.kind,
+                per_page(s.scan_ns),
+                per_page(t.smaps_ns),
+                per_page(t.inspect_ns),
+                per_page(t.read_ns),
+                per_page(t.hash_ns),
+                per_page(t.group_ns - t.hash_ns),
             );
             s.pages_per_second()
         });
