@@ -814,6 +814,66 @@ fn read_all(
     Ok(())
 }
 
+/// What the scan does with one page, from its pagemap entry and, when
+/// [`needs_flags`] asked for them, its frame's kpageflags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PageKind {
+    /// Not present, swapped, or not something KSM merges (page cache of a
+    /// private file mapping, shared memory).
+    NotCandidate,
+    /// Mapped to the zero page (or the huge zero page).
+    Zero,
+    /// A KSM page.
+    Merged,
+    /// A frame to read: through the pinned path if `pinned`; `shared` when
+    /// it may be mapped by other processes too (count it once).
+    Frame { pinned: bool, shared: bool },
+}
+
+/// Whether a present page's frame flags must be read: it may be the zero
+/// page or a KSM page only if it is not exclusively mapped, lies in a
+/// `VM_MERGEABLE` VMA, or shows pagemap's file/shared bit in an anonymous
+/// VMA (the huge zero page does). Page cache of private file mappings is
+/// never a candidate, so its flags are not needed.
+fn needs_flags(e: PagemapEntry, anon: bool, mergeable: bool) -> bool {
+    let file = e.file_or_shared();
+    if file && !anon {
+        return false;
+    }
+    !e.exclusive() || mergeable || file
+}
+
+/// The scan's decision for one page (see [`PageKind`]). `flags` must be
+/// given when [`needs_flags`] says so.
+fn page_kind(e: PagemapEntry, flags: Option<KpfFlags>, anon: bool, mergeable: bool) -> PageKind {
+    if !e.present() || e.swapped() {
+        return PageKind::NotCandidate;
+    }
+    let file = e.file_or_shared();
+    if file && !anon {
+        return PageKind::NotCandidate; // page cache of a private file mapping
+    }
+    if let Some(f) = flags {
+        if f.zero_page() {
+            return PageKind::Zero;
+        }
+        if f.ksm() {
+            return PageKind::Merged;
+        }
+    }
+    if file {
+        return PageKind::NotCandidate; // shared memory in a private VMA: not KSM's
+    }
+    debug_assert!(flags.is_some() || (e.exclusive() && !mergeable));
+    PageKind::Frame {
+        // Pinning copies a page that is shared or may be a KSM page in the
+        // target (pagesift_linux::read): only exclusive pages outside
+        // mergeable VMAs, where no KSM page can be, take the fast path.
+        pinned: e.exclusive() && !mergeable,
+        shared: !e.exclusive(),
+    }
+}
+
 /// A set of frame numbers: one bit per PFN, grown to the largest PFN met
 /// (1 MiB of bits covers 32 GiB of RAM), so a lookup is one memory access
 /// and no hashing.
@@ -1061,11 +1121,7 @@ impl Scanner {
                 continue;
             }
             present_entries += 1;
-            let file = e.file_or_shared();
-            if file && !anon {
-                continue; // page cache of a private file mapping
-            }
-            if !e.exclusive() || mergeable || file {
+            if needs_flags(*e, anon, mergeable) {
                 match e.pfn() {
                     Some(pfn) if pfn != 0 => {
                         self.pfns.push(pfn);
@@ -1098,44 +1154,38 @@ impl Scanner {
         self.order.clear();
         let mut k = 0;
         for (i, e) in self.entries.iter().enumerate() {
-            if !e.present() || e.swapped() {
-                continue;
-            }
-            let file = e.file_or_shared();
-            if file && !anon {
-                continue;
-            }
-            let addr = a + i as u64 * PAGE;
-            if k < self.pfn_at.len() && self.pfn_at[k] == i {
-                let (pfn, f) = (self.pfns[k], self.flags[k]);
+            let flags = if k < self.pfn_at.len() && self.pfn_at[k] == i {
                 k += 1;
-                if f.zero_page() {
+                Some(self.flags[k - 1])
+            } else {
+                None
+            };
+            let addr = a + i as u64 * PAGE;
+            match page_kind(*e, flags, anon, mergeable) {
+                PageKind::NotCandidate => {}
+                PageKind::Zero => {
                     zero += 1;
                     present += 1;
-                    continue;
                 }
-                if f.ksm() {
+                PageKind::Merged => {
                     merged += 1;
                     present += 1;
-                    continue;
                 }
-                if file {
-                    continue; // shared memory in a private VMA: not KSM's
-                }
-                if !e.exclusive() && !self.seen.insert(pfn) {
-                    // A frame already counted in an earlier process.
-                    present += 1;
-                    self.shared_pages += 1;
-                    continue;
+                PageKind::Frame { pinned, shared } => {
+                    if shared && !self.seen.insert(self.pfns[k - 1]) {
+                        // A frame already counted in an earlier process.
+                        present += 1;
+                        self.shared_pages += 1;
+                        continue;
+                    }
+                    if pinned {
+                        self.pinned.push(addr);
+                    } else {
+                        self.unpinned.push(addr);
+                    }
+                    self.order.push((addr, pinned));
                 }
             }
-            let pin = e.exclusive() && !mergeable;
-            if pin {
-                self.pinned.push(addr);
-            } else {
-                self.unpinned.push(addr);
-            }
-            self.order.push((addr, pin));
         }
         // Read: pinned pages first in the buffer, then unpinned ones.
         let mut batch = sink.batch();
@@ -1273,6 +1323,71 @@ impl Scanner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const PRESENT: u64 = 1 << 63;
+    const EXCLUSIVE: u64 = 1 << 56;
+    const FILE: u64 = 1 << 61;
+    const SWAPPED: u64 = 1 << 62;
+    const KPF_KSM: u64 = 1 << 21;
+    const KPF_ZERO: u64 = 1 << 24;
+    const KPF_ANON: u64 = 1 << 12;
+
+    fn kind(entry: u64, flags: Option<u64>, anon: bool, mergeable: bool) -> PageKind {
+        let e = PagemapEntry(entry | 0x1234);
+        assert_eq!(
+            needs_flags(e, anon, mergeable) && e.present(),
+            flags.is_some(),
+            "flags are read exactly when needed: {entry:#x} anon {anon} mergeable {mergeable}"
+        );
+        page_kind(e, flags.map(KpfFlags), anon, mergeable)
+    }
+
+    #[test]
+    fn each_page_is_read_counted_or_left_alone_by_the_rules() {
+        use PageKind::*;
+        let frame = |pinned, shared| Frame { pinned, shared };
+        // Not there: never read.
+        assert_eq!(kind(0, None, true, false), NotCandidate);
+        assert_eq!(kind(SWAPPED, None, true, false), NotCandidate);
+        // Exclusive anonymous page outside a mergeable VMA: pinned read,
+        // no flags needed (it can be neither the zero page nor KSM's).
+        assert_eq!(
+            kind(PRESENT | EXCLUSIVE, None, true, false),
+            frame(true, false)
+        );
+        // Shared after fork: unpinned, counted once.
+        assert_eq!(
+            kind(PRESENT, Some(KPF_ANON), true, false),
+            frame(false, true)
+        );
+        // The zero page is never exclusive.
+        assert_eq!(kind(PRESENT, Some(KPF_ZERO), true, false), Zero);
+        // The huge zero page shows pagemap's file bit.
+        assert_eq!(kind(PRESENT | FILE, Some(KPF_ZERO), true, false), Zero);
+        assert_eq!(
+            kind(PRESENT | FILE, Some(KPF_ANON), true, false),
+            NotCandidate
+        );
+        // In a mergeable VMA every page's flags are read; KSM pages count
+        // as merged, even the rare exclusive ones, and nothing is pinned.
+        assert_eq!(kind(PRESENT, Some(KPF_KSM | KPF_ANON), true, true), Merged);
+        assert_eq!(kind(PRESENT | EXCLUSIVE, Some(KPF_KSM), true, true), Merged);
+        assert_eq!(
+            kind(PRESENT | EXCLUSIVE, Some(KPF_ANON), true, true),
+            frame(false, false)
+        );
+        // Private file mapping: page cache is not a candidate, COWed pages
+        // are.
+        assert_eq!(kind(PRESENT | FILE, None, false, false), NotCandidate);
+        assert_eq!(
+            kind(PRESENT | EXCLUSIVE, None, false, false),
+            frame(true, false)
+        );
+        assert_eq!(
+            kind(PRESENT, Some(KPF_ANON), false, false),
+            frame(false, true)
+        );
+    }
 
     #[test]
     fn frame_set_remembers_each_frame_once() {
