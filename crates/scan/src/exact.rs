@@ -58,7 +58,20 @@
 //! The only effects of a scan on a target are those of reading present
 //! pages through the paths above, which the integration tests check
 //! (memory checksums, RSS, VmPTE and, for a fork family, every pagemap
-//! frame unchanged).
+//! frame unchanged). Like any reader of `/proc/PID/mem`, a remote read
+//! marks the page accessed for the kernel's reclaim (the LRU sees it as
+//! used). Two windows are inherent and last microseconds: a page freed
+//! between its pagemap check and its read would be faulted in as the zero
+//! page, and a page that becomes shared in that window (the target forks)
+//! would be unshared by a pinned read.
+//!
+//! ## Memory
+//!
+//! About 70 bytes per distinct content (a 32-byte group record, 12 bytes of
+//! census, the hash table), the representative cache
+//! ([`ExactOptions::cache_pages`] × 4 KiB, 32 MiB by default, filled only
+//! as needed), 16 MiB of pending pages, and with `--rescan` 32 bytes per
+//! frame read.
 
 mod group;
 
