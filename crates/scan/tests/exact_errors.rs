@@ -106,20 +106,28 @@ fn without_cap_sys_ptrace_the_error_names_it() {
 fn a_process_that_exits_mid_scan_is_skipped_and_counted() {
     require_root();
     let _g = serial();
-    // The big one is scanned first (lower pid) and takes long enough for
-    // the short one to exit before its turn.
-    let big = Workload::start(&["random", "--mib", "2048", "--seed", "71"]);
-    let mut short = Workload::start(&["random", "--mib", "64", "--seconds", "0.1", "--seed", "72"]);
-    assert!(big.pid() < short.pid(), "pid order (pids wrapped?)");
-    let r = run(&opts(&[big.pid(), short.pid()])).expect("a vanishing process is no error");
-    short.wait_exit();
+    // The big one is scanned first (lower pid) and takes at least 0.3 s
+    // (3 GiB at the read limit of ~2.5 M pages/s); the small one is killed
+    // 0.1 s into the scan, after discovery listed it, before its turn.
+    let big = Workload::start(&["random", "--mib", "3072", "--seed", "71"]);
+    let mut small = Workload::start(&["random", "--mib", "64", "--seed", "72"]);
+    assert!(big.pid() < small.pid(), "pid order (pids wrapped?)");
+    let pids = [big.pid(), small.pid()];
+    let scan = std::thread::spawn(move || run(&opts(&pids)));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    small.kill_now();
+    let r = scan
+        .join()
+        .expect("scan thread")
+        .expect("a vanishing process is no error");
+    small.wait_exit();
     assert_eq!(r.gone, 1, "{r:?}");
-    assert!(r.processes.iter().all(|p| p.pid != short.pid()));
+    assert!(r.processes.iter().all(|p| p.pid != small.pid()));
     let b = region(&r, big.pid(), big.region().0);
     assert_eq!(b.counts.present, big.count("present_pages"));
     // Named after it exited (a zombie, not yet reaped): discovery skips it
     // (no memory left), without an error.
-    let r = run(&opts(&[short.pid()])).expect("zombie");
+    let r = run(&opts(&[small.pid()])).expect("zombie");
     assert!(r.processes.is_empty(), "{r:?}");
 }
 

@@ -150,8 +150,14 @@ impl Workload {
         v["checksum"].as_str().expect("checksum string").to_string()
     }
 
-    /// Waits for the workload to exit by itself (`--seconds`), without
-    /// reaping it: it stays a zombie until the guard drops.
+    /// SIGKILLs the workload now, without reaping it (it stays a zombie
+    /// until the guard drops).
+    pub fn kill_now(&mut self) {
+        let _ = self.child.kill();
+    }
+
+    /// Waits for the workload to exit (killed, or `--seconds` passed),
+    /// without reaping it: it stays a zombie until the guard drops.
     pub fn wait_exit(&mut self) {
         loop {
             let state = procfs::process::Process::new(self.pid() as i32)
