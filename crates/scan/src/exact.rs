@@ -411,6 +411,7 @@ enum Msg {
         ix: RegionIx,
         proc: u32,
         mergeable: bool,
+        pages: u64,
     },
     /// Pages read.
     Batch(Batch),
@@ -529,7 +530,9 @@ impl Hasher {
                 ix,
                 proc,
                 mergeable,
+                pages,
             } => {
+                self.grouper.reserve(pages);
                 let got = self.grouper.census_mut().add_region(proc);
                 assert_eq!(got, ix, "regions are numbered alike on both sides");
                 self.reps.regions.push(RegionRef { proc, mergeable });
@@ -1060,6 +1063,7 @@ impl Scanner {
                 ix: rix,
                 proc: ix,
                 mergeable: r.mergeable,
+                pages: r.pages(),
             });
             let anon = r.kind == RegionKind::Anonymous;
             self.scan_region(&mut mine, r.start, r.end, rix, r.mergeable, anon, sink)?;

@@ -257,6 +257,15 @@ impl Grouper {
         &mut self.census
     }
 
+    /// Makes room in the hash table for `pages` more contents, so that a
+    /// large region does not grow it by doubling (each doubling rehashes
+    /// and faults in a new table). Capped at [`RESERVE_GROUPS`]; slots are
+    /// touched only as they are used, apart from one control byte each.
+    pub fn reserve(&mut self, pages: u64) {
+        self.table
+            .reserve(pages.min(RESERVE_GROUPS as u64) as usize);
+    }
+
     /// The hash this grouper uses for `page`.
     pub fn hash_of(&self, page: &PageWords) -> u64 {
         (self.hash)(page)
