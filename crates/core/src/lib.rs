@@ -50,6 +50,7 @@
 #![forbid(unsafe_code)]
 
 pub mod avalanche;
+pub mod census;
 pub mod distill;
 pub mod governor;
 pub mod hash;
