@@ -50,8 +50,10 @@
 pub mod caps;
 pub mod discover;
 pub mod error;
+pub mod host;
 pub mod inspect;
 pub mod kpageflags;
+pub mod memory_merge;
 pub mod pagemap;
 pub mod read;
 pub mod source;
