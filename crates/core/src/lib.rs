@@ -56,6 +56,7 @@ pub mod hash;
 pub mod hints;
 pub mod index;
 pub mod ladder;
+pub mod pacing;
 pub mod sim;
 pub mod source;
 pub mod strength;

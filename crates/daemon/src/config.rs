@@ -26,6 +26,7 @@
 use pagesift_core::Nanos;
 use pagesift_core::governor::{Governor, GovernorParams, MAX_SLEEP};
 use pagesift_core::ladder::LadderConfig;
+use pagesift_core::pacing::PacingConfig;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -234,8 +235,9 @@ pub struct KsmSection {
     /// governor's top-level share (95, 50, 20, 0.75 %; notes §2).
     pub merge_share: Option<f64>,
     /// ksmd's CPU share when nothing promoted is unmerged (it still
-    /// revisits merged pages). Unset: the bottom level's share (0.2 %,
-    /// §7).
+    /// revisits merged pages). Unset: 0.1 %, half of the bottom level's
+    /// 0.2 % (§7); the daemon's own bottom-level sampling has the other
+    /// half.
     pub trickle_share: Option<f64>,
 }
 
@@ -543,13 +545,20 @@ impl Config {
 
     /// ksmd's share when everything promoted is merged.
     pub fn trickle_share(&self) -> f64 {
-        self.ksm.trickle_share.unwrap_or_else(|| {
-            self.governor
-                .params(self.ladder.levels)
-                .levels
-                .first()
-                .map_or(0.002, |l| l.cpu_share)
-        })
+        self.ksm
+            .trickle_share
+            .unwrap_or(PacingConfig::default().trickle_share)
+    }
+
+    /// The ksmd pacer's configuration: its defaults (`pagesift_core::pacing`),
+    /// with the trickle share and the highest share from this config.
+    pub fn pacing(&self) -> PacingConfig {
+        let d = PacingConfig::default();
+        PacingConfig {
+            trickle_share: self.trickle_share().min(d.max_share),
+            max_share: d.max_share.max(self.merge_share().min(0.99)),
+            ..d
+        }
     }
 }
 

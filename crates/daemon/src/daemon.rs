@@ -39,7 +39,9 @@
 //!    stable index, and they can climb again.
 //! 5. **Pace**: while any promoted or foreign region is unsettled, ksmd gets
 //!    the governor's top-level share (the CPU UKSM would spend merging the
-//!    region itself); otherwise a trickle, the bottom level's share.
+//!    region itself); otherwise a trickle (`ksm.trickle_share`, 0.1 %: half
+//!    of UKSM's bottom level, the daemon's own bottom-level sampling using
+//!    the other half).
 //! 6. **Sleep** T_s, stretched so that the daemon stays under its CPU cap
 //!    (UKSM's `uksm_sleep_real`, notes §3.6, capped at 1 s).
 
@@ -969,17 +971,27 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             }
             Err(e) => debug!(error = %e, "reading KSM counters failed"),
         }
-        let unsettled = self.books.values().any(|b| b.accounted() && !b.settled);
-        let share = if unsettled {
-            self.config.merge_share()
-        } else {
-            self.config.trickle_share()
-        };
-        match self.ksm.pace(share, now) {
+        // Pages ksmd still has to look at: present pages of unsettled
+        // regions (at least one per region until its first pass ends).
+        let unmerged: u64 = self
+            .books
+            .values()
+            .filter(|b| b.accounted() && !b.settled)
+            .map(|b| {
+                let present = if b.passes == 0 {
+                    b.pass.present
+                } else {
+                    b.last.present
+                };
+                present.max(1)
+            })
+            .sum();
+        let target = self.config.merge_share();
+        match self.ksm.pace(target, unmerged, now) {
             Ok(p) => self.pacing = p,
             Err(e) => warn!(error = %e, "pacing ksmd failed"),
         }
-        share
+        self.pacing.share
     }
 
     /// The status snapshot at `now`; also remembers the CPU window.

@@ -28,6 +28,7 @@ pub mod config;
 pub mod daemon;
 pub mod eligibility;
 pub mod ksmd;
+pub mod metrics;
 pub mod status;
 pub mod target;
 

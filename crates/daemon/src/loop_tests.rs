@@ -69,7 +69,7 @@ fn the_identical_region_is_promoted_and_merged_the_random_one_never_marked() {
     assert!(s.iter().any(|s| s.promoted == vec![dup]));
     // ksmd got the top share while merging, then a trickle.
     assert!(m.shares.contains(&0.95), "{:?}", &m.shares[..10]);
-    assert_eq!(*m.shares.last().unwrap(), 0.002);
+    assert_eq!(*m.shares.last().unwrap(), 0.001);
     drop(m);
     let st = d.status(now);
     assert_eq!(st.top_regions[0].id, dup.0);

@@ -305,7 +305,8 @@ impl KsmControl for SimKsm {
             ..KsmSample::default()
         })
     }
-    fn pace(&mut self, share: f64, _now: Nanos) -> Result<Pacing, String> {
+    fn pace(&mut self, target: f64, unmerged: u64, _now: Nanos) -> Result<Pacing, String> {
+        let share = if unmerged > 0 { target } else { 0.001 };
         let mut w = self.0.borrow_mut();
         w.shares.push(share);
         w.ksmd_pass();

@@ -20,7 +20,7 @@ use crate::eligibility::ProcessFacts;
 use pagesift_core::source::{MemorySource, PageState, RegionInfo, SourceError};
 use pagesift_core::{PageRef, PageWords, RegionId};
 use pagesift_linux::inspect::PageInfo;
-use pagesift_linux::{LinuxSource, ProcessFilter, SourceConfig, host};
+use pagesift_linux::{LinuxSource, ProcessFilter, SourceConfig, host, ksm};
 use std::collections::{BTreeSet, HashMap};
 
 /// Where a region lives.
@@ -134,7 +134,10 @@ impl LinuxTarget {
             .src
             .processes()
             .map(|p| {
-                let ksm = host::ksm_stat(p.pid).unwrap_or_default();
+                let merge_any = ksm::ProcessKsmStat::of(p.pid)
+                    .ok()
+                    .and_then(|s| s.merge_any)
+                    .unwrap_or(false);
                 ProcEntry {
                     key: ProcKey {
                         pid: p.pid,
@@ -147,7 +150,7 @@ impl LinuxTarget {
                         cgroups: p.cgroups.clone(),
                         exe: host::exe(p.pid),
                     },
-                    merge_any: ksm.merge_any,
+                    merge_any,
                 }
             })
             .collect();
@@ -244,7 +247,7 @@ impl Target for LinuxTarget {
     }
 
     fn cow_ksm(&self) -> Option<u64> {
-        host::vmstat("cow_ksm").ok().flatten()
+        ksm::KsmVmstat::read().ok().and_then(|v| v.cow_ksm)
     }
 
     fn take_gone(&mut self) -> Vec<u32> {

@@ -53,7 +53,7 @@ pub mod error;
 pub mod host;
 pub mod inspect;
 pub mod kpageflags;
-pub mod memory_merge;
+pub mod ksm;
 pub mod pagemap;
 pub mod read;
 pub mod source;
