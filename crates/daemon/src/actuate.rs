@@ -183,6 +183,66 @@ pub fn coalesce(mut calls: Vec<Advice>) -> Vec<Advice> {
     out
 }
 
+/// The real actuator: ptrace syscall injection
+/// ([`pagesift_linux::inject::Injector`]), one attach per batch. Processes
+/// that are traced, seccomp-filtered, frozen, or whose every thread would
+/// see EINTR come back [`BatchOutcome::Skipped`] with the injector's
+/// reason; a process that exits is [`BatchOutcome::Gone`].
+#[cfg(target_arch = "x86_64")]
+pub struct InjectActuator {
+    injector: pagesift_linux::inject::Injector,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl InjectActuator {
+    /// An actuator whose injector refuses batches that could take a
+    /// process past `max_map_fraction` of `vm.max_map_count`.
+    pub fn new(max_map_fraction: f64) -> InjectActuator {
+        InjectActuator {
+            injector: pagesift_linux::inject::Injector::new(pagesift_linux::inject::InjectConfig {
+                max_map_fraction,
+                ..pagesift_linux::inject::InjectConfig::default()
+            }),
+        }
+    }
+
+    /// The injector's counters.
+    pub fn stats(&self) -> pagesift_linux::inject::InjectStats {
+        *self.injector.stats()
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Actuator for InjectActuator {
+    fn advise(&mut self, pid: u32, batch: &[Advice]) -> BatchOutcome {
+        use pagesift_linux::inject::{Advice as Madv, InjectError, Outcome, Syscall};
+        let calls: Vec<Syscall> = batch
+            .iter()
+            .map(|a| Syscall::Madvise {
+                addr: a.start,
+                len: a.len,
+                advice: if a.mergeable {
+                    Madv::Mergeable
+                } else {
+                    Madv::Unmergeable
+                },
+            })
+            .collect();
+        match self.injector.run(pid, &calls) {
+            Ok(Outcome::Done(inj)) => BatchOutcome::Done(
+                inj.results
+                    .iter()
+                    .map(|&r| if r >= 0 { Ok(()) } else { Err((-r) as i32) })
+                    .collect(),
+            ),
+            Ok(Outcome::Skipped(why)) => BatchOutcome::Skipped(why.to_string()),
+            Ok(Outcome::Gone(_)) => BatchOutcome::Gone,
+            Err(InjectError::Linux(e)) if e.is_gone() => BatchOutcome::Gone,
+            Err(e) => BatchOutcome::Failed(e.to_string()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

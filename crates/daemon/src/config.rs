@@ -210,6 +210,10 @@ pub struct ActuateSection {
     /// Fewest merged pages a region must have shown before its COW-broken
     /// ratio is trusted to unmark it.
     pub min_merged_for_demotion: u64,
+    /// Seconds between two accounting passes over a promoted region whose
+    /// merging has settled: COW breaks are noticed this late at worst.
+    /// (Regions ksmd is still merging are passed over every second.)
+    pub recheck_s: u64,
     /// Unmark (MADV_UNMERGEABLE) every range pagesift marked when it exits,
     /// which unmerges their pages. Off: merged pages stay merged.
     pub unmerge_on_exit: bool,
@@ -222,6 +226,7 @@ impl Default for ActuateSection {
             demote_hold_s: 60,
             account_pages_per_s: 131_072,
             min_merged_for_demotion: 16,
+            recheck_s: 30,
             unmerge_on_exit: false,
         }
     }
@@ -460,6 +465,9 @@ impl Config {
                     a.max_map_count_fraction
                 ),
             );
+        }
+        if a.recheck_s == 0 {
+            return bad("actuate.recheck_s", "must be at least 1 second".into());
         }
         if a.account_pages_per_s == 0 {
             return bad(

@@ -119,6 +119,10 @@ struct Book {
     last: PassCounts,
     passes: u64,
     pass_started_scan: u64,
+    /// No new pass before this (a pass in progress goes on).
+    next_pass_at: Nanos,
+    /// When ksmd got the region (marked, or first seen mergeable).
+    merging_since: Nanos,
     cow_total: u64,
 }
 
@@ -138,6 +142,8 @@ impl Book {
             last: PassCounts::default(),
             passes: 0,
             pass_started_scan: 0,
+            next_pass_at: 0,
+            merging_since: now,
             cow_total: 0,
         }
     }
@@ -163,8 +169,10 @@ impl Book {
 
     /// Starts tracking merging from scratch (just marked, or first seen
     /// mergeable).
-    fn start_merging(&mut self, full_scans: u64) {
+    fn start_merging(&mut self, full_scans: u64, now: Nanos) {
         self.marked_scan = full_scans;
+        self.merging_since = now;
+        self.next_pass_at = now;
         self.settled = false;
         self.cursor = 0;
         self.pass = PassCounts::default();
@@ -358,6 +366,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let ladder_changed =
             config.ladder != self.config.ladder || config.scan.seed != self.config.scan.seed;
         let sleep_changed = config.scan.sleep_ms != self.config.scan.sleep_ms;
+        if let Err(e) = self
+            .target
+            .reconfigure(policy.process_filter(), config.subregion_pages())
+        {
+            warn!(error = %e, "the reloaded configuration selects processes that cannot be read; keeping the old selection");
+        }
         self.config = config;
         self.policy = policy;
         if ladder_changed || sleep_changed {
@@ -549,7 +563,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                         self.need_sync = true;
                     }
                     book.mode = Mode::Foreign;
-                    book.start_merging(full_scans);
+                    book.start_merging(full_scans, now);
                 }
                 (Mode::Foreign, false) => {
                     // The process made it unmergeable again.
@@ -574,7 +588,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 (Mode::Sampling, false) if ours && mergeable => {
                     // Marked in an earlier life of this book (ids rebuilt).
                     book.mode = Mode::Promoted;
-                    book.start_merging(full_scans);
+                    book.start_merging(full_scans, now);
                 }
                 _ => {}
             }
@@ -588,8 +602,13 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         for id in gone {
             if let Some(b) = self.books.remove(&id)
                 && b.mode == Mode::Promoted
+                && !self.books.values().any(|o| {
+                    o.span.proc == b.span.proc
+                        && o.span.start < b.span.end()
+                        && b.span.start < o.span.end()
+                })
             {
-                // Unmapped: its marks went with it.
+                // Unmapped (not merely renumbered): its marks went with it.
                 self.marks.remove(b.span.proc, b.span.start, b.span.end());
             }
             self.hidden.remove(&id);
@@ -774,7 +793,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                             for id in covered {
                                 if let Some(b) = self.books.get_mut(&id) {
                                     b.mode = Mode::Promoted;
-                                    b.start_merging(self.ksm_now.full_scans);
+                                    b.start_merging(self.ksm_now.full_scans, now);
                                     self.hidden.insert(id);
                                     self.need_sync = true;
                                     summary.promoted.push(id);
@@ -869,7 +888,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let ids: Vec<RegionId> = self
             .books
             .iter()
-            .filter(|(_, b)| b.accounted())
+            .filter(|(_, b)| b.accounted() && (b.cursor > 0 || now >= b.next_pass_at))
             .map(|(id, _)| *id)
             .collect();
         if ids.is_empty() || budget == 0 {
@@ -940,14 +959,30 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     b.pass = PassCounts::default();
                     b.passes += 1;
                     b.cursor = 0;
+                    // Unsettled regions are passed over about once a
+                    // second (settling follows ksmd's full scans); settled
+                    // ones only to notice COW breaks.
+                    b.next_pass_at = now
+                        + if b.settled {
+                            self.config.actuate.recheck_s.saturating_mul(SEC)
+                        } else {
+                            SEC
+                        };
                     if !b.settled && b.pass_started_scan >= b.marked_scan + SETTLE_SCANS {
                         b.settled = true;
+                        info!(
+                            pid = b.span.proc.pid,
+                            start = b.span.start,
+                            merged = b.last.merged,
+                            pages = b.span.pages,
+                            seconds = now.saturating_sub(b.merging_since) as f64 / SEC as f64,
+                            "settled: ksmd has merged what it can"
+                        );
                         if b.mode == Mode::Promoted {
                             // Back to the ladder, at the bottom.
                             self.hidden.remove(&id);
                             self.need_sync = true;
                         }
-                        debug!(region = id.0, merged = b.last.merged, "settled");
                     }
                     b.pass_started_scan = full_scans;
                     if b.mode == Mode::Promoted

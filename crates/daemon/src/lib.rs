@@ -29,6 +29,7 @@ pub mod daemon;
 pub mod eligibility;
 pub mod ksmd;
 pub mod metrics;
+pub mod run;
 pub mod status;
 pub mod target;
 

@@ -98,7 +98,11 @@ fn what_a_process_marked_itself_is_accounted_but_never_touched() {
             m.map(22, &[8; 512], false),
         )
     };
-    let mut d = daemon(&w, ALL, &[]);
+    let mut d = daemon(
+        &w,
+        "[actuate]\nrecheck_s = 1\n[eligible]\nall = true\n",
+        &[],
+    );
     let mut now = 0;
     run(&mut d, &mut now, 200);
     // Thrash the foreign regions: pagesift must still not unmark them.
@@ -155,7 +159,11 @@ fn a_thrashing_promoted_region_is_unmarked_and_held_at_the_bottom() {
         m.spawn(30, "thrash", false);
         m.map(30, &[9; 1024], false)
     };
-    let mut d = daemon(&w, ALL, &[]);
+    let mut d = daemon(
+        &w,
+        "[actuate]\nrecheck_s = 1\n[eligible]\nall = true\n",
+        &[],
+    );
     let mut now = 0;
     run(&mut d, &mut now, 300);
     assert_eq!(d.mode(dup), Some(Mode::Promoted));
@@ -208,7 +216,11 @@ fn with_v_cow_at_100_percent_a_rewritten_region_stays_merged() {
         m.spawn(31, "thrash", false);
         m.map(31, &[9; 1024], false)
     };
-    let mut d = daemon(&w, "[ladder]\nv_cow = 1.0\n[eligible]\nall = true\n", &[]);
+    let mut d = daemon(
+        &w,
+        "[ladder]\nv_cow = 1.0\n[actuate]\nrecheck_s = 1\n[eligible]\nall = true\n",
+        &[],
+    );
     let mut now = 0;
     run(&mut d, &mut now, 300);
     for _ in 0..30 {

@@ -90,11 +90,18 @@ pub trait Target: MemorySource {
     fn cow_ksm(&self) -> Option<u64>;
     /// Pids that exited since the last call.
     fn take_gone(&mut self) -> Vec<u32>;
+    /// Selects other processes, or cuts sub-regions at another size (a
+    /// reloaded config); region ids may all change.
+    fn reconfigure(&mut self, _filter: ProcessFilter, _subregion_pages: u32) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// The live processes of this machine.
 pub struct LinuxTarget {
     src: LinuxSource,
+    filter: ProcessFilter,
+    subregion_pages: u32,
     pids: BTreeSet<u32>,
     procs: Vec<ProcEntry>,
     max_map_count: u64,
@@ -105,16 +112,11 @@ impl LinuxTarget {
     /// Discovers the processes `filter` selects; VMAs longer than
     /// `subregion_pages` become sub-regions.
     pub fn new(filter: ProcessFilter, subregion_pages: u32) -> Result<LinuxTarget, String> {
-        let src = LinuxSource::new(
-            filter,
-            SourceConfig {
-                max_region_pages: subregion_pages,
-                ..SourceConfig::default()
-            },
-        )
-        .map_err(|e| e.to_string())?;
+        let src = open_source(&filter, subregion_pages)?;
         let mut t = LinuxTarget {
             src,
+            filter,
+            subregion_pages,
             pids: host::pids().unwrap_or_default(),
             procs: Vec::new(),
             max_map_count: host::max_map_count().unwrap_or(65_530),
@@ -155,6 +157,17 @@ impl LinuxTarget {
             })
             .collect();
     }
+}
+
+fn open_source(filter: &ProcessFilter, subregion_pages: u32) -> Result<LinuxSource, String> {
+    LinuxSource::new(
+        filter.clone(),
+        SourceConfig {
+            max_region_pages: subregion_pages,
+            ..SourceConfig::default()
+        },
+    )
+    .map_err(|e| e.to_string())
 }
 
 impl MemorySource for LinuxTarget {
@@ -240,6 +253,20 @@ impl Target for LinuxTarget {
 
     fn vma_count(&self, pid: u32) -> Option<u64> {
         host::vma_count(pid).ok()
+    }
+
+    fn reconfigure(&mut self, filter: ProcessFilter, subregion_pages: u32) -> Result<(), String> {
+        if filter == self.filter && subregion_pages == self.subregion_pages {
+            return Ok(());
+        }
+        let src = open_source(&filter, subregion_pages)?;
+        // Processes of the old source that the new one does not select are
+        // not "gone": forget them quietly.
+        self.src = src;
+        self.filter = filter;
+        self.subregion_pages = subregion_pages;
+        self.read_facts();
+        Ok(())
     }
 
     fn max_map_count(&self) -> u64 {

@@ -3,8 +3,9 @@
 //! Every syscall, `/proc` and `/sys` access of pagesift lives in this crate;
 //! the algorithms in `pagesift-core` only see the
 //! [`MemorySource`](pagesift_core::source::MemorySource) trait. The
-//! crate is read-only towards its targets: it never writes their memory,
-//! never changes their mappings and never touches KSM's state.
+//! crate never writes its targets' memory and never touches KSM's state;
+//! the one thing it changes in a target is KSM advice on its mappings, by
+//! remote syscall injection ([`inject`]).
 //!
 //! ## How a page is reached, before the code
 //!
@@ -45,16 +46,29 @@
 //! `CAP_SYS_ADMIN`, and `/proc/kpageflags` is root-only. A missing
 //! capability is reported by name ([`LinuxError::MissingCapability`]).
 //!
-//! All `unsafe` code is in [`sys`], each block with a `// SAFETY:` comment.
+//! ## Advising a process
+//!
+//! 5. **Inject** ([`inject`], x86-64). `process_madvise` refuses KSM advice
+//!    for another process, so [`inject::Injector`] stops one thread of the
+//!    target with ptrace and makes it run `madvise(MADV_MERGEABLE /
+//!    MADV_UNMERGEABLE)` or `prctl(PR_SET_MEMORY_MERGE)` itself, restoring
+//!    it exactly afterwards (mechanisms.md §1).
+//!
+//! All `unsafe` code is in [`sys`] and [`ptrace`], each block with a
+//! `// SAFETY:` comment.
 
 pub mod caps;
 pub mod discover;
 pub mod error;
 pub mod host;
+#[cfg(target_arch = "x86_64")]
+pub mod inject;
 pub mod inspect;
 pub mod kpageflags;
 pub mod ksm;
 pub mod pagemap;
+#[cfg(target_arch = "x86_64")]
+pub mod ptrace;
 pub mod read;
 pub mod source;
 pub mod sys;

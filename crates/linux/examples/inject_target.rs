@@ -1,0 +1,476 @@
+//! A target process for remote syscall injection: `tests/inject.rs` and
+//! `examples/inject_cost.rs` start it and inject into it.
+//!
+//! It maps `--mib` MiB (default 16) of private anonymous memory filled with
+//! a pseudo-random pattern, prints one JSON line
+//! `{"pid", "addr", "len", "checksum", "tids"}`, then runs its MODE, checking
+//! its own results: every syscall it makes must return what it would
+//! without a tracer (no EINTR, no early return, no lost data). Each failed
+//! check is kept; when the mode ends (stdin closed, or end of the data on
+//! stdin) it prints `{"final": true, "iterations", "errors", "checksum",
+//! ...}` with the checksum recomputed, and exits with status 0.
+//!
+//! Modes (MODE):
+//! - `sleep`: `nanosleep(--ms)` in a loop; each must return 0 after at
+//!   least the requested time.
+//! - `futex`: `futex(FUTEX_WAIT, timeout --ms)` on a word nobody changes;
+//!   each must time out (ETIMEDOUT) after at least the timeout.
+//! - `read`: reads 8-byte sequence numbers from stdin until EOF; each read
+//!   must return exactly the next number.
+//! - `epoll`: `epoll_wait(--ms)` on stdin; a timeout or stdin's EOF are the
+//!   only acceptable results (EINTR is counted as an error).
+//! - `threads`: five threads: one spinning in user space, one in `sleep`, one
+//!   in `futex`, one in `epoll` (on an idle eventfd-less epoll set), and the
+//!   main thread reading commands from stdin (`progress` prints the
+//!   per-thread counters). `tids` names them.
+//! - `exit-after`: the main thread and two others in `sleep` (5 ms); a
+//!   timer thread prints `{"bye": true}` after `--ms` and exits the process
+//!   with status 0.
+//! - `seccomp`: installs a seccomp filter that kills the process on
+//!   `madvise` or `prctl`, then `sleep`.
+//! - `spawn-blocked`: prints its line, then `posix_spawn`s itself (`noop`)
+//!   with a file action opening the FIFO `--fifo` for reading: glibc's
+//!   `posix_spawn` is a vfork, so the main thread waits uninterruptibly
+//!   (`D`) until someone opens the FIFO for writing. Then `sleep`.
+//! - `signals`: counts `SIGRTMIN+1` in an `SA_SIGINFO` handler (each must
+//!   carry `si_code == SI_TKILL`, as `tgkill` sends it), while `sleep`ing
+//!   (EINTR is expected here and retried).
+//! - `noop`: exits at once.
+#![allow(unsafe_code)] // only in `mod handler` below: installing a signal handler.
+
+use pagesift_linux::sys::{AnonMapping, HugePages};
+use rustix::event::Timespec;
+use rustix::thread::{NanosleepRelativeResult, futex};
+use serde_json::json;
+use std::io::BufRead;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn ts(d: Duration) -> Timespec {
+    Timespec {
+        tv_sec: d.as_secs() as i64,
+        tv_nsec: d.subsec_nanos() as i64,
+    }
+}
+
+/// Failed checks, shared by all threads.
+#[derive(Clone, Default)]
+struct Errors(Arc<Mutex<Vec<String>>>);
+
+impl Errors {
+    fn push(&self, e: String) {
+        let mut v = self.0.lock().unwrap();
+        if v.len() < 100 {
+            v.push(e);
+        }
+    }
+    fn list(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// Whether stdin has reached EOF (poll without waiting).
+fn stdin_closed() -> bool {
+    use rustix::event::{PollFd, PollFlags, poll};
+    let stdin = std::io::stdin();
+    let mut fds = [PollFd::new(&stdin, PollFlags::IN)];
+    matches!(poll(&mut fds, Some(&ts(Duration::ZERO))), Ok(n) if n > 0)
+}
+
+/// One checked `nanosleep(d)`; `eintr_ok` retries an interruption.
+fn checked_sleep(d: Duration, eintr_ok: bool, errors: &Errors) {
+    let t0 = Instant::now();
+    let mut req = ts(d);
+    loop {
+        match rustix::thread::nanosleep(&req) {
+            NanosleepRelativeResult::Ok => break,
+            NanosleepRelativeResult::Interrupted(rem) if eintr_ok => req = rem,
+            NanosleepRelativeResult::Interrupted(rem) => {
+                errors.push(format!("nanosleep: EINTR with {rem:?} left"));
+                return;
+            }
+            NanosleepRelativeResult::Err(e) => {
+                errors.push(format!("nanosleep: {e}"));
+                return;
+            }
+        }
+    }
+    let el = t0.elapsed();
+    if el < d {
+        errors.push(format!("nanosleep returned early: {el:?} < {d:?}"));
+    }
+}
+
+/// One checked futex wait that must time out.
+fn checked_futex(word: &AtomicU32, d: Duration, errors: &Errors) {
+    let t0 = Instant::now();
+    match futex::wait(word, futex::Flags::PRIVATE, 0, Some(&ts(d))) {
+        Err(rustix::io::Errno::TIMEDOUT) => {
+            let el = t0.elapsed();
+            if el < d {
+                errors.push(format!("futex timed out early: {el:?} < {d:?}"));
+            }
+        }
+        other => errors.push(format!("futex wait returned {other:?}")),
+    }
+}
+
+fn sleep_loop(d: Duration, eintr_ok: bool, errors: &Errors) -> u64 {
+    let mut n = 0;
+    while !stdin_closed() {
+        checked_sleep(d, eintr_ok, errors);
+        n += 1;
+    }
+    n
+}
+
+fn fill(region: &mut AnonMapping, seed: u64) {
+    for (i, chunk) in region.as_mut_slice().chunks_exact_mut(8).enumerate() {
+        let v = xxhash_rust::xxh3::xxh3_64_with_seed(&(i as u64).to_le_bytes(), seed);
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn checksum(region: &AnonMapping) -> String {
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(region.as_slice()))
+}
+
+mod handler {
+    //! The `signals` mode's handler for `SIGRTMIN+1` (nix's `sigaction`
+    //! takes only non-real-time signals, so this uses libc directly).
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    pub static RECEIVED: AtomicU64 = AtomicU64::new(0);
+    pub static BAD_CODE: AtomicU64 = AtomicU64::new(0);
+
+    extern "C" fn on_signal(_sig: i32, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+        RECEIVED.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: with SA_SIGINFO the kernel passes a valid siginfo for the
+        // duration of the handler; reading a field is async-signal-safe.
+        let code = unsafe { (*info).si_code };
+        if code != libc::SI_TKILL {
+            BAD_CODE.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Installs the handler (no `SA_RESTART`: sleeps return EINTR).
+    pub fn install() {
+        // SAFETY: `sigaction` is a plain C struct for which all-zero bytes
+        // are a valid value (no handler, empty mask, no flags).
+        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+        act.sa_sigaction = on_signal as *const () as usize;
+        act.sa_flags = libc::SA_SIGINFO;
+        // SAFETY: `on_signal` only touches atomics and the siginfo the
+        // kernel hands it, so it is async-signal-safe; `act` is a valid
+        // sigaction for the duration of the call; the old action is not
+        // requested.
+        let rc = unsafe { libc::sigaction(libc::SIGRTMIN() + 1, &act, std::ptr::null_mut()) };
+        assert_eq!(rc, 0, "sigaction: {}", std::io::Error::last_os_error());
+    }
+}
+
+struct Args {
+    mode: String,
+    ms: u64,
+    mib: usize,
+    fifo: Option<String>,
+}
+
+fn args() -> Args {
+    let mut it = std::env::args().skip(1);
+    let mut a = Args {
+        mode: it.next().expect("MODE"),
+        ms: 20,
+        mib: 16,
+        fifo: None,
+    };
+    while let Some(k) = it.next() {
+        let v = it.next().unwrap_or_else(|| panic!("{k} needs a value"));
+        match k.as_str() {
+            "--ms" => a.ms = v.parse().unwrap(),
+            "--mib" => a.mib = v.parse().unwrap(),
+            "--fifo" => a.fifo = Some(v),
+            _ => panic!("unknown option {k}"),
+        }
+    }
+    a
+}
+
+fn main() {
+    let a = args();
+    if a.mode == "noop" {
+        return;
+    }
+    let d = Duration::from_millis(a.ms);
+    let mut region = AnonMapping::new(a.mib << 20, HugePages::Never).expect("mmap");
+    fill(&mut region, 0x5eed);
+    let start_sum = checksum(&region);
+    let errors = Errors::default();
+    let mut tids = json!({"main": rustix::thread::gettid().as_raw_nonzero().get()});
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    let counters: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
+
+    let spawn_thread = |name: &'static str,
+                        handles: &mut Vec<std::thread::JoinHandle<()>>,
+                        tids: &mut serde_json::Value,
+                        body: Box<dyn FnOnce() + Send>| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        handles.push(
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || {
+                    tx.send(rustix::thread::gettid().as_raw_nonzero().get())
+                        .unwrap();
+                    body()
+                })
+                .unwrap(),
+        );
+        tids[name] = json!(rx.recv().unwrap());
+    };
+
+    match a.mode.as_str() {
+        "seccomp" => {
+            use seccompiler::{SeccompAction, SeccompFilter, TargetArch};
+            let rules = [(libc::SYS_madvise, vec![]), (libc::SYS_prctl, vec![])]
+                .into_iter()
+                .collect();
+            let filter = SeccompFilter::new(
+                rules,
+                SeccompAction::Allow,
+                SeccompAction::KillProcess,
+                TargetArch::x86_64,
+            )
+            .expect("filter");
+            let prog: seccompiler::BpfProgram = filter.try_into().expect("compile");
+            seccompiler::apply_filter(&prog).expect("seccomp");
+        }
+        "signals" => handler::install(),
+        "threads" => {
+            let (s, c) = (stop.clone(), counters.clone());
+            spawn_thread(
+                "spin",
+                &mut handles,
+                &mut tids,
+                Box::new(move || {
+                    while !s.load(Ordering::Relaxed) {
+                        for _ in 0..10_000 {
+                            std::hint::spin_loop();
+                        }
+                        c[0].fetch_add(1, Ordering::Relaxed);
+                    }
+                }),
+            );
+            let (s, c, e) = (stop.clone(), counters.clone(), errors.clone());
+            spawn_thread(
+                "sleep",
+                &mut handles,
+                &mut tids,
+                Box::new(move || {
+                    while !s.load(Ordering::Relaxed) {
+                        checked_sleep(Duration::from_millis(5), false, &e);
+                        c[1].fetch_add(1, Ordering::Relaxed);
+                    }
+                }),
+            );
+            let (s, c, e) = (stop.clone(), counters.clone(), errors.clone());
+            spawn_thread(
+                "futex",
+                &mut handles,
+                &mut tids,
+                Box::new(move || {
+                    let word = AtomicU32::new(0);
+                    while !s.load(Ordering::Relaxed) {
+                        checked_futex(&word, Duration::from_millis(5), &e);
+                        c[2].fetch_add(1, Ordering::Relaxed);
+                    }
+                }),
+            );
+            let (s, c, e) = (stop.clone(), counters.clone(), errors.clone());
+            spawn_thread(
+                "epoll",
+                &mut handles,
+                &mut tids,
+                Box::new(move || {
+                    use rustix::event::epoll;
+                    let ep = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
+                    let mut buf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 4];
+                    while !s.load(Ordering::Relaxed) {
+                        match epoll::wait(&ep, &mut buf, Some(&ts(Duration::from_millis(5)))) {
+                            Ok(_) => {}
+                            Err(err) => e.push(format!("epoll_wait: {err}")),
+                        }
+                        c[3].fetch_add(1, Ordering::Relaxed);
+                    }
+                }),
+            );
+        }
+        "exit-after" => {
+            for name in ["sleep1", "sleep2"] {
+                let (s, e) = (stop.clone(), errors.clone());
+                spawn_thread(
+                    name,
+                    &mut handles,
+                    &mut tids,
+                    Box::new(move || {
+                        while !s.load(Ordering::Relaxed) {
+                            checked_sleep(Duration::from_millis(5), false, &e);
+                        }
+                    }),
+                );
+            }
+            let e = errors.clone();
+            spawn_thread(
+                "timer",
+                &mut handles,
+                &mut tids,
+                Box::new(move || {
+                    std::thread::sleep(d);
+                    println!("{}", json!({"bye": true, "errors": e.list()}));
+                    std::process::exit(0);
+                }),
+            );
+        }
+        _ => {}
+    }
+
+    println!(
+        "{}",
+        json!({
+            "pid": std::process::id(),
+            "addr": region.addr(),
+            "len": region.len(),
+            "checksum": start_sum,
+            "tids": tids,
+        })
+    );
+
+    let mut extra = json!({});
+    let iterations = match a.mode.as_str() {
+        "sleep" | "seccomp" => sleep_loop(d, false, &errors),
+        "signals" => {
+            let n = sleep_loop(d, true, &errors);
+            extra["signals"] = json!(handler::RECEIVED.load(Ordering::Relaxed));
+            extra["bad_siginfo"] = json!(handler::BAD_CODE.load(Ordering::Relaxed));
+            n
+        }
+        "futex" => {
+            let word = AtomicU32::new(0);
+            let mut n = 0;
+            while !stdin_closed() {
+                checked_futex(&word, d, &errors);
+                n += 1;
+            }
+            n
+        }
+        "read" => {
+            let stdin = std::io::stdin();
+            let mut n = 0u64;
+            loop {
+                let mut b = [0u8; 8];
+                match rustix::io::read(stdin.as_fd(), &mut b) {
+                    Ok(0) => break,
+                    Ok(8) => {
+                        let v = u64::from_le_bytes(b);
+                        if v != n {
+                            errors.push(format!("read {v}, expected {n}"));
+                        }
+                        n += 1;
+                    }
+                    Ok(k) => errors.push(format!("short read of {k} bytes")),
+                    Err(e) => errors.push(format!("read: {e}")),
+                }
+            }
+            n
+        }
+        "epoll" => {
+            use rustix::event::epoll;
+            let ep = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
+            let stdin = std::io::stdin();
+            epoll::add(
+                &ep,
+                &stdin,
+                epoll::EventData::new_u64(0),
+                epoll::EventFlags::IN,
+            )
+            .unwrap();
+            let mut buf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 4];
+            let mut n = 0;
+            loop {
+                match epoll::wait(&ep, &mut buf, Some(&ts(d))) {
+                    Ok((ready, _)) if !ready.is_empty() => break, // stdin readable or closed
+                    Ok(_) => {}
+                    Err(rustix::io::Errno::INTR) => {
+                        errors.push("epoll_wait: EINTR".into());
+                        extra["eintr"] = json!(extra["eintr"].as_u64().unwrap_or(0) + 1);
+                    }
+                    Err(e) => errors.push(format!("epoll_wait: {e}")),
+                }
+                n += 1;
+            }
+            n
+        }
+        "threads" => {
+            let mut n = 0;
+            for line in std::io::stdin().lock().lines() {
+                let Ok(line) = line else { break };
+                if line.trim() == "progress" {
+                    let c: Vec<u64> = counters.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+                    println!(
+                        "{}",
+                        json!({"spin": c[0], "sleep": c[1], "futex": c[2], "epoll": c[3], "errors": errors.list()})
+                    );
+                }
+                n += 1;
+            }
+            n
+        }
+        "exit-after" => {
+            // Until the timer thread exits the process.
+            loop {
+                checked_sleep(Duration::from_millis(5), false, &errors);
+            }
+        }
+        "spawn-blocked" => {
+            use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, posix_spawn};
+            let fifo = a.fifo.as_deref().expect("--fifo");
+            let mut fa = PosixSpawnFileActions::init().unwrap();
+            fa.add_open(
+                3,
+                fifo,
+                nix::fcntl::OFlag::O_RDONLY,
+                nix::sys::stat::Mode::empty(),
+            )
+            .unwrap();
+            let exe = std::env::current_exe().unwrap();
+            let exe = std::ffi::CString::new(exe.to_str().unwrap()).unwrap();
+            let argv = [exe.clone(), std::ffi::CString::new("noop").unwrap()];
+            let env: [std::ffi::CString; 0] = [];
+            match posix_spawn(
+                exe.as_c_str(),
+                &fa,
+                &PosixSpawnAttr::init().unwrap(),
+                &argv,
+                &env,
+            ) {
+                Ok(child) => {
+                    let _ = nix::sys::wait::waitpid(child, None);
+                }
+                Err(e) => errors.push(format!("posix_spawn: {e}")),
+            }
+            sleep_loop(d, false, &errors)
+        }
+        m => panic!("unknown mode {m}"),
+    };
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        let _ = h.join();
+    }
+    extra["final"] = json!(true);
+    extra["iterations"] = json!(iterations);
+    extra["errors"] = json!(errors.list());
+    extra["checksum"] = json!(checksum(&region));
+    println!("{extra}");
+}

@@ -1,0 +1,2080 @@
+//! Remote syscall injection: running `madvise(MADV_MERGEABLE)`,
+//! `madvise(MADV_UNMERGEABLE)` and `prctl(PR_SET_MEMORY_MERGE)` inside a
+//! process that never asked for KSM, with ptrace (x86-64).
+//!
+//! `process_madvise` refuses KSM advice for another process (mechanisms.md
+//! §2), so the target has to make the call itself. The procedure and its
+//! pitfalls were measured in mechanisms.md §1; this module follows them.
+//!
+//! ## One attach, before the code
+//!
+//! 1. **Look first** (no ptrace yet). `/proc/PID/stat` and `status`: kernel
+//!    threads, zombies, already-traced processes (`TracerPid`, which would
+//!    make `PTRACE_SEIZE` fail with EPERM) and processes with seccomp
+//!    (`Seccomp:` 1 or 2; the injected call goes through the target's
+//!    filter, and `SECCOMP_RET_KILL_PROCESS` killed the target in §1) are
+//!    [`Outcome::Skipped`] with the reason, and so is a process in a frozen
+//!    cgroup (it would only run the call when thawed). If the batch holds
+//!    `madvise` calls, `/proc/PID/maps` is counted: each call may split a
+//!    VMA at both ends, so the batch may add `2 × calls` VMAs, and it is
+//!    refused if that could pass a fraction (default half) of
+//!    `vm.max_map_count`.
+//! 2. **Choose a thread** ([`choose_thread`]). `madvise` and `prctl` act on
+//!    the whole `mm`, so one stopped thread is enough while the others run.
+//!    Best is a thread asleep in a syscall that the kernel restarts
+//!    transparently after a ptrace stop (futex, nanosleep, read on a pipe,
+//!    poll: the restart table of §1), or one already group-stopped; then a
+//!    thread running in user space (no side effect, but the stop needs an
+//!    IPI: about 4× the cost); then a thread in a syscall whose behaviour is
+//!    unknown (sockets with `SO_RCVTIMEO` return EINTR). Threads in
+//!    `epoll_wait` and the other calls that return EINTR after *any* stop
+//!    (signal(7), "interruption by stop signals") are used only if
+//!    [`InjectConfig::allow_eintr_risk`] says so; otherwise the process is
+//!    skipped. `D` threads are never chosen: the stop would only arrive when
+//!    they leave `D`. `/proc/PID/task/TID/syscall` tells which call a thread
+//!    is in.
+//! 3. **Stop it.** `PTRACE_SEIZE` + `PTRACE_INTERRUPT`, then poll
+//!    `waitpid(__WALL)` until the stop, at most
+//!    [`InjectConfig::stop_timeout`]. A signal-delivery-stop that comes first
+//!    is a stop too; its signal is kept for re-delivery.
+//! 4. **Find a `syscall` instruction** (`0f 05`) in the target's `[vdso]`,
+//!    once per process (the lookup costs 100–130 µs, §1) and cached by pid
+//!    and start time. Any `0f 05` pair in executable memory will do, since
+//!    the CPU decodes from wherever `rip` points and we stop right after it.
+//!    The cached address is re-checked (two bytes) on every attach.
+//! 5. **Run each call.** From the saved registers build a frame with `rip` =
+//!    the instruction, `rax` = the number, the arguments in `rdi rsi rdx r10
+//!    r8 r9`, and **`orig_rax = -1`**, so the kernel's restart logic cannot
+//!    rewind our frame when the thread resumes. `PTRACE_SINGLESTEP` and wait:
+//!    the call has run when the thread stops with SIGTRAP at `insn + 2`; the
+//!    result is `rax`. Any other signal that stops the thread meanwhile is
+//!    kept (with its siginfo) and suppressed; the stepping goes on. A result
+//!    of `-ERESTART*` (a signal arrived during the call) runs the call again.
+//! 6. **Restore and detach.** `PTRACE_SETREGS` with the *saved* registers,
+//!    `orig_rax` and `rax` included: restoring with `orig_rax = -1` made
+//!    `read()` return errno 512 to the application in §1. Then
+//!    `PTRACE_DETACH` delivering the first kept signal with its original
+//!    siginfo (`PTRACE_SETSIGINFO` first); further kept signals are sent
+//!    again with `tgkill` before the detach. The kernel's restart logic then
+//!    resumes the interrupted syscall as if nothing had happened (§1 table),
+//!    and a group-stopped thread goes back to its stop.
+//!
+//! ## Never hang, never harm
+//!
+//! All ptrace work runs on one tracer thread owned by the [`Injector`], with
+//! every signal blocked (so a signal meant for the daemon cannot kill it
+//! mid-injection, §1). If a thread does not stop within the timeout, the
+//! tracer thread *exits*: the kernel then detaches its tracees and cancels
+//! the pending interrupt (a thread that is seized but not stopped cannot be
+//! detached otherwise); a new tracer is started for the next call. Once our
+//! registers are in the target, giving up would make it resume at the vdso
+//! `syscall` with our arguments and probably crash (§1), so after
+//! [`InjectConfig::syscall_timeout`] the tracer interrupts the thread: if
+//! the call has not started (a frozen task) the batch is abandoned cleanly;
+//! if it is running, the tracer waits for it. The caller never waits longer
+//! than its own bound ([`InjectError::Stuck`]); a stuck tracer finishes in
+//! the background. A process that exits at any point gives
+//! [`Outcome::Gone`], never an error.
+//!
+//! Not handled: 32-bit (compat) processes are skipped; only x86-64 is
+//! supported.
+
+use crate::caps::Capability;
+use crate::error::{LinuxError, libc_errno};
+use crate::ptrace::{self, Regs, Stop};
+use std::collections::HashMap;
+use std::fmt;
+use std::io;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------------------
+// Calls
+
+/// x86-64 syscall numbers (`arch/x86/entry/syscalls/syscall_64.tbl`).
+mod nr {
+    pub const READ: i64 = 0;
+    pub const WRITE: i64 = 1;
+    pub const POLL: i64 = 7;
+    pub const PREAD64: i64 = 17;
+    pub const PWRITE64: i64 = 18;
+    pub const READV: i64 = 19;
+    pub const WRITEV: i64 = 20;
+    pub const SELECT: i64 = 23;
+    pub const MADVISE: i64 = 28;
+    pub const PAUSE: i64 = 34;
+    pub const NANOSLEEP: i64 = 35;
+    pub const GETPID: i64 = 39;
+    pub const WAIT4: i64 = 61;
+    pub const SEMOP: i64 = 65;
+    pub const MSGSND: i64 = 69;
+    pub const MSGRCV: i64 = 70;
+    pub const FLOCK: i64 = 73;
+    pub const RT_SIGTIMEDWAIT: i64 = 128;
+    pub const RT_SIGSUSPEND: i64 = 130;
+    pub const PRCTL: i64 = 157;
+    pub const FUTEX: i64 = 202;
+    pub const IO_GETEVENTS: i64 = 208;
+    pub const RESTART_SYSCALL: i64 = 219;
+    pub const SEMTIMEDOP: i64 = 220;
+    pub const CLOCK_NANOSLEEP: i64 = 230;
+    pub const EPOLL_WAIT: i64 = 232;
+    pub const WAITID: i64 = 247;
+    pub const PSELECT6: i64 = 270;
+    pub const PPOLL: i64 = 271;
+    pub const EPOLL_PWAIT: i64 = 281;
+    pub const PREADV: i64 = 295;
+    pub const PWRITEV: i64 = 296;
+    pub const IO_PGETEVENTS: i64 = 333;
+    pub const IO_URING_ENTER: i64 = 426;
+    pub const EPOLL_PWAIT2: i64 = 441;
+    pub const FUTEX_WAITV: i64 = 449;
+}
+
+/// `PR_SET_MEMORY_MERGE` / `PR_GET_MEMORY_MERGE` (`include/uapi/linux/prctl.h`,
+/// Linux 6.4+; verified by injection in mechanisms.md §1).
+const PR_SET_MEMORY_MERGE: u64 = 67;
+const PR_GET_MEMORY_MERGE: u64 = 68;
+/// `MADV_MERGEABLE` / `MADV_UNMERGEABLE` (`include/uapi/asm-generic/mman-common.h`).
+const MADV_MERGEABLE: u64 = 12;
+const MADV_UNMERGEABLE: u64 = 13;
+
+/// Kernel-internal "restart me" codes (`include/linux/errno.h`) that a
+/// syscall returns when a signal interrupted it; user space never sees them
+/// unless the restart logic is bypassed.
+const ERESTARTSYS: i64 = 512;
+const ERESTARTNOINTR: i64 = 513;
+const ERESTARTNOHAND: i64 = 514;
+const ERESTART_RESTARTBLOCK: i64 = 516;
+
+fn is_restart(ret: i64) -> bool {
+    matches!(
+        -ret,
+        ERESTARTSYS | ERESTARTNOINTR | ERESTARTNOHAND | ERESTART_RESTARTBLOCK
+    )
+}
+
+/// KSM advice for a range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Advice {
+    /// `MADV_MERGEABLE`: ksmd may merge the range's pages (sets `mg`).
+    Mergeable,
+    /// `MADV_UNMERGEABLE`: unmerge every merged page of the range (walks
+    /// it: 0.8 ms per resident 16 MiB, mechanisms.md §1) and clear `mg`.
+    Unmergeable,
+}
+
+/// A call pagesift may inject. Deliberately not "any syscall": only these
+/// are ever run inside another process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Syscall {
+    /// `madvise(addr, len, advice)`. `addr` and `len` must be page-aligned
+    /// and the range must have no holes (else `-ENOMEM`). A sub-range of a
+    /// VMA splits it, which counts against `vm.max_map_count`.
+    Madvise {
+        /// First address.
+        addr: u64,
+        /// Length in bytes.
+        len: u64,
+        /// The advice.
+        advice: Advice,
+    },
+    /// `prctl(PR_SET_MEMORY_MERGE, on)`: every compatible VMA of the process,
+    /// present and future, mergeable (or none); inherited across fork and
+    /// kept across execve (mechanisms.md §1).
+    SetMemoryMerge(bool),
+    /// `prctl(PR_GET_MEMORY_MERGE)`: 1 if set, 0 if not.
+    GetMemoryMerge,
+    /// `getpid()`: does nothing; returns the target's pid. A probe, and the
+    /// baseline for measuring injection cost.
+    Getpid,
+}
+
+impl Syscall {
+    fn number_and_args(&self) -> (i64, [u64; 6]) {
+        match *self {
+            Syscall::Madvise { addr, len, advice } => {
+                let a = match advice {
+                    Advice::Mergeable => MADV_MERGEABLE,
+                    Advice::Unmergeable => MADV_UNMERGEABLE,
+                };
+                (nr::MADVISE, [addr, len, a, 0, 0, 0])
+            }
+            Syscall::SetMemoryMerge(on) => {
+                (nr::PRCTL, [PR_SET_MEMORY_MERGE, on as u64, 0, 0, 0, 0])
+            }
+            Syscall::GetMemoryMerge => (nr::PRCTL, [PR_GET_MEMORY_MERGE, 0, 0, 0, 0, 0]),
+            Syscall::Getpid => (nr::GETPID, [0; 6]),
+        }
+    }
+
+    /// Whether the call can split VMAs (a `madvise` on part of a VMA).
+    pub fn may_split(&self) -> bool {
+        matches!(self, Syscall::Madvise { .. })
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if let Syscall::Madvise { addr, len, .. } = *self {
+            let page = crate::PAGE_SIZE;
+            if addr % page != 0 || len % page != 0 {
+                return Err(format!(
+                    "madvise range {addr:#x}+{len:#x} is not page-aligned"
+                ));
+            }
+            if len == 0 {
+                return Err("madvise of an empty range".into());
+            }
+            // The x86-64 user address space ends below 2^47 (4-level paging)
+            // or 2^56 (5-level); anything past that is a caller's bug.
+            if addr.checked_add(len).is_none_or(|end| end > 1 << 56) {
+                return Err(format!(
+                    "madvise range {addr:#x}+{len:#x} is outside user space"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Configuration, outcomes, errors
+
+/// How an [`Injector`] behaves.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct InjectConfig {
+    /// How long to wait for the chosen thread to stop after
+    /// `PTRACE_INTERRUPT` (a blocked thread stops in 6–8 µs, a running one
+    /// in 35–38 µs, mechanisms.md §1). Past it the process is skipped
+    /// ([`SkipReason::StopTimeout`]).
+    pub stop_timeout: Duration,
+    /// How long one injected call may run before the tracer interrupts the
+    /// thread (`prctl(PR_SET_MEMORY_MERGE, 0)` on 128 MiB took 60–69 ms,
+    /// §1; unmerging gigabytes takes seconds). A call that has not started
+    /// by then is abandoned; one that has is waited for.
+    pub syscall_timeout: Duration,
+    /// Refuse a batch of `madvise` calls if `VMAs + 2 × calls` could exceed
+    /// this fraction of `vm.max_map_count` (0.5: stop at 50 %).
+    pub max_map_fraction: f64,
+    /// Stop a thread even if it is in a call that returns EINTR to the
+    /// application after any stop (`epoll_wait`, `semop`, `sigtimedwait`,
+    /// ...) when no other thread can be used. Off by default: such processes
+    /// are skipped ([`SkipReason::EintrRisk`]).
+    pub allow_eintr_risk: bool,
+}
+
+impl Default for InjectConfig {
+    fn default() -> Self {
+        InjectConfig {
+            stop_timeout: Duration::from_millis(500),
+            syscall_timeout: Duration::from_secs(10),
+            max_map_fraction: 0.5,
+            allow_eintr_risk: false,
+        }
+    }
+}
+
+/// What happened to one process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every call ran.
+    Done(Injection),
+    /// Nothing ran, on purpose; the process was not harmed.
+    Skipped(SkipReason),
+    /// The process exited (before the attach or during it).
+    Gone(Gone),
+}
+
+impl Outcome {
+    /// The injection, if every call ran.
+    pub fn done(&self) -> Option<&Injection> {
+        match self {
+            Outcome::Done(i) => Some(i),
+            _ => None,
+        }
+    }
+}
+
+/// A completed injection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Injection {
+    /// Each call's return value as the kernel gave it: `>= 0` on success,
+    /// `-errno` on failure (e.g. `-12` ENOMEM for a range with a hole).
+    pub results: Vec<i64>,
+    /// The thread that ran them.
+    pub tid: u32,
+    /// The syscall the thread was in when it stopped (`orig_rax`), if any.
+    pub interrupted_syscall: Option<i64>,
+    /// Whether that syscall returns EINTR to the application because of the
+    /// stop (it had returned -EINTR by the time the thread stopped, as
+    /// `epoll_wait` does).
+    pub app_sees_eintr: bool,
+    /// Signals that arrived during the injection and were delivered again
+    /// at the detach.
+    pub signals_redelivered: usize,
+    /// The number of VMAs before the batch (counted only for batches with
+    /// `madvise`).
+    pub vmas_before: Option<u64>,
+    /// The number of VMAs after it.
+    pub vmas_after: Option<u64>,
+    /// From `PTRACE_SEIZE` to `PTRACE_DETACH`.
+    pub attached_for: Duration,
+}
+
+impl Injection {
+    /// VMAs added by the batch (negative when `MADV_UNMERGEABLE` let split
+    /// VMAs merge back). Other threads of the target may map or unmap
+    /// meanwhile, so this is the batch's effect plus any such noise.
+    pub fn vma_delta(&self) -> Option<i64> {
+        Some(self.vmas_after? as i64 - self.vmas_before? as i64)
+    }
+
+    /// Whether every call returned `>= 0`.
+    pub fn all_ok(&self) -> bool {
+        self.results.iter().all(|&r| r >= 0)
+    }
+}
+
+/// A process that exited.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gone {
+    /// Whether it exited while attached (mid-injection).
+    pub attached: bool,
+    /// Results of the calls that completed before it went.
+    pub completed: Vec<i64>,
+}
+
+/// Why a process was left alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    /// It is pagesift's own process.
+    OwnProcess,
+    /// A kernel thread: no user memory.
+    KernelThread,
+    /// A zombie: its memory is gone.
+    Zombie,
+    /// Already traced (strace, gdb): `PTRACE_SEIZE` would fail with EPERM.
+    Traced {
+        /// The tracer's thread id (`TracerPid`).
+        tracer: u32,
+    },
+    /// Seccomp is on (`Seccomp:` 1 strict or 2 filter): the injected call
+    /// goes through the target's filter, which may kill it.
+    Seccomp {
+        /// The mode.
+        mode: u32,
+    },
+    /// In a frozen cgroup: the call would only run when it is thawed.
+    Frozen,
+    /// Every usable thread is in a call that would return EINTR to the
+    /// application (see [`InjectConfig::allow_eintr_risk`]).
+    EintrRisk {
+        /// The thread whose call that is.
+        tid: u32,
+        /// The syscall number.
+        syscall: i64,
+    },
+    /// No thread can be stopped (all in uninterruptible sleep or traced).
+    NoStoppableThread,
+    /// The chosen thread did not stop in time.
+    StopTimeout {
+        /// The thread.
+        tid: u32,
+    },
+    /// An injected call did not start in time (e.g. the process was frozen
+    /// meanwhile); the rest of the batch was abandoned.
+    SyscallTimeout {
+        /// Results of the calls that did complete.
+        completed: Vec<i64>,
+    },
+    /// Not a 64-bit process.
+    Not64Bit,
+    /// No `syscall` instruction was found in its executable memory.
+    NoSyscallInstruction,
+    /// The batch could push the process's VMA count past the allowed
+    /// fraction of `vm.max_map_count`.
+    MapCountNearLimit {
+        /// VMAs now.
+        count: u64,
+        /// VMAs in the worst case after the batch.
+        projected: u64,
+        /// `vm.max_map_count`.
+        limit: u64,
+    },
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SkipReason::OwnProcess => write!(f, "pagesift's own process"),
+            SkipReason::KernelThread => write!(f, "kernel thread"),
+            SkipReason::Zombie => write!(f, "zombie"),
+            SkipReason::Traced { tracer } => write!(f, "already traced by {tracer}"),
+            SkipReason::Seccomp { mode } => write!(f, "seccomp mode {mode}"),
+            SkipReason::Frozen => write!(f, "in a frozen cgroup"),
+            SkipReason::EintrRisk { tid, syscall } => write!(
+                f,
+                "every usable thread is in a call that would see EINTR (thread {tid} in syscall {syscall})"
+            ),
+            SkipReason::NoStoppableThread => write!(f, "no thread can be stopped"),
+            SkipReason::StopTimeout { tid } => write!(f, "thread {tid} did not stop in time"),
+            SkipReason::SyscallTimeout { completed } => write!(
+                f,
+                "an injected call did not start in time ({} completed)",
+                completed.len()
+            ),
+            SkipReason::Not64Bit => write!(f, "not a 64-bit process"),
+            SkipReason::NoSyscallInstruction => write!(f, "no syscall instruction found"),
+            SkipReason::MapCountNearLimit {
+                count,
+                projected,
+                limit,
+            } => write!(
+                f,
+                "{count} VMAs, up to {projected} after the batch, too close to vm.max_map_count = {limit}"
+            ),
+        }
+    }
+}
+
+/// Why an injection could not be attempted or finished.
+#[derive(Debug, thiserror::Error)]
+pub enum InjectError {
+    /// A call's arguments are invalid; nothing was done.
+    #[error("invalid call #{index}: {reason}")]
+    InvalidCall {
+        /// Its index in the batch.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The pid is a thread of another process.
+    #[error("{tid} is a thread of process {tgid}, not a process")]
+    NotAProcess {
+        /// The id given.
+        tid: u32,
+        /// Its process.
+        tgid: u32,
+    },
+    /// The thread given to [`Injector::run_on_thread`] is not in the process.
+    #[error("thread {tid} is not in process {pid}")]
+    NoSuchThread {
+        /// The process.
+        pid: u32,
+        /// The thread.
+        tid: u32,
+    },
+    /// A capability is missing, access was refused, or the OS failed.
+    #[error(transparent)]
+    Linux(#[from] LinuxError),
+    /// The tracer did not answer within its bound; it keeps the target
+    /// until the injected call returns, then restores it and detaches.
+    #[error(
+        "injection into {pid} did not finish within {waited:?}; it will be completed in the background"
+    )]
+    Stuck {
+        /// The process.
+        pid: u32,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+    /// The target's thread stopped somewhere it should not have; its
+    /// registers were restored and it was released.
+    #[error("unexpected ptrace state in {pid}: {what}")]
+    Unexpected {
+        /// The process.
+        pid: u32,
+        /// What was seen.
+        what: String,
+    },
+    /// Remote injection is implemented for x86-64 only.
+    #[error("remote syscall injection is only implemented for x86-64")]
+    Unsupported,
+}
+
+/// Counters of an [`Injector`] since it was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InjectStats {
+    /// Batches that ran completely.
+    pub done: u64,
+    /// Calls run (including those of batches cut short by an exit).
+    pub syscalls: u64,
+    /// Processes skipped.
+    pub skipped: u64,
+    /// Processes that exited before or during the injection.
+    pub gone: u64,
+    /// ... of which during an attach.
+    pub gone_attached: u64,
+    /// Signals re-delivered.
+    pub signals_redelivered: u64,
+    /// Injections after which the application saw EINTR.
+    pub eintr_caused: u64,
+    /// Sum of VMA count changes over batches with `madvise`.
+    pub vma_delta: i64,
+    /// Times the caller stopped waiting for the tracer.
+    pub stuck: u64,
+}
+
+/// Why `CAP_SYS_PTRACE` is needed here.
+const WHY_INJECT: &str = "to stop another process's thread and run madvise/prctl in it \
+     (PTRACE_SEIZE needs ptrace attach access)";
+
+// ---------------------------------------------------------------------------
+// /proc facts
+
+/// Reads a small /proc file: open, read until EOF, close. (`std::fs::read`
+/// also stats and seeks the file; two syscalls more cost 2–6 µs per file
+/// here, where generating `status` alone takes about 10 µs.) `Ok(None)` if
+/// the file (so, the process or thread) is gone.
+fn read_small(path: &str) -> io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc_errno::ENOENT | libc_errno::ESRCH)
+            ) =>
+        {
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    let mut buf = vec![0u8; 4096];
+    let mut n = 0;
+    loop {
+        if n == buf.len() {
+            buf.resize(2 * n, 0);
+        }
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // A process that exits while its file is read.
+            Err(e) if e.raw_os_error() == Some(libc_errno::ESRCH) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(n);
+    Ok(Some(buf))
+}
+
+fn proc_error(pid: u32, e: io::Error) -> LinuxError {
+    LinuxError::from_process_op(pid, e, "reading /proc", Capability::SysPtrace, WHY_INJECT)
+}
+
+/// `PF_KTHREAD` (`include/linux/sched.h`).
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// What `/proc/PID/stat` says about a process (or `/proc/PID/task/TID/stat`
+/// about a thread). A process's `stat` shows its main thread's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ProcStat {
+    state: char,
+    ppid: u32,
+    kthread: bool,
+    threads: u64,
+    start_time: u64,
+}
+
+/// Fields 3, 4, 9, 20 and 22 of proc(5)'s `stat`; the command may contain
+/// spaces and parentheses, so parse after the last `)`.
+fn parse_stat(text: &[u8]) -> Option<ProcStat> {
+    let close = text.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&text[close + 1..]).ok()?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let flags: u64 = f.get(6)?.parse().ok()?;
+    Some(ProcStat {
+        state: f.first()?.chars().next()?,
+        ppid: f.get(1)?.parse().ok()?,
+        kthread: flags & PF_KTHREAD != 0,
+        threads: f.get(17)?.parse().ok()?,
+        start_time: f.get(19)?.parse().ok()?,
+    })
+}
+
+impl ProcStat {
+    fn read(pid: u32, path: &str) -> Result<Option<ProcStat>, LinuxError> {
+        match read_small(path).map_err(|e| proc_error(pid, e))? {
+            None => Ok(None),
+            Some(t) => parse_stat(&t)
+                .map(Some)
+                .ok_or_else(|| LinuxError::Parse(path.to_string())),
+        }
+    }
+
+    fn of_process(pid: u32) -> Result<Option<ProcStat>, LinuxError> {
+        ProcStat::read(pid, &format!("/proc/{pid}/stat"))
+    }
+
+    fn skip_reason(&self) -> Option<SkipReason> {
+        if self.kthread {
+            Some(SkipReason::KernelThread)
+        } else if matches!(self.state, 'Z' | 'X' | 'x') {
+            Some(SkipReason::Zombie)
+        } else {
+            None
+        }
+    }
+}
+
+/// What a thread's `status` says: its process, tracer and seccomp mode.
+/// Seccomp filters and tracers are per thread, so this is read for the
+/// thread that will be stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ThreadStatus {
+    tgid: u32,
+    tracer: u32,
+    seccomp: u32,
+}
+
+fn status_field(text: &str, key: &str) -> Option<u32> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+impl ThreadStatus {
+    fn parse(text: &str) -> Option<ThreadStatus> {
+        Some(ThreadStatus {
+            tgid: status_field(text, "Tgid")?,
+            tracer: status_field(text, "TracerPid")?,
+            // Absent without CONFIG_SECCOMP: then there is no filter.
+            seccomp: status_field(text, "Seccomp").unwrap_or(0),
+        })
+    }
+
+    fn read(pid: u32, tid: u32) -> Result<Option<ThreadStatus>, LinuxError> {
+        let path = format!("/proc/{pid}/task/{tid}/status");
+        match read_small(&path).map_err(|e| proc_error(pid, e))? {
+            None => Ok(None),
+            Some(t) => ThreadStatus::parse(&String::from_utf8_lossy(&t))
+                .map(Some)
+                .ok_or(LinuxError::Parse(path)),
+        }
+    }
+
+    fn skip_reason(&self) -> Option<SkipReason> {
+        if self.tracer != 0 {
+            Some(SkipReason::Traced {
+                tracer: self.tracer,
+            })
+        } else if self.seccomp != 0 {
+            Some(SkipReason::Seccomp { mode: self.seccomp })
+        } else {
+            None
+        }
+    }
+}
+
+/// The cgroup v2 path of `pid` (`/proc/PID/cgroup`, `0::PATH`).
+fn cgroup_path(pid: u32) -> Option<String> {
+    let text = read_small(&format!("/proc/{pid}/cgroup")).ok()??;
+    let text = String::from_utf8_lossy(&text);
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim().to_string())
+}
+
+/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or
+/// `/sys/fs/cgroup/unified` on hybrid hosts), from `/proc/self/mountinfo`;
+/// read once.
+fn cgroup2_root() -> Option<&'static str> {
+    static ROOT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        parse_cgroup2_root(&info)
+    })
+    .as_deref()
+}
+
+/// The mount point of the first `cgroup2` line of a mountinfo text (the
+/// fifth field; the file system type follows the ` - ` separator).
+fn parse_cgroup2_root(mountinfo: &str) -> Option<String> {
+    mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        (right.split_whitespace().next()? == "cgroup2")
+            .then(|| left.split_whitespace().nth(4).map(str::to_string))?
+    })
+}
+
+/// Whether cgroup v2 `path` is frozen (`cgroup.events`: `frozen 1`). False
+/// when unknown. (A cgroup v1 freezer puts tasks in an uninterruptible
+/// state, `D`, which thread choice already avoids.)
+fn cgroup_frozen(path: &str) -> bool {
+    let Some(root) = cgroup2_root() else {
+        return false;
+    };
+    read_small(&format!("{root}{path}/cgroup.events"))
+        .ok()
+        .flatten()
+        .is_some_and(|ev| {
+            String::from_utf8_lossy(&ev)
+                .lines()
+                .any(|l| l.trim() == "frozen 1")
+        })
+}
+
+/// The number of VMAs of `pid` (lines of `/proc/PID/maps`).
+pub fn map_count(pid: u32) -> Result<u64, LinuxError> {
+    match read_small(&format!("/proc/{pid}/maps")).map_err(|e| proc_error(pid, e))? {
+        Some(text) => Ok(text.iter().filter(|&&b| b == b'\n').count() as u64),
+        None => Err(LinuxError::Gone(pid)),
+    }
+}
+
+/// `vm.max_map_count`: the most VMAs a process may have (65530 by default);
+/// past it `mmap` and VMA splits fail with ENOMEM.
+pub fn max_map_count() -> Result<u64, LinuxError> {
+    let text = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .map_err(|e| LinuxError::io("reading /proc/sys/vm/max_map_count", e))?;
+    text.trim()
+        .parse()
+        .map_err(|_| LinuxError::Parse("/proc/sys/vm/max_map_count".into()))
+}
+
+/// The map-count rule: a batch of `splitting_calls` madvise calls may add
+/// two VMAs each; refuse if `count` plus that could pass `fraction` of
+/// `limit`.
+pub fn map_budget(
+    count: u64,
+    splitting_calls: usize,
+    limit: u64,
+    fraction: f64,
+) -> Result<(), SkipReason> {
+    let projected = count + 2 * splitting_calls as u64;
+    let allowed = (limit as f64 * fraction).floor() as u64;
+    if projected > allowed {
+        Err(SkipReason::MapCountNearLimit {
+            count,
+            projected,
+            limit,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Choosing the thread
+
+/// How suitable a thread is for a stop; lower is better.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ThreadRank {
+    /// Asleep in a call that restarts transparently, or group-stopped.
+    Quiet,
+    /// Running (or runnable) in user space: no side effect, costlier stop.
+    Running,
+    /// Asleep in a call whose behaviour after a stop is not known.
+    Unknown,
+    /// Asleep in a call that returns EINTR to the application after a stop.
+    EintrRisk,
+}
+
+/// Calls that return EINTR to the application after any stop, even without
+/// a signal handler (signal(7), "Interruption of system calls and library
+/// functions by stop signals"; `epoll_wait` measured in mechanisms.md §1).
+const EINTR_AFTER_STOP: &[i64] = &[
+    nr::EPOLL_WAIT,
+    nr::EPOLL_PWAIT,
+    nr::EPOLL_PWAIT2,
+    nr::SEMOP,
+    nr::SEMTIMEDOP,
+    nr::RT_SIGTIMEDWAIT,
+    nr::IO_GETEVENTS,
+    nr::IO_PGETEVENTS,
+    nr::IO_URING_ENTER,
+];
+
+/// Calls that the kernel restarts transparently after a ptrace stop (they
+/// return `-ERESTARTSYS`/`-ERESTARTNOHAND`/`-ERESTART_RESTARTBLOCK`;
+/// nanosleep, read on a pipe and futex measured in mechanisms.md §1).
+const RESTARTS_TRANSPARENTLY: &[i64] = &[
+    nr::POLL,
+    nr::SELECT,
+    nr::PAUSE,
+    nr::NANOSLEEP,
+    nr::WAIT4,
+    nr::MSGSND,
+    nr::MSGRCV,
+    nr::FLOCK,
+    nr::RT_SIGSUSPEND,
+    nr::FUTEX,
+    nr::RESTART_SYSCALL,
+    nr::CLOCK_NANOSLEEP,
+    nr::WAITID,
+    nr::PSELECT6,
+    nr::PPOLL,
+    nr::FUTEX_WAITV,
+];
+
+/// Calls on a file descriptor that restart transparently unless the file is
+/// a socket (a socket with `SO_RCVTIMEO`/`SO_SNDTIMEO` returns EINTR).
+const FD_IO: &[i64] = &[
+    nr::READ,
+    nr::WRITE,
+    nr::PREAD64,
+    nr::PWRITE64,
+    nr::READV,
+    nr::WRITEV,
+    nr::PREADV,
+    nr::PWRITEV,
+];
+
+/// Ranks a thread asleep in syscall `nr`, whose first argument is a socket
+/// when `fd_is_socket`.
+pub fn rank_syscall(nr: i64, fd_is_socket: bool) -> ThreadRank {
+    if RESTARTS_TRANSPARENTLY.contains(&nr) || (FD_IO.contains(&nr) && !fd_is_socket) {
+        ThreadRank::Quiet
+    } else if EINTR_AFTER_STOP.contains(&nr) {
+        ThreadRank::EintrRisk
+    } else {
+        ThreadRank::Unknown
+    }
+}
+
+/// `/proc/PID/task/TID/syscall`: `running`, `-1 sp pc` (asleep outside a
+/// syscall) or `nr arg1 .. arg6 sp pc`. Returns the number and first
+/// argument, `None` when running.
+fn parse_syscall_file(text: &str) -> Option<(i64, u64)> {
+    let mut f = text.split_whitespace();
+    let nr: i64 = f.next()?.parse().ok()?;
+    let arg0 = f
+        .next()
+        .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok())
+        .unwrap_or(0);
+    Some((nr, arg0))
+}
+
+/// A thread chosen for the stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadChoice {
+    /// The thread.
+    pub tid: u32,
+    /// How suitable it is.
+    pub rank: ThreadRank,
+    /// The syscall it was asleep in, if any.
+    pub syscall: Option<i64>,
+}
+
+/// Ranks a thread in `state`; `None` if it cannot be stopped now (D,
+/// traced, dead).
+fn rank_state(pid: u32, tid: u32, state: char) -> Option<ThreadChoice> {
+    let (rank, syscall) = match state {
+        'R' => (ThreadRank::Running, None),
+        'T' => (ThreadRank::Quiet, None),
+        'S' => {
+            let text = read_small(&format!("/proc/{pid}/task/{tid}/syscall")).ok()??;
+            match parse_syscall_file(&String::from_utf8_lossy(&text)) {
+                None => (ThreadRank::Running, None),
+                Some((-1, _)) => (ThreadRank::Unknown, None),
+                Some((nr, arg0)) => {
+                    let socket = FD_IO.contains(&nr)
+                        && std::fs::read_link(format!("/proc/{pid}/fd/{arg0}"))
+                            .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"));
+                    (rank_syscall(nr, socket), Some(nr))
+                }
+            }
+        }
+        // D: the stop would wait until it leaves D; t: traced; Z/X: dead.
+        _ => return None,
+    };
+    Some(ThreadChoice { tid, rank, syscall })
+}
+
+/// Ranks one thread from its own `stat`.
+fn rank_thread(pid: u32, tid: u32) -> Option<ThreadChoice> {
+    let stat = ProcStat::read(pid, &format!("/proc/{pid}/task/{tid}/stat")).ok()??;
+    rank_state(pid, tid, stat.state)
+}
+
+/// Why no thread was chosen.
+#[derive(Debug)]
+enum NoChoice {
+    Gone,
+    Skip(SkipReason),
+}
+
+/// Threads seen in a call that returns EINTR after a stop, by sampling or at
+/// a stop: thread id → (its process's start time, so that a reused id does
+/// not inherit the mark; the call).
+type EintrProne = HashMap<u32, (u64, i64)>;
+
+/// Picks the best thread of `pid` (see the module header); stops looking at
+/// the first [`ThreadRank::Quiet`] one.
+pub fn choose_thread(pid: u32, allow_eintr_risk: bool) -> Result<ThreadChoice, SkipReason> {
+    let Ok(Some(stat)) = ProcStat::of_process(pid) else {
+        return Err(SkipReason::Zombie);
+    };
+    choose(pid, &stat, allow_eintr_risk, &mut EintrProne::new()).map_err(|e| match e {
+        NoChoice::Gone => SkipReason::Zombie,
+        NoChoice::Skip(r) => r,
+    })
+}
+
+/// Whether a thread seen running is in fact mostly asleep in an EINTR-prone
+/// call: a thread that only woke briefly from `epoll_wait` reads as running
+/// about 2 % of the time on this machine (sampled), and the stop would then
+/// catch it back inside the call. It is marked if it was ever seen in such a
+/// call, or if a few more looks, 100 µs apart, find it there.
+fn really_running(pid: u32, start: u64, tid: u32, prone: &mut EintrProne) -> ThreadChoice {
+    if let Some(&(st, nr)) = prone.get(&tid)
+        && st == start
+    {
+        return ThreadChoice {
+            tid,
+            rank: ThreadRank::EintrRisk,
+            syscall: Some(nr),
+        };
+    }
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_micros(100));
+        let Some(c) = rank_thread(pid, tid) else {
+            break;
+        };
+        match c.rank {
+            ThreadRank::Running => continue,
+            ThreadRank::EintrRisk => {
+                prone.insert(tid, (start, c.syscall.unwrap_or(-1)));
+                return c;
+            }
+            _ => return c,
+        }
+    }
+    ThreadChoice {
+        tid,
+        rank: ThreadRank::Running,
+        syscall: None,
+    }
+}
+
+/// `stat` is the process's: it carries the main thread's state, so the
+/// main thread, looked at first, costs no extra read, and a single-threaded
+/// process needs no task listing.
+fn choose(
+    pid: u32,
+    stat: &ProcStat,
+    allow_eintr_risk: bool,
+    prone: &mut EintrProne,
+) -> Result<ThreadChoice, NoChoice> {
+    let start = stat.start_time;
+    let mut tids = vec![pid];
+    if stat.threads > 1 {
+        let dir = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|_| NoChoice::Gone)?;
+        tids.extend(
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|&t| t != pid),
+        );
+        tids[1..].sort_unstable();
+    }
+    let mut others = Vec::new();
+    for tid in tids {
+        let c = if tid == pid {
+            rank_state(pid, tid, stat.state)
+        } else {
+            rank_thread(pid, tid)
+        };
+        let Some(c) = c else {
+            continue;
+        };
+        match c.rank {
+            ThreadRank::Quiet => return Ok(c),
+            ThreadRank::EintrRisk => {
+                prone.insert(tid, (start, c.syscall.unwrap_or(-1)));
+            }
+            _ => {}
+        }
+        others.push(c);
+    }
+    // No quiet thread: the best of the rest, looking twice at running ones.
+    others.sort_by_key(|c| c.rank);
+    let mut risky = None;
+    for c in others {
+        let c = match c.rank {
+            ThreadRank::Running => really_running(pid, start, c.tid, prone),
+            _ => c,
+        };
+        if c.rank == ThreadRank::EintrRisk {
+            risky = risky.or(Some(c));
+            continue;
+        }
+        return Ok(c);
+    }
+    match risky {
+        None => Err(NoChoice::Skip(SkipReason::NoStoppableThread)),
+        Some(c) if allow_eintr_risk => Ok(c),
+        Some(c) => Err(NoChoice::Skip(SkipReason::EintrRisk {
+            tid: c.tid,
+            syscall: c.syscall.unwrap_or(-1),
+        })),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The syscall instruction
+
+/// The offset of the first `syscall` instruction (`0f 05`) in `code`.
+pub fn find_syscall_insn(code: &[u8]) -> Option<usize> {
+    code.windows(2).position(|w| w == [0x0f, 0x05])
+}
+
+/// Reads `buf.len()` bytes of `pid` at `addr` (`process_vm_readv`).
+fn read_remote(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+    use nix::sys::uio::{RemoteIoVec, process_vm_readv};
+    let len = buf.len();
+    let n = process_vm_readv(
+        nix::unistd::Pid::from_raw(pid as i32),
+        &mut [io::IoSliceMut::new(buf)],
+        &[RemoteIoVec {
+            base: addr as usize,
+            len,
+        }],
+    )?;
+    if n == len {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(libc_errno::EIO))
+    }
+}
+
+fn is_syscall_insn(pid: u32, addr: u64) -> bool {
+    let mut b = [0u8; 2];
+    read_remote(pid, addr, &mut b).is_ok() && b == [0x0f, 0x05]
+}
+
+/// Finds a `syscall` instruction in the `[vdso]` of `pid`.
+fn vdso_syscall_insn(pid: u32) -> Option<u64> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let line = maps.lines().find(|l| l.ends_with("[vdso]"))?;
+    let range = line.split_whitespace().next()?;
+    let (s, e) = range.split_once('-')?;
+    let start = u64::from_str_radix(s, 16).ok()?;
+    let end = u64::from_str_radix(e, 16).ok()?;
+    let mut code = vec![0u8; (end - start).min(1 << 20) as usize];
+    read_remote(pid, start, &mut code).ok()?;
+    find_syscall_insn(&code).map(|off| start + off as u64)
+}
+
+// ---------------------------------------------------------------------------
+// The tracer
+
+/// x86-64 user code segment selector (`__USER_CS`); a compat (32-bit) task
+/// runs with `__USER32_CS` = 0x23.
+const USER_CS: u64 = 0x33;
+
+/// Bounds on the stepping loop of one call.
+const MAX_STOPS_PER_CALL: u32 = 100_000;
+const MAX_RESTARTS_PER_CALL: u32 = 64;
+
+/// One batch for the tracer thread.
+struct Job {
+    pid: u32,
+    tid: Option<u32>,
+    calls: Vec<Syscall>,
+    config: InjectConfig,
+}
+
+/// The tracer's answer.
+struct Reply {
+    result: Result<Outcome, InjectError>,
+    /// The tracer thread exits after this reply (a thread is seized but
+    /// never stopped; the exit detaches it).
+    exiting: bool,
+}
+
+/// Why stepping a call stopped early.
+enum StepError {
+    /// The thread (and so, its process or image) is gone.
+    Gone,
+    /// Our timeout interrupt found the call not started.
+    Aborted,
+    /// The thread stopped where it should not have.
+    Unexpected(String),
+    /// A ptrace or wait error.
+    Os(&'static str, io::Error),
+}
+
+fn os(what: &'static str) -> impl FnOnce(io::Error) -> StepError {
+    move |e| {
+        if e.raw_os_error() == Some(libc_errno::ESRCH) {
+            StepError::Gone
+        } else {
+            StepError::Os(what, e)
+        }
+    }
+}
+
+/// Waits for the next report of `tid`, polling: yielding for the first
+/// 200 µs (a blocked thread stops in microseconds), then sleeping with a
+/// growing pause. `None` when `deadline` passed.
+fn wait_stop(tid: u32, reap_exit: bool, deadline: Option<Instant>) -> io::Result<Option<Stop>> {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(20);
+    loop {
+        if let Some(s) = ptrace::wait_nohang(tid, reap_exit)? {
+            return Ok(Some(s));
+        }
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            return Ok(None);
+        }
+        if now - start < Duration::from_micros(200) {
+            std::thread::yield_now();
+        } else {
+            let mut p = pause;
+            if let Some(d) = deadline {
+                p = p.min(d - now);
+            }
+            std::thread::sleep(p);
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    }
+}
+
+/// One attached thread.
+struct Session {
+    pid: u32,
+    tid: u32,
+    /// Reap the thread's exit report (false only for the leader of our own
+    /// child, whose exit status belongs to us as its parent: reaping it
+    /// here would steal it from the code that waits for the child).
+    reap_exit: bool,
+    saved: Option<Regs>,
+    /// Signals that stopped the thread, to deliver again, with siginfo.
+    signals: Vec<(i32, libc::siginfo_t)>,
+    /// The stop the thread is in.
+    last: Stop,
+}
+
+impl Session {
+    fn wait(&self, deadline: Option<Instant>) -> Result<Option<Stop>, StepError> {
+        wait_stop(self.tid, self.reap_exit, deadline).map_err(|e| {
+            if e.raw_os_error() == Some(libc::ECHILD) {
+                StepError::Gone
+            } else {
+                StepError::Os("waitpid", e)
+            }
+        })
+    }
+
+    /// After an ESRCH or an exit report: makes sure the exit is reaped (so
+    /// the target's parent sees it), bounded.
+    fn settle_gone(&self) {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while let Ok(Some(stop)) = wait_stop(self.tid, self.reap_exit, Some(deadline)) {
+            if stop.is_exit() {
+                return;
+            }
+        }
+    }
+
+    fn capture(&mut self, sig: i32) -> Result<(), StepError> {
+        let info = ptrace::get_siginfo(self.tid).map_err(os("PTRACE_GETSIGINFO"))?;
+        self.signals.push((sig, info));
+        Ok(())
+    }
+
+    /// Runs one call from the `syscall` at `insn`; returns its result.
+    fn execute(
+        &mut self,
+        insn: u64,
+        call: &Syscall,
+        config: &InjectConfig,
+    ) -> Result<i64, StepError> {
+        let saved = self.saved.expect("registers saved before executing");
+        let (number, args) = call.number_and_args();
+        let mut frame = saved;
+        frame.rip = insn;
+        frame.rax = number as u64;
+        // -1: the kernel's restart logic must never rewind our frame.
+        frame.orig_rax = u64::MAX;
+        frame.rdi = args[0];
+        frame.rsi = args[1];
+        frame.rdx = args[2];
+        frame.r10 = args[3];
+        frame.r8 = args[4];
+        frame.r9 = args[5];
+        // A harmless frame for draining a stop that came after our call
+        // returned but before its step trap was reported.
+        let mut drain = frame;
+        drain.rax = nr::GETPID as u64;
+        drain.rdi = 0;
+        drain.rsi = 0;
+        drain.rdx = 0;
+
+        ptrace::set_regs(self.tid, &frame).map_err(os("PTRACE_SETREGS"))?;
+        let mut result: Option<i64> = None;
+        let mut restarts = 0;
+        let mut deadline = Some(Instant::now() + config.syscall_timeout);
+        let mut interrupted = false;
+        let mut resume = true;
+        for _ in 0..MAX_STOPS_PER_CALL {
+            if resume {
+                ptrace::single_step(self.tid, 0).map_err(os("PTRACE_SINGLESTEP"))?;
+            }
+            resume = true;
+            let stop = match self.wait(deadline)? {
+                Some(s) => s,
+                None => {
+                    // The call has not trapped in time: ask for a stop. If
+                    // the call never started we get it at `insn` and can
+                    // abandon cleanly; if it is running, it comes when the
+                    // call returns. Either way, wait without a bound now:
+                    // our registers are in the thread.
+                    ptrace::interrupt(self.tid).map_err(os("PTRACE_INTERRUPT"))?;
+                    interrupted = true;
+                    deadline = None;
+                    resume = false;
+                    continue;
+                }
+            };
+            if stop.is_exit() {
+                return Err(StepError::Gone);
+            }
+            self.last = stop;
+            let regs = ptrace::get_regs(self.tid).map_err(os("PTRACE_GETREGS"))?;
+            if regs.rip == insn + 2 {
+                // Our `syscall` (or the drain's getpid) has executed.
+                if result.is_none() {
+                    result = Some(regs.rax as i64);
+                }
+                match stop {
+                    Stop::Signal(libc::SIGTRAP) => {
+                        let r = result.expect("set above");
+                        if is_restart(r) && restarts < MAX_RESTARTS_PER_CALL {
+                            // A signal interrupted the call: run it again
+                            // (madvise and prctl are idempotent); the signal
+                            // itself stops the thread next and is kept.
+                            restarts += 1;
+                            result = None;
+                            ptrace::set_regs(self.tid, &frame).map_err(os("PTRACE_SETREGS"))?;
+                            continue;
+                        }
+                        return Ok(r);
+                    }
+                    Stop::Signal(sig) => self.capture(sig)?,
+                    Stop::Event { .. } => {}
+                    Stop::Exited(_) | Stop::Killed(_) => unreachable!("handled above"),
+                }
+                // A stop reported before the step trap, which is still
+                // pending: resume from a harmless frame until it comes.
+                ptrace::set_regs(self.tid, &drain).map_err(os("PTRACE_SETREGS"))?;
+            } else if regs.rip == insn {
+                match stop {
+                    // Our step trap, dequeued before the drain ran.
+                    Stop::Signal(libc::SIGTRAP) if result.is_some() => {
+                        return Ok(result.expect("checked"));
+                    }
+                    Stop::Signal(sig) => self.capture(sig)?,
+                    Stop::Event { .. } if interrupted && result.is_none() => {
+                        return Err(StepError::Aborted);
+                    }
+                    // An interrupt or group-stop before the call ran.
+                    Stop::Event { .. } => {}
+                    Stop::Exited(_) | Stop::Killed(_) => unreachable!("handled above"),
+                }
+            } else {
+                return Err(StepError::Unexpected(format!(
+                    "stop {stop:?} at rip {:#x}, expected {insn:#x} or {:#x}",
+                    regs.rip,
+                    insn + 2
+                )));
+            }
+        }
+        Err(StepError::Unexpected(format!(
+            "more than {MAX_STOPS_PER_CALL} stops during one call"
+        )))
+    }
+
+    /// Restores the saved registers (if changed) and detaches, delivering
+    /// the kept signals again.
+    fn release(&mut self) -> io::Result<usize> {
+        if let Some(saved) = &self.saved {
+            ptrace::set_regs(self.tid, saved)?;
+        }
+        let n = self.signals.len();
+        // Only a signal-delivery-stop can deliver a signal on restart.
+        let at_signal_stop = matches!(self.last, Stop::Signal(_));
+        let (first, rest) = match self.signals.split_first() {
+            Some((f, r)) if at_signal_stop => (Some(f), r),
+            _ => (None, &self.signals[..]),
+        };
+        for &(sig, _) in rest {
+            // Pending again; delivered normally once the thread is detached.
+            ptrace::tgkill(self.pid, self.tid, sig)?;
+        }
+        match first {
+            Some((sig, info)) => {
+                // Same signal number as the restart: the kernel keeps this
+                // siginfo instead of making up an SI_USER one.
+                ptrace::set_siginfo(self.tid, info)?;
+                ptrace::detach(self.tid, *sig)?;
+            }
+            None => ptrace::detach(self.tid, 0)?,
+        }
+        Ok(n)
+    }
+}
+
+/// The state of the tracer thread.
+#[derive(Default)]
+struct Tracer {
+    /// pid → (start time, address of a `syscall` instruction).
+    insns: HashMap<u32, (u64, u64)>,
+    /// Threads known to sit in EINTR-prone calls.
+    prone: EintrProne,
+    /// pid → (start time, cgroup v2 path): a process rarely changes cgroup.
+    /// If it moved into a frozen one, the call timeout catches it (the
+    /// batch is abandoned cleanly) and the entry is dropped.
+    cgroups: HashMap<u32, (u64, Option<String>)>,
+}
+
+impl Tracer {
+    /// Whether the process's cgroup is frozen (its path cached).
+    fn frozen(&mut self, pid: u32, start_time: u64) -> bool {
+        if self.cgroups.len() >= 65_536 {
+            self.cgroups.clear();
+        }
+        let entry = self
+            .cgroups
+            .entry(pid)
+            .and_modify(|e| {
+                if e.0 != start_time {
+                    *e = (start_time, cgroup_path(pid));
+                }
+            })
+            .or_insert_with(|| (start_time, cgroup_path(pid)));
+        entry.1.as_deref().is_some_and(cgroup_frozen)
+    }
+
+    /// A `syscall` instruction of the stopped process, from the cache if it
+    /// is still there.
+    fn syscall_insn(&mut self, pid: u32, start_time: u64, saved: &Regs) -> Option<u64> {
+        if let Some(&(st, addr)) = self.insns.get(&pid)
+            && st == start_time
+            && is_syscall_insn(pid, addr)
+        {
+            return Some(addr);
+        }
+        self.insns.remove(&pid);
+        if let Some(addr) = vdso_syscall_insn(pid) {
+            if self.insns.len() >= 65_536 {
+                self.insns.clear();
+            }
+            self.insns.insert(pid, (start_time, addr));
+            return Some(addr);
+        }
+        // No vdso: a thread stopped in a syscall entered it through a
+        // `syscall` right before its rip (not cached: it may be in a library
+        // that gets unmapped).
+        let prev = saved.rip.wrapping_sub(2);
+        ((saved.orig_rax as i64) >= 0 && is_syscall_insn(pid, prev)).then_some(prev)
+    }
+
+    fn attempt(&mut self, job: &Job) -> Reply {
+        let mut exiting = false;
+        let result = self.attempt_inner(job, &mut exiting);
+        match &result {
+            Ok(Outcome::Gone(Gone { attached: true, .. })) => {
+                self.insns.remove(&job.pid);
+            }
+            // Perhaps moved into a frozen cgroup: look again next time.
+            Ok(Outcome::Skipped(SkipReason::SyscallTimeout { .. })) => {
+                self.cgroups.remove(&job.pid);
+            }
+            _ => {}
+        }
+        Reply { result, exiting }
+    }
+
+    fn attempt_inner(&mut self, job: &Job, exiting: &mut bool) -> Result<Outcome, InjectError> {
+        let pid = job.pid;
+        let cfg = &job.config;
+        let gone = |attached, completed| {
+            Ok(Outcome::Gone(Gone {
+                attached,
+                completed,
+            }))
+        };
+        let Some(stat) = ProcStat::of_process(pid)? else {
+            return gone(false, vec![]);
+        };
+        if let Some(r) = stat.skip_reason() {
+            return Ok(Outcome::Skipped(r));
+        }
+        if self.frozen(pid, stat.start_time) {
+            return Ok(Outcome::Skipped(SkipReason::Frozen));
+        }
+        let splitting = job.calls.iter().filter(|c| c.may_split()).count();
+        let vmas_before = if splitting > 0 {
+            let count = match map_count(pid) {
+                Ok(c) => c,
+                Err(LinuxError::Gone(_)) => return gone(false, vec![]),
+                Err(e) => return Err(e.into()),
+            };
+            if let Err(r) = map_budget(count, splitting, max_map_count()?, cfg.max_map_fraction) {
+                return Ok(Outcome::Skipped(r));
+            }
+            Some(count)
+        } else {
+            None
+        };
+
+        // Choose a thread, check it, seize it; a thread that exits in
+        // between is replaced (three tries).
+        let mut tries = 0;
+        let choice = loop {
+            let choice = match job.tid {
+                Some(tid) => {
+                    if !std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists() {
+                        return Err(InjectError::NoSuchThread { pid, tid });
+                    }
+                    rank_thread(pid, tid).unwrap_or(ThreadChoice {
+                        tid,
+                        rank: ThreadRank::Unknown,
+                        syscall: None,
+                    })
+                }
+                None => match choose(pid, &stat, cfg.allow_eintr_risk, &mut self.prone) {
+                    Ok(c) => c,
+                    Err(NoChoice::Gone) => return gone(false, vec![]),
+                    Err(NoChoice::Skip(r)) => return Ok(Outcome::Skipped(r)),
+                },
+            };
+            let status = ThreadStatus::read(pid, choice.tid)?;
+            if let Some(st) = status {
+                if st.tgid != pid {
+                    return Err(InjectError::NotAProcess {
+                        tid: pid,
+                        tgid: st.tgid,
+                    });
+                }
+                if let Some(r) = st.skip_reason() {
+                    return Ok(Outcome::Skipped(r));
+                }
+            }
+            let seized = match status {
+                Some(_) => ptrace::seize(choice.tid),
+                None => Err(io::Error::from_raw_os_error(libc_errno::ESRCH)),
+            };
+            match seized {
+                Ok(()) => break choice,
+                Err(e) if e.raw_os_error() == Some(libc_errno::ESRCH) => {
+                    let alive =
+                        ProcStat::of_process(pid)?.is_some_and(|s| s.skip_reason().is_none());
+                    if !alive {
+                        return gone(false, vec![]);
+                    }
+                    tries += 1;
+                    if tries >= 3 || job.tid.is_some() {
+                        return Ok(Outcome::Skipped(SkipReason::NoStoppableThread));
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc_errno::EPERM) => {
+                    // Traced (or filtered) since we looked?
+                    return match ThreadStatus::read(pid, choice.tid)? {
+                        None => gone(false, vec![]),
+                        Some(st) if st.skip_reason().is_some() => {
+                            Ok(Outcome::Skipped(st.skip_reason().expect("checked")))
+                        }
+                        Some(_) => Err(LinuxError::from_process_op(
+                            pid,
+                            e,
+                            "attaching with PTRACE_SEIZE",
+                            Capability::SysPtrace,
+                            WHY_INJECT,
+                        )
+                        .into()),
+                    };
+                }
+                Err(e) => return Err(LinuxError::io(format!("PTRACE_SEIZE of {pid}"), e).into()),
+            }
+        };
+        let attached_at = Instant::now();
+        let tid = choice.tid;
+        let mut s = Session {
+            pid,
+            tid,
+            reap_exit: !(tid == pid && stat.ppid == crate::own_pid()),
+            saved: None,
+            signals: Vec::new(),
+            last: Stop::Event { sig: 0, event: 0 },
+        };
+
+        // Stop it.
+        let first = ptrace::interrupt(tid)
+            .map_err(os("PTRACE_INTERRUPT"))
+            .and_then(|()| s.wait(Some(Instant::now() + cfg.stop_timeout)));
+        match first {
+            Ok(Some(stop)) if stop.is_exit() => return gone(true, vec![]),
+            Ok(Some(stop)) => {
+                s.last = stop;
+                if let Stop::Signal(sig) = stop
+                    && let Err(e) = s.capture(sig)
+                {
+                    return self.fail(&mut s, e, vec![], exiting);
+                }
+            }
+            Ok(None) => {
+                // Seized but not stopped: only the exit of this thread can
+                // detach it now.
+                *exiting = true;
+                return Ok(Outcome::Skipped(SkipReason::StopTimeout { tid }));
+            }
+            Err(e) => return self.fail(&mut s, e, vec![], exiting),
+        }
+        let saved = match ptrace::get_regs(tid) {
+            Ok(r) => r,
+            Err(e) => return self.fail(&mut s, os("PTRACE_GETREGS")(e), vec![], exiting),
+        };
+        // Seccomp once more, now that the thread is stopped: a filter
+        // installed since `status` was read (TSYNC from another thread)
+        // would see our call.
+        let filtered = match ptrace::has_seccomp_filter(tid) {
+            Ok(f) => f == Some(true),
+            Err(e) => {
+                return self.fail(&mut s, os("PTRACE_SECCOMP_GET_FILTER")(e), vec![], exiting);
+            }
+        };
+        let skip = if saved.cs != USER_CS {
+            Some(SkipReason::Not64Bit)
+        } else if filtered {
+            Some(SkipReason::Seccomp { mode: 2 })
+        } else {
+            None
+        };
+        let insn = if skip.is_none() {
+            self.syscall_insn(pid, stat.start_time, &saved)
+        } else {
+            None
+        };
+        let Some(insn) = insn else {
+            let reason = skip.unwrap_or(SkipReason::NoSyscallInstruction);
+            return match s.release() {
+                Ok(_) => Ok(Outcome::Skipped(reason)),
+                Err(e) => self.fail(&mut s, os("PTRACE_DETACH")(e), vec![], exiting),
+            };
+        };
+        s.saved = Some(saved);
+
+        let mut results = Vec::with_capacity(job.calls.len());
+        for call in &job.calls {
+            match s.execute(insn, call, cfg) {
+                Ok(r) => results.push(r),
+                Err(StepError::Aborted) => {
+                    return match s.release() {
+                        Ok(_) => Ok(Outcome::Skipped(SkipReason::SyscallTimeout {
+                            completed: results,
+                        })),
+                        Err(e) => self.fail(&mut s, os("PTRACE_DETACH")(e), results, exiting),
+                    };
+                }
+                Err(e) => return self.fail(&mut s, e, results, exiting),
+            }
+        }
+        let redelivered = match s.release() {
+            Ok(n) => n,
+            Err(e) => return self.fail(&mut s, os("PTRACE_DETACH")(e), results, exiting),
+        };
+        let attached_for = attached_at.elapsed();
+        let vmas_after = match vmas_before {
+            Some(_) => map_count(pid).ok(),
+            None => None,
+        };
+        let interrupted_syscall = ((saved.orig_rax as i64) >= 0).then_some(saved.orig_rax as i64);
+        if let Some(nr) = interrupted_syscall
+            && EINTR_AFTER_STOP.contains(&nr)
+        {
+            self.prone.insert(tid, (stat.start_time, nr));
+        }
+        if self.prone.len() > 65_536 {
+            self.prone.clear();
+        }
+        Ok(Outcome::Done(Injection {
+            results,
+            tid,
+            interrupted_syscall,
+            app_sees_eintr: interrupted_syscall.is_some()
+                && saved.rax as i64 == -(libc::EINTR as i64),
+            signals_redelivered: redelivered,
+            vmas_before,
+            vmas_after,
+            attached_for,
+        }))
+    }
+
+    /// Ends an attach that went wrong: a vanished thread is `Gone`; anything
+    /// else restores the thread and releases it, then reports the error.
+    fn fail(
+        &mut self,
+        s: &mut Session,
+        e: StepError,
+        completed: Vec<i64>,
+        exiting: &mut bool,
+    ) -> Result<Outcome, InjectError> {
+        let pid = s.pid;
+        let what = match e {
+            StepError::Gone => {
+                s.settle_gone();
+                return Ok(Outcome::Gone(Gone {
+                    attached: true,
+                    completed,
+                }));
+            }
+            StepError::Aborted => "the call was abandoned".to_string(),
+            StepError::Unexpected(w) => w,
+            StepError::Os(op, err) => format!("{op} failed: {err}"),
+        };
+        if let Err(err) = s.release() {
+            if err.raw_os_error() == Some(libc_errno::ESRCH) {
+                s.settle_gone();
+                return Ok(Outcome::Gone(Gone {
+                    attached: true,
+                    completed,
+                }));
+            }
+            // Could not release it: exiting this thread detaches it.
+            *exiting = true;
+        }
+        Err(InjectError::Unexpected { pid, what })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The injector
+
+/// The tracer thread and its channels.
+struct Worker {
+    jobs: mpsc::Sender<Job>,
+    replies: mpsc::Receiver<Reply>,
+    handle: std::thread::JoinHandle<()>,
+    /// Its kernel thread id: the tracer of its tracees.
+    tid: u32,
+}
+
+impl Worker {
+    fn spawn() -> io::Result<Worker> {
+        let (jobs, job_rx) = mpsc::channel::<Job>();
+        let (reply_tx, replies) = mpsc::channel::<Reply>();
+        let (tid_tx, tid_rx) = mpsc::channel::<u32>();
+        let handle = std::thread::Builder::new()
+            .name("pagesift-tracer".into())
+            .spawn(move || {
+                let _ = tid_tx.send(rustix::thread::gettid().as_raw_nonzero().get() as u32);
+                // No signal may interrupt (or kill, via a default action)
+                // this thread while a target holds our registers; process
+                // signals go to the daemon's other threads.
+                use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
+                let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&SigSet::all()), None);
+                let mut tracer = Tracer::default();
+                while let Ok(job) = job_rx.recv() {
+                    let reply = tracer.attempt(&job);
+                    let exiting = reply.exiting;
+                    // The caller may have stopped waiting: then just go on.
+                    let _ = reply_tx.send(reply);
+                    if exiting {
+                        break;
+                    }
+                }
+            })?;
+        let tid = tid_rx
+            .recv()
+            .map_err(|_| io::Error::other("the tracer thread did not start"))?;
+        Ok(Worker {
+            jobs,
+            replies,
+            handle,
+            tid,
+        })
+    }
+
+    /// Joins a tracer that announced its exit and waits (bounded) until the
+    /// kernel has released it: only then are its tracees detached (a join
+    /// returns when the thread's stack is free, slightly earlier).
+    fn retire(self) {
+        let _ = self.handle.join();
+        let task = format!("/proc/self/task/{}", self.tid);
+        let deadline = Instant::now() + Duration::from_millis(200);
+        while std::path::Path::new(&task).exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+}
+
+/// Runs syscalls inside other processes (see the module header).
+///
+/// ```no_run
+/// use pagesift_linux::inject::{Advice, Injector, Outcome, Syscall};
+/// let mut inj = Injector::new(Default::default());
+/// let calls = [Syscall::Madvise { addr: 0x7f00_0000_0000, len: 1 << 20, advice: Advice::Mergeable }];
+/// match inj.run(1234, &calls)? {
+///     Outcome::Done(i) => println!("results {:?}", i.results),
+///     Outcome::Skipped(why) => println!("skipped: {why}"),
+///     Outcome::Gone(_) => println!("exited"),
+/// }
+/// # Ok::<(), pagesift_linux::inject::InjectError>(())
+/// ```
+pub struct Injector {
+    config: InjectConfig,
+    worker: Option<Worker>,
+    stats: InjectStats,
+}
+
+impl fmt::Debug for Injector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Injector")
+            .field("config", &self.config)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl Injector {
+    /// An injector; its tracer thread starts on first use.
+    pub fn new(config: InjectConfig) -> Injector {
+        Injector {
+            config,
+            worker: None,
+            stats: InjectStats::default(),
+        }
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &InjectConfig {
+        &self.config
+    }
+
+    /// Counters since it was made.
+    pub fn stats(&self) -> &InjectStats {
+        &self.stats
+    }
+
+    /// Runs `calls` in process `pid`, in order, in one attach, from a thread
+    /// chosen as the module header describes.
+    pub fn run(&mut self, pid: u32, calls: &[Syscall]) -> Result<Outcome, InjectError> {
+        self.submit(pid, None, calls)
+    }
+
+    /// Like [`run`](Self::run), but stops thread `tid` of `pid` whatever its
+    /// state (the caller takes the EINTR and `D`-state risks).
+    pub fn run_on_thread(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        calls: &[Syscall],
+    ) -> Result<Outcome, InjectError> {
+        self.submit(pid, Some(tid), calls)
+    }
+
+    fn submit(
+        &mut self,
+        pid: u32,
+        tid: Option<u32>,
+        calls: &[Syscall],
+    ) -> Result<Outcome, InjectError> {
+        if !cfg!(target_arch = "x86_64") {
+            return Err(InjectError::Unsupported);
+        }
+        for (index, c) in calls.iter().enumerate() {
+            c.validate()
+                .map_err(|reason| InjectError::InvalidCall { index, reason })?;
+        }
+        if pid == crate::own_pid() {
+            return Ok(self.count(Outcome::Skipped(SkipReason::OwnProcess)));
+        }
+        if calls.is_empty() {
+            return Ok(Outcome::Done(Injection {
+                results: vec![],
+                tid: 0,
+                interrupted_syscall: None,
+                app_sees_eintr: false,
+                signals_redelivered: 0,
+                vmas_before: None,
+                vmas_after: None,
+                attached_for: Duration::ZERO,
+            }));
+        }
+        let worker = match &mut self.worker {
+            Some(w) => w,
+            None => self.worker.insert(
+                Worker::spawn().map_err(|e| LinuxError::io("starting the tracer thread", e))?,
+            ),
+        };
+        let job = Job {
+            pid,
+            tid,
+            calls: calls.to_vec(),
+            config: self.config,
+        };
+        if worker.jobs.send(job).is_err() {
+            self.worker = None;
+            return Err(InjectError::Unexpected {
+                pid,
+                what: "the tracer thread has died".into(),
+            });
+        }
+        // The tracer's own bounds plus slack: the stop, then each call.
+        let bound = self.config.stop_timeout * 2
+            + self.config.syscall_timeout * (calls.len() as u32 + 1)
+            + Duration::from_secs(1);
+        match worker.replies.recv_timeout(bound) {
+            Ok(reply) => {
+                if reply.exiting {
+                    self.worker.take().expect("present").retire();
+                }
+                reply.result.map(|o| self.count(o))
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // Leave it to finish in the background; start afresh.
+                self.worker = None;
+                self.stats.stuck += 1;
+                Err(InjectError::Stuck { pid, waited: bound })
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                self.worker = None;
+                Err(InjectError::Unexpected {
+                    pid,
+                    what: "the tracer thread has died".into(),
+                })
+            }
+        }
+    }
+
+    fn count(&mut self, o: Outcome) -> Outcome {
+        let s = &mut self.stats;
+        match &o {
+            Outcome::Done(i) => {
+                s.done += 1;
+                s.syscalls += i.results.len() as u64;
+                s.signals_redelivered += i.signals_redelivered as u64;
+                s.eintr_caused += i.app_sees_eintr as u64;
+                s.vma_delta += i.vma_delta().unwrap_or(0);
+            }
+            Outcome::Skipped(SkipReason::SyscallTimeout { completed }) => {
+                s.skipped += 1;
+                s.syscalls += completed.len() as u64;
+            }
+            Outcome::Skipped(_) => s.skipped += 1,
+            Outcome::Gone(g) => {
+                s.gone += 1;
+                s.gone_attached += g.attached as u64;
+                s.syscalls += g.completed.len() as u64;
+            }
+        }
+        o
+    }
+}
+
+impl Drop for Injector {
+    fn drop(&mut self) {
+        if let Some(w) = self.worker.take() {
+            drop(w.jobs);
+            // The tracer is idle (every run waited for its reply), so it
+            // exits at once.
+            let _ = w.handle.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_encode_as_the_kernel_expects() {
+        let m = Syscall::Madvise {
+            addr: 0x1000,
+            len: 0x2000,
+            advice: Advice::Mergeable,
+        };
+        assert_eq!(m.number_and_args(), (28, [0x1000, 0x2000, 12, 0, 0, 0]));
+        let u = Syscall::Madvise {
+            addr: 0x1000,
+            len: 0x2000,
+            advice: Advice::Unmergeable,
+        };
+        assert_eq!(u.number_and_args().1[2], 13);
+        assert_eq!(
+            Syscall::SetMemoryMerge(true).number_and_args(),
+            (157, [67, 1, 0, 0, 0, 0])
+        );
+        assert_eq!(Syscall::GetMemoryMerge.number_and_args().1[0], 68);
+        assert_eq!(Syscall::Getpid.number_and_args().0, 39);
+        // The numbers agree with libc's table for this target.
+        assert_eq!(nr::MADVISE, libc::SYS_madvise);
+        assert_eq!(nr::PRCTL, libc::SYS_prctl);
+        assert_eq!(nr::EPOLL_WAIT, libc::SYS_epoll_wait);
+        assert_eq!(nr::CLOCK_NANOSLEEP, libc::SYS_clock_nanosleep);
+        assert_eq!(nr::FUTEX_WAITV, libc::SYS_futex_waitv);
+        assert_eq!(MADV_MERGEABLE, libc::MADV_MERGEABLE as u64);
+        assert!(m.may_split() && !Syscall::SetMemoryMerge(true).may_split());
+    }
+
+    #[test]
+    fn bad_ranges_are_refused() {
+        let mk = |addr, len| Syscall::Madvise {
+            addr,
+            len,
+            advice: Advice::Mergeable,
+        };
+        assert!(mk(0x1000, 0x1000).validate().is_ok());
+        assert!(mk(0x1001, 0x1000).validate().is_err());
+        assert!(mk(0x1000, 0x10).validate().is_err());
+        assert!(mk(0x1000, 0).validate().is_err());
+        assert!(mk(u64::MAX - 0xfff, 0x2000).validate().is_err());
+        let mut inj = Injector::new(InjectConfig::default());
+        let err = inj.run(1, &[Syscall::Getpid, mk(3, 4096)]).unwrap_err();
+        assert!(
+            matches!(err, InjectError::InvalidCall { index: 1, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn own_process_is_skipped() {
+        let mut inj = Injector::new(InjectConfig::default());
+        let o = inj.run(std::process::id(), &[Syscall::Getpid]).unwrap();
+        assert_eq!(o, Outcome::Skipped(SkipReason::OwnProcess));
+        assert_eq!(inj.stats().skipped, 1);
+    }
+
+    #[test]
+    fn restart_codes() {
+        for r in [-512, -513, -514, -516] {
+            assert!(is_restart(r));
+        }
+        for r in [0, 1, -4, -515, 512] {
+            assert!(!is_restart(r));
+        }
+    }
+
+    #[test]
+    fn stat_and_status_parse() {
+        let stat = b"42 (a (weird) name) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 3 0 987654 1000 100";
+        let st = parse_stat(stat).unwrap();
+        assert_eq!(
+            st,
+            ProcStat {
+                state: 'S',
+                ppid: 1,
+                kthread: false,
+                threads: 3,
+                start_time: 987654
+            }
+        );
+        assert_eq!(st.skip_reason(), None);
+        let kstat = b"2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0";
+        assert_eq!(
+            parse_stat(kstat).unwrap().skip_reason(),
+            Some(SkipReason::KernelThread)
+        );
+        let zstat = String::from_utf8_lossy(stat).replace(") S ", ") Z ");
+        assert_eq!(
+            parse_stat(zstat.as_bytes()).unwrap().skip_reason(),
+            Some(SkipReason::Zombie)
+        );
+        // A command that is not UTF-8 does not matter.
+        let mut odd = b"7 (\xff\xfe) R 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 55 0 0".to_vec();
+        odd[3] = 0xff;
+        assert_eq!(parse_stat(&odd).map(|s| s.start_time), Some(55));
+        assert_eq!(parse_stat(b"garbage"), None);
+
+        let status = "Name:\tx\nState:\tS (sleeping)\nTgid:\t42\nPid:\t43\nPPid:\t1\nTracerPid:\t0\nSeccomp:\t2\nSeccomp_filters:\t1\n";
+        let t = ThreadStatus::parse(status).unwrap();
+        assert_eq!((t.tgid, t.tracer, t.seccomp), (42, 0, 2));
+        assert_eq!(t.skip_reason(), Some(SkipReason::Seccomp { mode: 2 }));
+        let traced = status.replace("TracerPid:\t0", "TracerPid:\t77");
+        assert_eq!(
+            ThreadStatus::parse(&traced).unwrap().skip_reason(),
+            Some(SkipReason::Traced { tracer: 77 })
+        );
+        let plain = status.replace("Seccomp:\t2", "Seccomp:\t0");
+        assert_eq!(ThreadStatus::parse(&plain).unwrap().skip_reason(), None);
+    }
+
+    #[test]
+    fn cgroup2_mount_is_found() {
+        let hybrid = "25 30 0:23 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs rw,mode=755
+26 25 0:24 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+27 25 0:25 / /sys/fs/cgroup/unified rw,relatime shared:9 - cgroup2 cgroup2 rw
+";
+        assert_eq!(
+            parse_cgroup2_root(hybrid).as_deref(),
+            Some("/sys/fs/cgroup/unified")
+        );
+        let pure = "30 1 0:26 / /sys/fs/cgroup rw,nosuid,nodev - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert_eq!(parse_cgroup2_root(pure).as_deref(), Some("/sys/fs/cgroup"));
+        assert_eq!(
+            parse_cgroup2_root("1 0 0:1 / / rw - ext4 /dev/vda rw\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn syscall_file_parses() {
+        assert_eq!(parse_syscall_file("running\n"), None);
+        assert_eq!(
+            parse_syscall_file("-1 0x7ffd5f0 0x7f00\n"),
+            Some((-1, 0x7ffd5f0))
+        );
+        assert_eq!(
+            parse_syscall_file("0 0x3 0x7f0000 0x8 0x0 0x0 0x0 0x7ffd 0x7f01\n"),
+            Some((0, 3))
+        );
+        assert_eq!(
+            parse_syscall_file("232 0x4 0x7ffd 0x1 0x14 0x0 0x0 0x7ffd 0x7f01\n").map(|x| x.0),
+            Some(232)
+        );
+    }
+
+    #[test]
+    fn threads_rank_by_restart_behaviour() {
+        assert_eq!(rank_syscall(nr::FUTEX, false), ThreadRank::Quiet);
+        assert_eq!(rank_syscall(nr::CLOCK_NANOSLEEP, false), ThreadRank::Quiet);
+        assert_eq!(rank_syscall(nr::READ, false), ThreadRank::Quiet);
+        assert_eq!(rank_syscall(nr::READ, true), ThreadRank::Unknown);
+        assert_eq!(rank_syscall(nr::EPOLL_WAIT, false), ThreadRank::EintrRisk);
+        assert_eq!(
+            rank_syscall(nr::RT_SIGTIMEDWAIT, false),
+            ThreadRank::EintrRisk
+        );
+        assert_eq!(rank_syscall(45, false), ThreadRank::Unknown); // recvfrom
+        assert!(ThreadRank::Quiet < ThreadRank::Running);
+        assert!(ThreadRank::Running < ThreadRank::Unknown);
+        assert!(ThreadRank::Unknown < ThreadRank::EintrRisk);
+    }
+
+    #[test]
+    fn syscall_instruction_is_found() {
+        assert_eq!(find_syscall_insn(&[0x90, 0x0f, 0x05, 0xc3]), Some(1));
+        assert_eq!(find_syscall_insn(&[0x0f, 0x0f, 0x0f]), None);
+        assert_eq!(find_syscall_insn(&[]), None);
+    }
+
+    #[test]
+    fn map_budget_stops_at_the_fraction() {
+        assert!(map_budget(100, 10, 65530, 0.5).is_ok());
+        assert!(map_budget(32_745, 10, 65530, 0.5).is_ok()); // 32765 = floor(0.5 × 65530)
+        assert_eq!(
+            map_budget(32_746, 10, 65530, 0.5),
+            Err(SkipReason::MapCountNearLimit {
+                count: 32_746,
+                projected: 32_766,
+                limit: 65530
+            })
+        );
+        assert!(map_budget(10, 0, 20, 0.5).is_ok());
+        assert!(map_budget(11, 0, 20, 0.5).is_err());
+    }
+
+    #[test]
+    fn own_vmas_are_counted_and_the_limit_read() {
+        // Our own maps: a count readable through the same path.
+        let n = std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .count() as u64;
+        assert!(n > 5);
+        let limit = max_map_count().unwrap();
+        assert!(limit > n, "vm.max_map_count {limit}");
+    }
+}

@@ -1,0 +1,901 @@
+//! Live tests of remote syscall injection: real target processes
+//! (`examples/inject_target.rs`), real ptrace, real `madvise`/`prctl`.
+//!
+//! Every test checks that its target was not harmed: the target checksums
+//! its own memory before and after and checks every syscall it makes (no
+//! EINTR, no early return, no lost data), reports on its stdout pipe, and
+//! must exit by itself with status 0. Each target is killed by a guard if
+//! the test fails. Nothing here touches `/sys/kernel/mm/ksm`: marking a
+//! range mergeable only sets `VM_MERGEABLE` (`mg`), and ksmd merges nothing
+//! unless `run = 1`, which these tests leave as they find it.
+//!
+//! Root is needed (ptrace of other processes, /proc/PID/syscall). The
+//! tests run one at a time (a lock), so that timing-sensitive checks of
+//! the targets do not compete for the machine's two cores.
+
+use pagesift_linux::discover;
+use pagesift_linux::inject::{
+    Advice, InjectConfig, Injector, Outcome, SkipReason, Syscall, ThreadRank, choose_thread,
+};
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "the injection tests need root (ptrace of other processes)"
+    );
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The target binary, built on first use with the test's profile.
+fn target_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("current_exe");
+        let dir = exe
+            .parent()
+            .and_then(|d| d.parent())
+            .expect("test binary lives in target/<profile>/deps")
+            .to_path_buf();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
+        let mut cmd = Command::new(cargo);
+        cmd.args([
+            "build",
+            "--quiet",
+            "-p",
+            "pagesift-linux",
+            "--example",
+            "inject_target",
+        ]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        assert!(
+            cmd.status().expect("cargo build").success(),
+            "building inject_target failed"
+        );
+        let bin = dir.join("examples").join("inject_target");
+        assert!(bin.exists(), "{} missing after build", bin.display());
+        bin
+    })
+    .clone()
+}
+
+/// A running target; SIGKILLed and reaped on drop.
+struct Target {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<Value>,
+    ready: Value,
+}
+
+impl Target {
+    fn start(mode: &str, args: &[&str]) -> Target {
+        let mut child = Command::new(target_bin())
+            .arg(mode)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawning inject_target");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let Ok(line) = line else { break };
+                match serde_json::from_str(&line) {
+                    Ok(v) => {
+                        if tx.send(v).is_err() {
+                            break;
+                        }
+                    }
+                    Err(_) => eprintln!("target said: {line}"),
+                }
+            }
+        });
+        let mut t = Target {
+            child,
+            stdin,
+            lines,
+            ready: Value::Null,
+        };
+        t.ready = t
+            .line(Duration::from_secs(10))
+            .expect("target's ready line");
+        t
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn addr(&self) -> u64 {
+        self.ready["addr"].as_u64().unwrap()
+    }
+
+    fn len(&self) -> u64 {
+        self.ready["len"].as_u64().unwrap()
+    }
+
+    fn tid(&self, name: &str) -> u32 {
+        self.ready["tids"][name].as_u64().unwrap() as u32
+    }
+
+    fn line(&self, timeout: Duration) -> Option<Value> {
+        match self.lines.recv_timeout(timeout) {
+            Ok(v) => Some(v),
+            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => None,
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        let s = self.stdin.as_mut().expect("stdin open");
+        s.write_all(bytes).unwrap();
+        s.flush().unwrap();
+    }
+
+    /// Closes stdin, reads the final report and the exit status, and checks
+    /// that the target was not harmed: no failed self-check, the same
+    /// checksum, a clean exit. Returns the report.
+    fn finish(mut self) -> Value {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let report = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let v = self.line(left).expect("the target's final report");
+            if v["final"] == true {
+                break v;
+            }
+        };
+        let status = self.child.wait().expect("wait for target");
+        assert!(status.success(), "target exited with {status}");
+        assert_eq!(
+            report["errors"],
+            serde_json::json!([]),
+            "the target saw errors"
+        );
+        assert_eq!(
+            report["checksum"], self.ready["checksum"],
+            "the target's memory changed"
+        );
+        report
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `VmFlags` `mg` of the VMA containing `addr`, and how many VMAs
+/// `[addr, addr + len)` spans.
+fn vma_state(pid: u32, addr: u64, len: u64) -> (bool, usize) {
+    let r = discover::process_regions(pid).expect("smaps");
+    let at = r
+        .eligible
+        .iter()
+        .find(|v| v.start <= addr && addr < v.end)
+        .expect("the target's region");
+    let spans = r
+        .eligible
+        .iter()
+        .filter(|v| v.start < addr + len && addr < v.end)
+        .count();
+    (at.mergeable, spans)
+}
+
+fn mergeable(pid: u32, addr: u64) -> bool {
+    vma_state(pid, addr, 1).0
+}
+
+fn proc_state(pid: u32) -> char {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    s[s.rfind(')').unwrap() + 2..].chars().next().unwrap()
+}
+
+fn tracer_pid(pid: u32) -> u32 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    s.lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn madvise(t: &Target, advice: Advice) -> Syscall {
+    Syscall::Madvise {
+        addr: t.addr(),
+        len: t.len(),
+        advice,
+    }
+}
+
+fn done(o: Outcome) -> pagesift_linux::inject::Injection {
+    match o {
+        Outcome::Done(i) => i,
+        other => panic!("expected Done, got {other:?}"),
+    }
+}
+
+/// Injects in a loop for `dur`, alternating MERGEABLE/UNMERGEABLE on the
+/// target's region plus a getpid; checks every batch ran fully and
+/// correctly. Returns the injections.
+fn hammer(inj: &mut Injector, t: &Target, dur: Duration) -> Vec<pagesift_linux::inject::Injection> {
+    let pid = t.pid();
+    let mut out = Vec::new();
+    let end = Instant::now() + dur;
+    let mut k = 0;
+    while Instant::now() < end {
+        let advice = if k % 2 == 0 {
+            Advice::Mergeable
+        } else {
+            Advice::Unmergeable
+        };
+        let i = done(
+            inj.run(pid, &[madvise(t, advice), Syscall::Getpid])
+                .unwrap(),
+        );
+        assert_eq!(i.results, vec![0, pid as i64], "batch {k}");
+        out.push(i);
+        k += 1;
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    out
+}
+
+#[test]
+fn madvise_sets_and_clears_mg() {
+    let _g = serial();
+    let t = Target::start("sleep", &[]);
+    let mut inj = Injector::new(InjectConfig::default());
+    assert!(!mergeable(t.pid(), t.addr()));
+    let i = done(inj.run(t.pid(), &[madvise(&t, Advice::Mergeable)]).unwrap());
+    assert_eq!(i.results, vec![0]);
+    assert!(mergeable(t.pid(), t.addr()), "mg set by MADV_MERGEABLE");
+    // Whole-VMA advice splits nothing.
+    assert_eq!(i.vma_delta(), Some(0));
+    let i = done(
+        inj.run(t.pid(), &[madvise(&t, Advice::Unmergeable)])
+            .unwrap(),
+    );
+    assert_eq!(i.results, vec![0]);
+    assert!(
+        !mergeable(t.pid(), t.addr()),
+        "mg cleared by MADV_UNMERGEABLE"
+    );
+    // A bad range is the target's error, returned as -errno, harmlessly.
+    let hole = Syscall::Madvise {
+        addr: 0x1000,
+        len: 0x1000,
+        advice: Advice::Mergeable,
+    };
+    let i = done(inj.run(t.pid(), &[hole, Syscall::Getpid]).unwrap());
+    assert_eq!(i.results, vec![-(libc::ENOMEM as i64), t.pid() as i64]);
+    t.finish();
+}
+
+#[test]
+fn sub_range_splits_are_counted_and_capped() {
+    let _g = serial();
+    let t = Target::start("sleep", &[]);
+    let mut inj = Injector::new(InjectConfig::default());
+    let third = t.len() / 3 / 4096 * 4096;
+    let middle = |advice| Syscall::Madvise {
+        addr: t.addr() + third,
+        len: third,
+        advice,
+    };
+    assert_eq!(vma_state(t.pid(), t.addr(), t.len()).1, 1);
+    let i = done(inj.run(t.pid(), &[middle(Advice::Mergeable)]).unwrap());
+    assert_eq!(i.results, vec![0]);
+    assert_eq!(i.vma_delta(), Some(2), "one VMA split in three");
+    assert_eq!(vma_state(t.pid(), t.addr(), t.len()).1, 3);
+    assert!(!mergeable(t.pid(), t.addr()));
+    assert!(mergeable(t.pid(), t.addr() + third));
+    assert!(!mergeable(t.pid(), t.addr() + 2 * third));
+    let i = done(inj.run(t.pid(), &[middle(Advice::Unmergeable)]).unwrap());
+    assert_eq!(i.vma_delta(), Some(-2), "the three merge back");
+    assert_eq!(inj.stats().vma_delta, 0);
+
+    // A budget the process is already past: refused, nothing changed.
+    let vmas = pagesift_linux::inject::map_count(t.pid()).unwrap();
+    let limit = pagesift_linux::inject::max_map_count().unwrap();
+    let mut tight = Injector::new(InjectConfig {
+        max_map_fraction: vmas as f64 / limit as f64,
+        ..InjectConfig::default()
+    });
+    match tight.run(t.pid(), &[middle(Advice::Mergeable)]).unwrap() {
+        Outcome::Skipped(SkipReason::MapCountNearLimit {
+            count, projected, ..
+        }) => {
+            assert_eq!(count, vmas);
+            assert_eq!(projected, vmas + 2);
+        }
+        other => panic!("expected MapCountNearLimit, got {other:?}"),
+    }
+    assert_eq!(vma_state(t.pid(), t.addr(), t.len()), (false, 1));
+    // The default budget is half of vm.max_map_count.
+    assert!(pagesift_linux::inject::map_budget(limit / 2 - 2, 1, limit, 0.5).is_ok());
+    assert!(pagesift_linux::inject::map_budget(limit / 2 - 1, 1, limit, 0.5).is_err());
+    t.finish();
+}
+
+#[test]
+fn prctl_memory_merge_covers_every_vma() {
+    let _g = serial();
+    let t = Target::start("sleep", &[]);
+    let mut inj = Injector::new(InjectConfig::default());
+    let i = done(
+        inj.run(
+            t.pid(),
+            &[
+                Syscall::GetMemoryMerge,
+                Syscall::SetMemoryMerge(true),
+                Syscall::GetMemoryMerge,
+            ],
+        )
+        .unwrap(),
+    );
+    assert_eq!(i.results, vec![0, 0, 1]);
+    assert!(mergeable(t.pid(), t.addr()));
+    let ksm = std::fs::read_to_string(format!("/proc/{}/ksm_stat", t.pid())).unwrap();
+    assert!(ksm.contains("ksm_merge_any: yes"), "{ksm}");
+    let i = done(inj.run(t.pid(), &[Syscall::SetMemoryMerge(false)]).unwrap());
+    assert_eq!(i.results, vec![0]);
+    assert!(!mergeable(t.pid(), t.addr()));
+    t.finish();
+}
+
+#[test]
+fn nanosleep_target_sees_no_error() {
+    let _g = serial();
+    let t = Target::start("sleep", &["--ms", "20"]);
+    let mut inj = Injector::new(InjectConfig::default());
+    let runs = hammer(&mut inj, &t, Duration::from_millis(1200));
+    // The thread was caught inside its sleep (nanosleep, clock_nanosleep or
+    // restart_syscall), which the kernel must resume transparently.
+    let in_sleep = runs
+        .iter()
+        .filter(|i| matches!(i.interrupted_syscall, Some(35 | 230 | 219)))
+        .count();
+    assert!(
+        in_sleep > runs.len() / 2,
+        "{in_sleep} of {} in a sleep",
+        runs.len()
+    );
+    assert!(runs.iter().all(|i| !i.app_sees_eintr));
+    let report = t.finish();
+    // 1.2 s of 20 ms sleeps, every one complete.
+    assert!(report["iterations"].as_u64().unwrap() >= 40, "{report}");
+    eprintln!("nanosleep: {} injections, {report}", runs.len());
+}
+
+#[test]
+fn read_target_sees_no_error() {
+    let _g = serial();
+    let mut t = Target::start("read", &[]);
+    let pid = t.pid();
+    let mut inj = Injector::new(InjectConfig::default());
+    let mut runs = Vec::new();
+    let mut sent = 0u64;
+    let end = Instant::now() + Duration::from_millis(1200);
+    while Instant::now() < end {
+        t.send(&sent.to_le_bytes());
+        sent += 1;
+        runs.extend(hammer(&mut inj, &t, Duration::from_millis(2)));
+    }
+    let in_read = runs
+        .iter()
+        .filter(|i| i.interrupted_syscall == Some(0))
+        .count();
+    assert!(
+        in_read > runs.len() / 2,
+        "{in_read} of {} in read",
+        runs.len()
+    );
+    let report = t.finish();
+    assert_eq!(
+        report["iterations"].as_u64(),
+        Some(sent),
+        "every record read once"
+    );
+    eprintln!("read: {} injections into {pid}, {sent} records", runs.len());
+}
+
+#[test]
+fn futex_target_sees_no_error() {
+    let _g = serial();
+    let t = Target::start("futex", &["--ms", "20"]);
+    let mut inj = Injector::new(InjectConfig::default());
+    let runs = hammer(&mut inj, &t, Duration::from_millis(1200));
+    let in_futex = runs
+        .iter()
+        .filter(|i| matches!(i.interrupted_syscall, Some(202 | 219)))
+        .count();
+    assert!(in_futex > runs.len() / 2, "{in_futex} of {}", runs.len());
+    let report = t.finish();
+    assert!(report["iterations"].as_u64().unwrap() >= 40, "{report}");
+}
+
+#[test]
+fn multi_threaded_target_keeps_running() {
+    let _g = serial();
+    let mut t = Target::start("threads", &[]);
+    let pid = t.pid();
+    let mut inj = Injector::new(InjectConfig::default());
+    let progress = |t: &mut Target| {
+        t.send(b"progress\n");
+        t.line(Duration::from_secs(5)).expect("progress")
+    };
+    let before = progress(&mut t);
+    // A quiet thread is chosen (main in read, sleep or futex), never the
+    // epoll one.
+    for _ in 0..50 {
+        let c = choose_thread(pid, false).unwrap();
+        assert_eq!(c.rank, ThreadRank::Quiet);
+        assert_ne!(c.tid, t.tid("epoll"));
+    }
+    let mut runs = hammer(&mut inj, &t, Duration::from_millis(500));
+    // Every thread but the epoll one, forced: the spinning one (stopped by
+    // an IPI), the sleeping and the futex-waiting ones.
+    for name in ["spin", "sleep", "futex", "main"] {
+        let tid = t.tid(name);
+        for _ in 0..30 {
+            let i = done(
+                inj.run_on_thread(pid, tid, &[madvise(&t, Advice::Mergeable), Syscall::Getpid])
+                    .unwrap(),
+            );
+            assert_eq!(i.tid, tid);
+            assert_eq!(i.results, vec![0, pid as i64]);
+            runs.push(i);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let after = progress(&mut t);
+    for k in ["spin", "sleep", "futex", "epoll"] {
+        assert!(
+            after[k].as_u64() > before[k].as_u64(),
+            "thread {k} made no progress: {before} -> {after}"
+        );
+    }
+    assert_eq!(after["errors"], serde_json::json!([]));
+    assert_eq!(inj.stats().eintr_caused, 0);
+    t.finish();
+    eprintln!("threads: {} injections", runs.len());
+}
+
+#[test]
+fn epoll_only_target_is_skipped_unless_allowed() {
+    let _g = serial();
+    let t = Target::start("epoll", &["--ms", "20"]);
+    let pid = t.pid();
+    let mut inj = Injector::new(InjectConfig::default());
+    std::thread::sleep(Duration::from_millis(30));
+    for _ in 0..20 {
+        match inj.run(pid, &[Syscall::Getpid]).unwrap() {
+            Outcome::Skipped(SkipReason::EintrRisk { tid, syscall }) => {
+                assert_eq!(tid, pid);
+                // epoll_wait or epoll_pwait, whichever the target uses.
+                assert!(matches!(syscall, 232 | 281 | 441), "{syscall}");
+            }
+            other => panic!("expected EintrRisk, got {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    // Allowed: it works, and the injector reports exactly the EINTRs the
+    // target saw.
+    let mut risky = Injector::new(InjectConfig {
+        allow_eintr_risk: true,
+        ..InjectConfig::default()
+    });
+    let mut flagged = 0;
+    for _ in 0..20 {
+        let i = done(risky.run(pid, &[Syscall::Getpid]).unwrap());
+        flagged += i.app_sees_eintr as u64;
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    drop(t.stdin_close_and_report(flagged));
+}
+
+impl Target {
+    /// For the epoll test: the target counts its EINTRs as errors, so check
+    /// the count instead of an empty error list.
+    fn stdin_close_and_report(mut self, flagged: u64) -> Value {
+        drop(self.stdin.take());
+        let report = loop {
+            let v = self.line(Duration::from_secs(10)).expect("final report");
+            if v["final"] == true {
+                break v;
+            }
+        };
+        assert!(self.child.wait().unwrap().success());
+        assert_eq!(report["checksum"], self.ready["checksum"]);
+        let eintr = report["eintr"].as_u64().unwrap_or(0);
+        assert!(flagged > 0, "some stops caught epoll_wait");
+        assert_eq!(eintr, flagged, "EINTRs seen by the target: {report}");
+        let errors = report["errors"].as_array().unwrap();
+        assert!(errors.iter().all(|e| e == "epoll_wait: EINTR"), "{report}");
+        report
+    }
+}
+
+#[test]
+fn exit_mid_injection_is_gone_not_an_error() {
+    let _g = serial();
+    let mut inj = Injector::new(InjectConfig::default());
+    let mut attached_gone = 0;
+    for round in 0..6u64 {
+        let ms = (150 + 23 * round).to_string();
+        let t = Target::start("exit-after", &["--ms", &ms, "--mib", "64"]);
+        let pid = t.pid();
+        // Unmerging a resident 64 MiB walks every page (about 3 ms), so
+        // the batch is long and the exit lands inside an attach.
+        let batch = [
+            madvise(&t, Advice::Mergeable),
+            madvise(&t, Advice::Unmergeable),
+            madvise(&t, Advice::Mergeable),
+            madvise(&t, Advice::Unmergeable),
+        ];
+        let start = Instant::now();
+        let gone = loop {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "target never went"
+            );
+            match inj.run(pid, &batch) {
+                Ok(Outcome::Done(i)) => assert_eq!(i.results, vec![0; 4]),
+                Ok(Outcome::Gone(g)) => break g,
+                other => panic!("round {round}: unexpected {other:?}"),
+            }
+        };
+        attached_gone += gone.attached as u32;
+        assert!(gone.completed.iter().all(|&r| r == 0));
+        // It exited by itself: its timer thread said goodbye, no errors.
+        let bye = t
+            .line(Duration::from_secs(5))
+            .expect("the target's goodbye");
+        assert_eq!(bye["bye"], true);
+        assert_eq!(bye["errors"], serde_json::json!([]));
+        drop(t);
+        // Gone stays gone.
+        assert!(matches!(
+            inj.run(pid, &[Syscall::Getpid]).unwrap(),
+            Outcome::Gone(_)
+        ));
+    }
+    assert!(attached_gone >= 1, "no exit landed inside an attach");
+    eprintln!(
+        "exit: {attached_gone} of 6 exits landed inside an attach; {:?}",
+        inj.stats()
+    );
+    // The injector is unharmed.
+    let t = Target::start("sleep", &[]);
+    assert_eq!(
+        done(inj.run(t.pid(), &[Syscall::Getpid]).unwrap()).results,
+        vec![t.pid() as i64]
+    );
+    t.finish();
+}
+
+#[test]
+fn seccomp_target_is_skipped_not_killed() {
+    let _g = serial();
+    let t = Target::start("seccomp", &[]);
+    let mut inj = Injector::new(InjectConfig::default());
+    assert_eq!(
+        inj.run(t.pid(), &[madvise(&t, Advice::Mergeable)]).unwrap(),
+        Outcome::Skipped(SkipReason::Seccomp { mode: 2 })
+    );
+    assert!(!mergeable(t.pid(), t.addr()));
+    // Alive, unharmed, and exits by itself (a SIGSYS kill would fail this).
+    t.finish();
+}
+
+#[test]
+fn traced_target_is_skipped() {
+    let _g = serial();
+    let t = Target::start("sleep", &[]);
+    let pid = t.pid();
+    // Another tracer (a thread of this test) seizes it without stopping it;
+    // when that thread exits the kernel detaches it.
+    let (seized_tx, seized_rx) = channel();
+    let (release_tx, release_rx) = channel::<()>();
+    let tracer = std::thread::spawn(move || {
+        pagesift_linux::ptrace::seize(pid).unwrap();
+        seized_tx
+            .send(rustix::thread::gettid().as_raw_nonzero().get() as u32)
+            .unwrap();
+        let _ = release_rx.recv();
+    });
+    let tracer_tid = seized_rx.recv().unwrap();
+    let mut inj = Injector::new(InjectConfig::default());
+    assert_eq!(
+        inj.run(pid, &[madvise(&t, Advice::Mergeable)]).unwrap(),
+        Outcome::Skipped(SkipReason::Traced { tracer: tracer_tid })
+    );
+    assert!(!mergeable(pid, t.addr()));
+    release_tx.send(()).unwrap();
+    tracer.join().unwrap();
+    wait_for("the other tracer to go", Duration::from_secs(2), || {
+        tracer_pid(pid) == 0
+    });
+    assert_eq!(
+        done(inj.run(pid, &[madvise(&t, Advice::Mergeable)]).unwrap()).results,
+        vec![0]
+    );
+    t.finish();
+}
+
+#[test]
+fn group_stopped_target_stays_stopped() {
+    let _g = serial();
+    let t = Target::start("sleep", &["--ms", "5"]);
+    let pid = t.pid();
+    let stop = |sig| {
+        rustix::process::kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap(), sig)
+            .unwrap()
+    };
+    stop(rustix::process::Signal::STOP);
+    wait_for("the group stop", Duration::from_secs(2), || {
+        proc_state(pid) == 'T'
+    });
+    let mut inj = Injector::new(InjectConfig::default());
+    for _ in 0..10 {
+        let i = done(
+            inj.run(pid, &[madvise(&t, Advice::Mergeable), Syscall::Getpid])
+                .unwrap(),
+        );
+        assert_eq!(i.results, vec![0, pid as i64]);
+        assert_eq!(i.signals_redelivered, 0);
+    }
+    assert!(mergeable(pid, t.addr()));
+    // Still stopped after the detaches.
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(10));
+        assert_eq!(proc_state(pid), 'T');
+    }
+    stop(rustix::process::Signal::CONT);
+    wait_for("the target to run", Duration::from_secs(2), || {
+        proc_state(pid) != 'T'
+    });
+    t.finish();
+}
+
+#[test]
+fn a_thread_that_does_not_stop_is_released() {
+    let _g = serial();
+    let dir = std::env::temp_dir().join(format!("pagesift-inject-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("fifo");
+    let _ = std::fs::remove_file(&fifo);
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let t = Target::start("spawn-blocked", &["--fifo", fifo.to_str().unwrap()]);
+    let pid = t.pid();
+    // posix_spawn (a vfork) waits uninterruptibly for the child, whose
+    // open() of the FIFO blocks until we open it for writing.
+    wait_for("the vfork wait", Duration::from_secs(5), || {
+        proc_state(pid) == 'D'
+    });
+    let mut inj = Injector::new(InjectConfig {
+        stop_timeout: Duration::from_millis(200),
+        ..InjectConfig::default()
+    });
+    // Its only thread is in D: not chosen.
+    assert_eq!(
+        inj.run(pid, &[Syscall::Getpid]).unwrap(),
+        Outcome::Skipped(SkipReason::NoStoppableThread)
+    );
+    // Forced: it does not stop in time; the tracer gives it up.
+    let t0 = Instant::now();
+    assert_eq!(
+        inj.run_on_thread(pid, pid, &[madvise(&t, Advice::Mergeable)])
+            .unwrap(),
+        Outcome::Skipped(SkipReason::StopTimeout { tid: pid })
+    );
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert_eq!(tracer_pid(pid), 0, "released at once");
+    // Let it go: it leaves D and must not stop for a tracer that left.
+    let w = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    drop(w);
+    wait_for("the target to leave D", Duration::from_secs(5), || {
+        proc_state(pid) == 'S'
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert_ne!(proc_state(pid), 't', "no stale trap stop");
+    assert!(!mergeable(pid, t.addr()), "the abandoned call never ran");
+    // A fresh tracer works.
+    assert_eq!(
+        done(inj.run(pid, &[madvise(&t, Advice::Mergeable)]).unwrap()).results,
+        vec![0]
+    );
+    t.finish();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn signals_during_injection_are_delivered_once_with_their_siginfo() {
+    let _g = serial();
+    let t = Target::start("signals", &["--ms", "5"]);
+    let pid = t.pid();
+    let sig = libc::SIGRTMIN() + 1;
+    const N: u64 = 300;
+    let sender = std::thread::spawn(move || {
+        for _ in 0..N {
+            pagesift_linux::ptrace::tgkill(pid, pid, sig).unwrap();
+            std::thread::sleep(Duration::from_micros(700));
+        }
+    });
+    let mut inj = Injector::new(InjectConfig::default());
+    let mut k = 0;
+    while !sender.is_finished() {
+        let i = done(
+            inj.run(pid, &[madvise(&t, Advice::Mergeable), Syscall::Getpid])
+                .unwrap(),
+        );
+        assert_eq!(i.results, vec![0, pid as i64]);
+        k += 1;
+    }
+    sender.join().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let report = t.finish();
+    assert_eq!(report["signals"].as_u64(), Some(N), "{report}");
+    assert_eq!(report["bad_siginfo"].as_u64(), Some(0), "{report}");
+    let redelivered = inj.stats().signals_redelivered;
+    assert!(redelivered > 0, "no signal arrived during {k} injections");
+    eprintln!("signals: {k} injections, {redelivered} of {N} signals re-delivered");
+}
+
+#[test]
+fn gone_and_missing_processes() {
+    let _g = serial();
+    let mut inj = Injector::new(InjectConfig::default());
+    let t = Target::start("sleep", &[]);
+    let pid = t.pid();
+    drop(t); // killed and reaped
+    assert!(matches!(
+        inj.run(pid, &[Syscall::Getpid]).unwrap(),
+        Outcome::Gone(pagesift_linux::inject::Gone {
+            attached: false,
+            ..
+        })
+    ));
+    assert!(matches!(
+        inj.run(999_999_999, &[Syscall::Getpid]).unwrap(),
+        Outcome::Gone(_)
+    ));
+    // A kernel thread (kthreadd is pid 2) is skipped.
+    assert_eq!(
+        inj.run(2, &[Syscall::Getpid]).unwrap(),
+        Outcome::Skipped(SkipReason::KernelThread)
+    );
+    // A thread id is not a process.
+    let t = Target::start("threads", &[]);
+    let err = inj.run(t.tid("sleep"), &[Syscall::Getpid]).unwrap_err();
+    assert!(err.to_string().contains("is a thread of process"), "{err}");
+    t.finish();
+}
+
+/// A cgroup v2 made for a test; thawed, emptied and removed on drop.
+struct TestCgroup {
+    root: String,
+    dir: PathBuf,
+}
+
+impl TestCgroup {
+    fn new(name: &str) -> TestCgroup {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let root = info
+            .lines()
+            .find_map(|l| {
+                let (left, right) = l.split_once(" - ")?;
+                (right.split_whitespace().next()? == "cgroup2")
+                    .then(|| left.split_whitespace().nth(4).map(str::to_string))?
+            })
+            .expect("a cgroup v2 mount (for the freezer)");
+        let dir = PathBuf::from(&root).join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).expect("mkdir cgroup");
+        TestCgroup { root, dir }
+    }
+
+    fn add(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+
+    fn freeze(&self, on: bool) {
+        std::fs::write(self.dir.join("cgroup.freeze"), if on { "1" } else { "0" }).unwrap();
+        let want = if on { "frozen 1" } else { "frozen 0" };
+        wait_for("the freezer", Duration::from_secs(5), || {
+            std::fs::read_to_string(self.dir.join("cgroup.events"))
+                .unwrap()
+                .lines()
+                .any(|l| l == want)
+        });
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("cgroup.freeze"), "0");
+        if let Ok(procs) = std::fs::read_to_string(self.dir.join("cgroup.procs")) {
+            for p in procs.lines() {
+                let _ = std::fs::write(PathBuf::from(&self.root).join("cgroup.procs"), p);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+#[test]
+fn frozen_target_is_skipped_and_a_call_that_cannot_start_is_abandoned() {
+    let _g = serial();
+    let cg_a = TestCgroup::new("pagesift-inject-a");
+    let cg_b = TestCgroup::new("pagesift-inject-b");
+    let t = Target::start("sleep", &["--ms", "5"]);
+    let pid = t.pid();
+    cg_a.add(pid);
+    let mut inj = Injector::new(InjectConfig {
+        syscall_timeout: Duration::from_millis(300),
+        ..InjectConfig::default()
+    });
+    // Seen once in cgroup a (not frozen): works, and a's path is cached.
+    assert_eq!(
+        done(inj.run(pid, &[Syscall::Getpid]).unwrap()).results,
+        vec![pid as i64]
+    );
+    cg_a.freeze(true);
+    assert_eq!(
+        inj.run(pid, &[madvise(&t, Advice::Mergeable)]).unwrap(),
+        Outcome::Skipped(SkipReason::Frozen)
+    );
+    cg_a.freeze(false);
+    // Moved into frozen cgroup b behind the cache's back: the thread stops
+    // (a ptrace trap beats the freezer) but never runs the call; after the
+    // call timeout the batch is abandoned and the thread released intact.
+    cg_b.freeze(true);
+    cg_b.add(pid);
+    wait_for("the target to freeze", Duration::from_secs(5), || {
+        std::fs::read_to_string(cg_b.dir.join("cgroup.events"))
+            .unwrap()
+            .lines()
+            .any(|l| l == "frozen 1")
+    });
+    let t0 = Instant::now();
+    assert_eq!(
+        inj.run(pid, &[madvise(&t, Advice::Mergeable)]).unwrap(),
+        Outcome::Skipped(SkipReason::SyscallTimeout { completed: vec![] })
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert_eq!(tracer_pid(pid), 0);
+    assert!(!mergeable(pid, t.addr()), "the abandoned call never ran");
+    // The cache was dropped: now b is seen frozen.
+    assert_eq!(
+        inj.run(pid, &[Syscall::Getpid]).unwrap(),
+        Outcome::Skipped(SkipReason::Frozen)
+    );
+    cg_b.freeze(false);
+    assert_eq!(
+        done(inj.run(pid, &[madvise(&t, Advice::Mergeable)]).unwrap()).results,
+        vec![0]
+    );
+    t.finish();
+}
