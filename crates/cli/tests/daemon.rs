@@ -469,6 +469,69 @@ fn targets_that_exit_or_come_and_go_do_not_upset_the_daemon() {
 }
 
 #[test]
+fn a_process_that_uses_ksm_itself_keeps_its_settings() {
+    require_root();
+    let _serial = serial();
+    let dir = tmpdir("selfmanaged");
+    // Started through `pagesift exec`: merge-any, every VMA already `mg`.
+    let mut own = pagesift()
+        .arg("exec")
+        .arg("--")
+        .arg(workload_bin())
+        .args([
+            "static-dup",
+            "--mib",
+            "32",
+            "--seed",
+            "5",
+            "--seconds",
+            "120",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(own.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let report: Value = serde_json::from_str(&line).unwrap();
+    let start = report["regions"][0]["start"].as_u64().unwrap();
+    let pages = report["regions"][0]["pages"].as_u64().unwrap();
+    let pid = own.id();
+    let p = pid.to_string();
+    let mut d = Daemon::start(&dir, &["--pid", &p, "--unmerge-on-exit"], false);
+    let st = d.wait_for(Duration::from_secs(90), "its pages merged by ksmd", |s| {
+        s["totals"]["merged_pages"].as_u64().unwrap_or(0) >= pages * 99 / 100
+    });
+    // Accounted as foreign, listed as managing KSM itself, never injected.
+    assert!(st["totals"]["foreign_regions"].as_u64().unwrap() >= 1);
+    assert_eq!(st["totals"]["batches"].as_u64(), Some(0), "{st}");
+    assert!(
+        st["skipped"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["pid"].as_u64() == Some(pid as u64)
+                && s["reason"].as_str().unwrap().contains("ksm_merge_any")),
+        "{st}"
+    );
+    let stopped = d.stop();
+    assert!(stopped.success(), "exit {stopped}:\n{}", d.log());
+    // --unmerge-on-exit only undoes pagesift's own marks: these stay.
+    assert!(vm_flags(pid, start).contains(&"mg".to_string()));
+    assert!(merging_pages(pid) >= pages * 99 / 100);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/ksm_stat")).unwrap();
+    assert!(stat.contains("ksm_merge_any: yes"), "{stat}");
+    let _ = own.kill();
+    let _ = own.wait();
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_bad_config_names_the_key_and_nothing_starts() {
     let dir = tmpdir("badcfg");
     let p = dir.join("bad.toml");
@@ -492,6 +555,23 @@ fn a_bad_config_names_the_key_and_nothing_starts() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/pagesift.toml"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_systemd_unit_starts_a_command_line_pagesift_accepts() {
+    let unit = include_str!("../../../dist/pagesift.service");
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("ExecStart");
+    let mut words = exec.split_whitespace();
+    assert_eq!(words.next(), Some("/usr/local/bin/pagesift"));
+    let mut args: Vec<&str> = words.collect();
+    assert_eq!(args.first(), Some(&"run"));
+    args.push("--help");
+    let out = run(&args);
+    assert!(out.status.success(), "{out:?}");
+    assert!(unit.contains("ExecReload=/bin/kill -HUP $MAINPID"));
 }
 
 #[test]

@@ -76,6 +76,9 @@ pub const SKIP_RETRY: Nanos = 60 * SEC;
 pub const MAX_REFRESH_INTERVAL: Nanos = 60 * SEC;
 /// Longest hold of a thrashing region.
 pub const MAX_HOLD: Nanos = 3600 * SEC;
+/// How often ksmd's counters are read and its pace revised, unless the
+/// demand switches between merging and trickling.
+const PACE_INTERVAL: Nanos = SEC;
 /// Pages inspected per accounting call.
 const ACCOUNT_CHUNK: usize = 512;
 
@@ -248,6 +251,8 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     ksm_now: KsmSample,
     ksm_start: Option<KsmSample>,
     pacing: Pacing,
+    next_pace: Nanos,
+    merging: bool,
     cow_ksm_start: Option<u64>,
     started: Nanos,
     cpu_start_ns: u64,
@@ -300,6 +305,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             ksm_now: KsmSample::default(),
             ksm_start: None,
             pacing: Pacing::default(),
+            next_pace: now,
+            merging: false,
             cow_ksm_start,
             started: now,
             cpu_start_ns: host::process_cpu_ns(),
@@ -999,13 +1006,6 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     }
 
     fn pace(&mut self, now: Nanos) -> f64 {
-        match self.ksm.sample() {
-            Ok(s) => {
-                self.ksm_now = s;
-                self.ksm_start.get_or_insert(s);
-            }
-            Err(e) => debug!(error = %e, "reading KSM counters failed"),
-        }
         // Pages ksmd still has to look at: present pages of unsettled
         // regions (at least one per region until its first pass ends).
         let unmerged: u64 = self
@@ -1021,6 +1021,22 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 present.max(1)
             })
             .sum();
+        // Reading KSM's counters and ksmd's CPU costs a dozen file reads:
+        // once a second is enough (the pacer is built for that interval),
+        // but a change between merging and trickling acts at once.
+        let merging = unmerged > 0;
+        if now < self.next_pace && merging == self.merging {
+            return self.pacing.share;
+        }
+        self.next_pace = now + PACE_INTERVAL;
+        self.merging = merging;
+        match self.ksm.sample() {
+            Ok(s) => {
+                self.ksm_now = s;
+                self.ksm_start.get_or_insert(s);
+            }
+            Err(e) => debug!(error = %e, "reading KSM counters failed"),
+        }
         let target = self.config.merge_share();
         match self.ksm.pace(target, unmerged, now) {
             Ok(p) => self.pacing = p,

@@ -10,7 +10,7 @@
 //! and the metrics endpoint.
 //!
 //! Then the loop runs until SIGTERM/SIGINT (or `--for`): wake, publish a
-//! snapshot about once a second, sleep in slices of at most 50 ms so that a
+//! snapshot about once a second, sleep in slices of at most 200 ms so that a
 //! signal is noticed at once. SIGHUP re-reads the configuration file; a bad
 //! file is logged and the old configuration kept.
 //!
@@ -192,7 +192,7 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
             && !hup.load(Ordering::SeqCst)
             && deadline.is_none_or(|d| Instant::now() < d)
         {
-            std::thread::sleep((wake_at - Instant::now()).min(Duration::from_millis(50)));
+            std::thread::sleep((wake_at - Instant::now()).min(Duration::from_millis(200)));
         }
     }
     info!("stopping");

@@ -215,7 +215,6 @@ impl StatusServer {
         }
         let listener = UnixListener::bind(path)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-        listener.set_nonblocking(true)?;
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
@@ -236,7 +235,9 @@ impl StatusServer {
 
 impl Drop for StatusServer {
     fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // The thread blocks in accept: one connection wakes it to see `stop`.
+        let _ = UnixStream::connect(&self.path);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -245,12 +246,13 @@ impl Drop for StatusServer {
 }
 
 fn serve(listener: UnixListener, shared: Shared, stop: Arc<std::sync::atomic::AtomicBool>) {
-    // Non-blocking accept polled every 50 ms: the thread notices `stop`
-    // without a wake-up pipe, at a cost of 20 syscalls a second.
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+    // A blocking accept: an idle daemon's status thread costs nothing.
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
         match listener.accept() {
             Ok((mut conn, _)) => {
-                let _ = conn.set_nonblocking(false);
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
                 let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
                 let snap = shared.lock().ok().and_then(|s| s.clone());
                 let body = match snap {
@@ -261,9 +263,6 @@ fn serve(listener: UnixListener, shared: Shared, stop: Arc<std::sync::atomic::At
                 };
                 let _ = conn.write_all(body.as_bytes());
                 let _ = conn.write_all(b"\n");
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(50));
             }
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }

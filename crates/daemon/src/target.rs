@@ -190,6 +190,14 @@ impl MemorySource for LinuxTarget {
 
 impl Target for LinuxTarget {
     fn processes_changed(&mut self) -> bool {
+        if !self.filter.pids.is_empty() {
+            // Named pids: only their exits matter.
+            return self
+                .filter
+                .pids
+                .iter()
+                .any(|p| !std::path::Path::new(&format!("/proc/{p}")).exists());
+        }
         match host::pids() {
             Ok(now) => {
                 let changed = now != self.pids;
