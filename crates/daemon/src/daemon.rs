@@ -25,7 +25,9 @@
 //!    `vm.max_map_count` is skipped. Only ranges in the ledger are ever
 //!    unmarked.
 //! 4. **Account**: a budget of pages per second of promoted and foreign
-//!    regions is inspected (pagemap + kpageflags). Per region, a bit per
+//!    regions is inspected (pagemap + kpageflags): regions ksmd is merging
+//!    about once a second, with up to 8× the budget while any is, settled
+//!    ones every `actuate.recheck_s`. Per region, a bit per
 //!    page remembers pages seen merged (KSM page or zero page); such a page
 //!    later present but not merged is a COW break. After a whole pass the
 //!    region's COW-broken ratio (breaks in this pass over pages merged in
@@ -34,7 +36,8 @@
 //!    full scans after it was marked has ended: by then ksmd has visited
 //!    each of its pages at least twice, enough to merge every page that can
 //!    be (KSM merges a page on its second visit, ksm-baseline.md §4.5), so
-//!    what is still unmerged is unique or volatile. Settled promoted regions
+//!    what is still unmerged is unique or volatile; a pass that finds no
+//!    unmerged page settles it at once. Settled promoted regions
 //!    return to the ladder, at the bottom: their merged pages feed the
 //!    stable index, and they can climb again.
 //! 5. **Pace**: while any promoted or foreign region is unsettled, ksmd gets
@@ -79,6 +82,9 @@ pub const MAX_HOLD: Nanos = 3600 * SEC;
 /// How often ksmd's counters are read and its pace revised, unless the
 /// demand switches between merging and trickling.
 const PACE_INTERVAL: Nanos = SEC;
+/// CPU share of `actuate.account_pages_per_s` at its default, about 155 ns
+/// a page (mechanisms.md §4): the unit of the accounting boost.
+const ACCOUNT_BASE_SHARE: f64 = 0.02;
 /// Pages inspected per accounting call.
 const ACCOUNT_CHUNK: usize = 512;
 
@@ -890,8 +896,36 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     fn account(&mut self, now: Nanos) {
         let dt = now.saturating_sub(self.last_account).min(SEC);
         self.last_account = now;
-        let mut budget =
-            (self.config.actuate.account_pages_per_s as u128 * dt as u128 / SEC as u128) as u64;
+        let full_scans = self.ksm_now.full_scans;
+        let mut merging = false;
+        for b in self.books.values_mut() {
+            if !b.accounted() || b.settled {
+                continue;
+            }
+            merging = true;
+            // A pass that began before ksmd's third full scan cannot settle
+            // the region; once that scan is done, start the deciding pass
+            // at once instead of finishing a useless one.
+            if b.cursor > 0
+                && b.pass_started_scan < b.marked_scan + SETTLE_SCANS
+                && full_scans >= b.marked_scan + SETTLE_SCANS
+            {
+                b.cursor = 0;
+                b.pass = PassCounts::default();
+                b.pass_started_scan = full_scans;
+                b.next_pass_at = now;
+            }
+        }
+        // While ksmd merges, accounting runs faster (up to 8×, within the
+        // governor's top share at ≈2 % per base budget) so that progress
+        // shows and settled regions hand ksmd back to the trickle sooner.
+        let boost = if merging {
+            (self.config.merge_share() / ACCOUNT_BASE_SHARE).clamp(1.0, 8.0)
+        } else {
+            1.0
+        };
+        let mut budget = (self.config.actuate.account_pages_per_s as f64 * boost * dt as f64
+            / SEC as f64) as u64;
         let ids: Vec<RegionId> = self
             .books
             .iter()
@@ -905,7 +939,6 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             .account_from
             .and_then(|from| ids.iter().position(|&id| id >= from))
             .unwrap_or(0);
-        let full_scans = self.ksm_now.full_scans;
         let v_cow = self.config.ladder.v_cow;
         let min_merged = self.config.actuate.min_merged_for_demotion;
         for k in 0..ids.len() {
@@ -975,7 +1008,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                         } else {
                             SEC
                         };
-                    if !b.settled && b.pass_started_scan >= b.marked_scan + SETTLE_SCANS {
+                    // Settled: nothing present is left unmerged, or ksmd
+                    // has had its chances (see the module header).
+                    if !b.settled
+                        && (b.last.present == 0
+                            || b.pass_started_scan >= b.marked_scan + SETTLE_SCANS)
+                    {
                         b.settled = true;
                         info!(
                             pid = b.span.proc.pid,

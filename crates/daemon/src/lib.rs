@@ -22,6 +22,8 @@
 //! - [`daemon`]: the loop itself (its header explains one wake-up).
 //! - [`status`] and [`metrics`]: `pagesift status` over a unix socket and
 //!   Prometheus metrics over HTTP.
+//! - [`run`]: `pagesift run` wired to the real machine: signals, reload,
+//!   servers, shutdown.
 
 pub mod actuate;
 pub mod config;
