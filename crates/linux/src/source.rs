@@ -5,7 +5,8 @@
 //! Every VMA that [`discover`] keeps becomes one region, or, when it is
 //! longer than [`SourceConfig::max_region_pages`], several *sub-regions*:
 //! slices cut at multiples of that size in the address space (not from the
-//! VMA's start), so the first and last slices may be shorter. Aligning the
+//! VMA's start), so the first and last slices may be shorter. A VMA that
+//! fits in one slice is never cut. Aligning the
 //! cuts keeps sub-regions stable when the VMA changes shape: marking one
 //! sub-region `MADV_MERGEABLE` splits the VMA exactly at slice boundaries,
 //! a heap that grows only lengthens its last slice, and two VMAs that merge
@@ -275,10 +276,16 @@ impl LinuxSource {
                     continue;
                 }
                 let slice_bytes = self.config.max_region_pages.max(1) as u64 * crate::PAGE_SIZE;
+                let whole = r.end - r.start <= slice_bytes;
                 let mut start = r.start;
                 while start < r.end {
-                    // Cut at the next multiple of the slice size.
-                    let cut = (start / slice_bytes + 1).saturating_mul(slice_bytes);
+                    // Cut at the next multiple of the slice size (a VMA
+                    // that fits in one slice stays whole).
+                    let cut = if whole {
+                        r.end
+                    } else {
+                        (start / slice_bytes + 1).saturating_mul(slice_bytes)
+                    };
                     let end = cut.min(r.end);
                     let pages = ((end - start) / crate::PAGE_SIZE) as u32;
                     let key = (pid, start_time, start);

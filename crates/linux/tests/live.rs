@@ -866,6 +866,20 @@ fn long_regions_are_sliced() {
         );
         assert_eq!((s.vma_start, s.vma_end), (start, start + pages * 4096));
     }
+    // A VMA that fits in one slice is one region, wherever it lies.
+    let whole = LinuxSource::new(
+        ProcessFilter::pids([pid]),
+        SourceConfig {
+            max_region_pages: pages as u32,
+            ..SourceConfig::default()
+        },
+    )
+    .unwrap();
+    let r = whole
+        .linux_regions()
+        .find(|r| r.start == start)
+        .expect("the VMA's region");
+    assert_eq!(r.pages as u64, pages);
     for w in slices.windows(2) {
         assert_eq!(
             w[0].start + w[0].pages as u64 * 4096,
