@@ -5,11 +5,13 @@
 //!
 //! Starts `inject_target` processes (one single-threaded, asleep in
 //! `nanosleep`; one with a thread spinning in user space) and times, over
-//! `--runs` injections each (default 300), the median and 90th percentile
-//! of:
+//! `--runs` injections each (default 300, the cases interleaved run by run
+//! so that load from other processes falls on all alike), the median and
+//! 90th percentile of:
 //! - `run` as the caller sees it: /proc checks, thread choice, the hop to
 //!   the tracer thread, seize → detach;
-//! - the attach alone (`Injection::attached_for`, seize → detach);
+//! - the attach alone (`Injection::attached_for`, seize → detach; this is
+//!   how long the target's thread is held);
 //!
 //! for batches of 1 and 10 `getpid`s, a `madvise(MADV_MERGEABLE)` of a whole
 //! 16 MiB VMA (with the VMA counting it implies), the spinning thread, and
@@ -76,20 +78,6 @@ fn stats(mut v: Vec<Duration>) -> (f64, f64) {
     (us(v[v.len() / 2]), us(v[v.len() * 9 / 10]))
 }
 
-fn measure(runs: usize, mut f: impl FnMut() -> Injection) -> ((f64, f64), (f64, f64)) {
-    let mut total = Vec::with_capacity(runs);
-    let mut attached = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let t0 = Instant::now();
-        let i = f();
-        total.push(t0.elapsed());
-        attached.push(i.attached_for);
-        // Let the target run between injections, as a daemon would.
-        std::thread::sleep(Duration::from_micros(500));
-    }
-    (stats(total), stats(attached))
-}
-
 fn done(o: Outcome) -> Injection {
     match o {
         Outcome::Done(i) => i,
@@ -124,47 +112,91 @@ fn main() {
         done(inj.run(pid, &[Syscall::Getpid]).unwrap());
     }
 
-    let row = |name: &str, ((tm, tp), (am, ap)): ((f64, f64), (f64, f64))| {
-        println!("| {name} | {tm:.1} | {tp:.1} | {am:.1} | {ap:.1} |");
-    };
-    println!("runs per row: {runs}; µs; machine: {} cores", num_cpus());
+    println!("runs per case: {runs}; µs; machine: {} cores", num_cpus());
+    println!(
+        "cases are interleaved run by run, so that load from other processes \
+         falls on all of them alike"
+    );
     println!("| case | run() median | run() p90 | attach median | attach p90 |");
     println!("|---|---|---|---|---|");
-    let one = measure(runs, || done(inj.run(pid, &[Syscall::Getpid]).unwrap()));
-    row("blocked thread (nanosleep), 1 × getpid", one);
-    let ten = measure(runs, || done(inj.run(pid, &[Syscall::Getpid; 10]).unwrap()));
-    row("blocked thread, 10 × getpid", ten);
-    let madv = measure(runs, || done(inj.run(pid, &[region]).unwrap()));
-    row(
-        "blocked thread, madvise(MERGEABLE) 16 MiB + VMA count",
-        madv,
-    );
     let spin_tid = spinner.ready["tids"]["spin"].as_u64().unwrap() as u32;
-    let spin = measure(runs, || {
-        done(
-            inj.run_on_thread(spinner.pid(), spin_tid, &[Syscall::Getpid])
-                .unwrap(),
-        )
-    });
-    row("spinning thread (user space), 1 × getpid", spin);
+    const CASES: [&str; 4] = [
+        "blocked thread (nanosleep), 1 × getpid",
+        "blocked thread, 10 × getpid",
+        "blocked thread, madvise(MERGEABLE) 16 MiB + VMA count",
+        "spinning thread (user space), 1 × getpid",
+    ];
+    let mut total: Vec<Vec<Duration>> = vec![Vec::new(); CASES.len()];
+    let mut attached: Vec<Vec<Duration>> = vec![Vec::new(); CASES.len()];
+    // Paired per round, so that a burst of load cancels out.
+    let mut extra_total = Vec::new();
+    let mut extra_attached = Vec::new();
+    for _ in 0..runs {
+        for (k, t, a) in (0..CASES.len()).map(|k| {
+            let t0 = Instant::now();
+            let i = match k {
+                0 => done(inj.run(pid, &[Syscall::Getpid]).unwrap()),
+                1 => done(inj.run(pid, &[Syscall::Getpid; 10]).unwrap()),
+                2 => done(inj.run(pid, &[region]).unwrap()),
+                _ => done(
+                    inj.run_on_thread(spinner.pid(), spin_tid, &[Syscall::Getpid])
+                        .unwrap(),
+                ),
+            };
+            let t = t0.elapsed();
+            // Let the targets run between injections, as a daemon would.
+            std::thread::sleep(Duration::from_micros(300));
+            (k, t, i.attached_for)
+        }) {
+            total[k].push(t);
+            attached[k].push(a);
+        }
+        let n = total[0].len() - 1;
+        let per = |v: &[Vec<Duration>]| (v[1][n].as_secs_f64() - v[0][n].as_secs_f64()) * 1e6 / 9.0;
+        extra_total.push(per(&total));
+        extra_attached.push(per(&attached));
+    }
+    for (k, name) in CASES.iter().enumerate() {
+        let (tm, tp) = stats(total[k].clone());
+        let (am, ap) = stats(attached[k].clone());
+        println!("| {name} | {tm:.1} | {tp:.1} | {am:.1} | {ap:.1} |");
+    }
+
     // First injection into a process: the vdso lookup and cold /proc
-    // dentries (fresh small targets, started beforehand).
+    // dentries (fresh small targets, started beforehand), each paired with
+    // a warm injection into the sleeper right before it.
     let fresh: Vec<Target> = (0..30)
         .map(|_| Target::start("sleep", &["--ms", "50", "--mib", "1"]))
         .collect();
-    let mut k = 0;
-    let cold = measure(fresh.len(), || {
-        k += 1;
-        done(inj.run(fresh[k - 1].pid(), &[Syscall::Getpid]).unwrap())
-    });
-    row("first injection into a process (vdso lookup)", cold);
+    let (mut cold_t, mut cold_a, mut warm_a) = (Vec::new(), Vec::new(), Vec::new());
+    for f in &fresh {
+        warm_a.push(done(inj.run(pid, &[Syscall::Getpid]).unwrap()).attached_for);
+        std::thread::sleep(Duration::from_micros(300));
+        let t0 = Instant::now();
+        let i = done(inj.run(f.pid(), &[Syscall::Getpid]).unwrap());
+        cold_t.push(t0.elapsed());
+        cold_a.push(i.attached_for);
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    let ((tm, tp), (am, ap)) = (stats(cold_t), stats(cold_a));
+    println!(
+        "| first injection into a process (vdso lookup), 30 processes | {tm:.1} | {tp:.1} | {am:.1} | {ap:.1} |"
+    );
+    println!(
+        "(warm attach into the sleeper, paired with those: median {:.1} µs)",
+        stats(warm_a).0
+    );
     drop(fresh);
 
-    let per_extra = |a: f64, b: f64| (b - a) / 9.0;
+    let med = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
     println!(
-        "\nper extra syscall in the same attach: {:.1} µs (run() medians), {:.1} µs (attach medians)",
-        per_extra(one.0.0, ten.0.0),
-        per_extra(one.1.0, ten.1.0)
+        "\nper extra syscall in the same attach (median of paired (10 - 1) / 9): \
+         {:.1} µs by run(), {:.1} µs by attach",
+        med(extra_total),
+        med(extra_attached)
     );
 
     let time = |f: &mut dyn FnMut()| {

@@ -304,9 +304,10 @@ pub struct Injection {
     pub tid: u32,
     /// The syscall the thread was in when it stopped (`orig_rax`), if any.
     pub interrupted_syscall: Option<i64>,
-    /// Whether that syscall returns EINTR to the application because of the
-    /// stop (it had returned -EINTR by the time the thread stopped, as
-    /// `epoll_wait` does).
+    /// Whether that syscall returns EINTR to the application because of our
+    /// stop (it had returned -EINTR when our interrupt stopped the thread,
+    /// as `epoll_wait` does; not counted when a group-stop or a signal
+    /// stopped it first).
     pub app_sees_eintr: bool,
     /// Signals that arrived during the injection and were delivered again
     /// at the detach.
@@ -1104,8 +1105,10 @@ fn os(what: &'static str) -> impl FnOnce(io::Error) -> StepError {
 }
 
 /// Waits for the next report of `tid`, polling: yielding for the first
-/// 200 µs (a blocked thread stops in microseconds), then sleeping with a
-/// growing pause. `None` when `deadline` passed.
+/// 200 µs (a blocked thread stops in 6–8 µs, a running one in 35–38 µs,
+/// mechanisms.md §1), then sleeping with a growing pause. `None` when
+/// `deadline` passed. (A blocking `waitpid` could not be bounded without a
+/// signal handler in the daemon.)
 fn wait_stop(tid: u32, reap_exit: bool, deadline: Option<Instant>) -> io::Result<Option<Stop>> {
     let start = Instant::now();
     let mut pause = Duration::from_micros(20);
@@ -1125,7 +1128,10 @@ fn wait_stop(tid: u32, reap_exit: bool, deadline: Option<Instant>) -> io::Result
                 p = p.min(d - now);
             }
             std::thread::sleep(p);
-            pause = (pause * 2).min(Duration::from_millis(5));
+            // At most 1 ms late for a slow stop (a thread waiting for a CPU
+            // on a busy machine), and at most 1000 polls per second during a
+            // long call.
+            pause = (pause * 2).min(Duration::from_millis(1));
         }
     }
 }
@@ -1504,6 +1510,13 @@ impl Tracer {
         let first = ptrace::interrupt(tid)
             .map_err(os("PTRACE_INTERRUPT"))
             .and_then(|()| s.wait(Some(Instant::now() + cfg.stop_timeout)));
+        let by_interrupt = matches!(
+            first,
+            Ok(Some(Stop::Event {
+                sig: libc::SIGTRAP,
+                ..
+            }))
+        );
         match first {
             Ok(Some(stop)) if stop.is_exit() => return gone(true, vec![]),
             Ok(Some(stop)) => {
@@ -1593,7 +1606,10 @@ impl Tracer {
             results,
             tid,
             interrupted_syscall,
-            app_sees_eintr: interrupted_syscall.is_some()
+            // Ours only if our interrupt stopped it: a group-stop or a
+            // signal would have caused the EINTR anyway.
+            app_sees_eintr: by_interrupt
+                && interrupted_syscall.is_some()
                 && saved.rax as i64 == -(libc::EINTR as i64),
             signals_redelivered: redelivered,
             vmas_before,
