@@ -74,6 +74,14 @@ impl Policy {
         if self.all {
             return ProcessFilter::all();
         }
+        if self.allow.is_empty() {
+            // Nothing is eligible, so discover nothing: no process has uid
+            // (uid_t)-1, which the kernel reserves to mean "no uid".
+            return ProcessFilter {
+                uids: vec![u32::MAX],
+                ..ProcessFilter::default()
+            };
+        }
         ProcessFilter {
             pids: Vec::new(),
             comms: self.allow.comms.clone(),
@@ -191,6 +199,10 @@ mod tests {
     fn the_default_config_makes_nothing_eligible() {
         let p = policy("", &[]);
         assert!(p.allows_nothing());
+        // Nor is anything even discovered.
+        assert_eq!(p.process_filter().uids, vec![u32::MAX]);
+        let listed = pagesift_linux::discover::list_processes(&p.process_filter()).unwrap();
+        assert!(listed.is_empty(), "{listed:?}");
         let e = p
             .judge(&facts(10, "qemu", 0, "/", "/usr/bin/qemu"))
             .unwrap_err();
