@@ -324,7 +324,10 @@ fn the_daemon_merges_the_identical_process_and_never_marks_the_random_one() {
     // marking them split the VMA at sub-region boundaries, and they kept
     // their identity through it (a renumbered region would show up as
     // "foreign": mergeable, but not in pagesift's ledger).
-    assert!(st["totals"]["promoted_regions"].as_u64().unwrap() >= 4, "{st}");
+    assert!(
+        st["totals"]["promoted_regions"].as_u64().unwrap() >= 4,
+        "{st}"
+    );
     assert_eq!(st["totals"]["foreign_regions"].as_u64(), Some(0), "{st}");
     assert!(st["ksm"]["pages_sharing"].as_u64().unwrap() > 0);
     assert_eq!(st["totals"]["unmarks"].as_u64(), Some(0));
