@@ -5,10 +5,13 @@
 use clap::{Args, Parser, Subcommand};
 use pagesift_core::governor::Governor;
 use pagesift_core::sim::{Kind, SimConfig, Simulation};
+use pagesift_daemon::run::{RunError, RunOptions};
 use pagesift_linux::ProcessFilter;
 use pagesift_scan::exact::ExactOptions;
 use pagesift_scan::report::{Report, ScanError, TableOptions};
+use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -44,6 +47,72 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run the deduplicating daemon in the foreground: sample eligible
+    /// processes, mark the ranges worth merging mergeable in their owner,
+    /// pace ksmd, and back out of ranges that thrash. Needs root. SIGTERM
+    /// or SIGINT stops it and restores KSM's settings; SIGHUP reloads the
+    /// config.
+    Run {
+        /// Configuration file (TOML). Default: /etc/pagesift/pagesift.toml if
+        /// it exists, else built-in defaults.
+        #[arg(long, value_name = "PATH")]
+        config: Option<PathBuf>,
+        /// CPU governor: full, medium, low or quiet (overrides the config).
+        #[arg(long)]
+        governor: Option<Governor>,
+        /// Serve Prometheus metrics on HOST:PORT, or PORT for 127.0.0.1.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<String>,
+        /// Status socket (overrides the config; default /run/pagesift.sock).
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+        /// Only these processes are eligible (repeatable); the config's
+        /// [ineligible] lists still apply.
+        #[arg(long = "pid", value_name = "PID")]
+        pids: Vec<u32>,
+        /// On exit, unmark every range pagesift marked, which unmerges its
+        /// pages. Without it merged pages stay merged.
+        #[arg(long)]
+        unmerge_on_exit: bool,
+        /// Stop by itself after this many seconds.
+        #[arg(long = "for", value_name = "SECONDS")]
+        duration: Option<f64>,
+        /// How long to wait for KSM if another owner (another daemon, a
+        /// test) holds it.
+        #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+        ksm_wait: f64,
+        /// Log format.
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
+    },
+    /// Show what the running daemon is doing: governor, levels and their
+    /// regions, top regions by saving, pages merged, COW breaks, ksmd and
+    /// daemon CPU, processes skipped and why.
+    Status {
+        /// The daemon's status socket. Default: the one the config names
+        /// (/run/pagesift.sock unless changed).
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+        /// Configuration file to take the socket from.
+        #[arg(long, value_name = "PATH")]
+        config: Option<PathBuf>,
+        /// The status as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a command with PR_SET_MEMORY_MERGE set, so that KSM may merge all
+    /// of its memory and its children's (for hosts that do not allow
+    /// ptrace). The command's exit status is pagesift's.
+    Exec {
+        /// The command and its arguments (after `--`).
+        #[arg(
+            required = true,
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "CMD"
+        )]
+        command: Vec<OsString>,
+    },
     /// Measure how much deduplication would save on this machine, per
     /// process and per region, read-only. Needs root (CAP_SYS_ADMIN for
     /// page frame numbers, CAP_SYS_PTRACE to read other processes).
@@ -51,6 +120,14 @@ enum Command {
     /// Exit codes: 0 done, 1 runtime error (missing capability, no such
     /// pid), 2 usage error.
     Scan(ScanArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// Options of `pagesift scan`.
@@ -105,6 +182,135 @@ fn main() -> ExitCode {
             json,
         } => simulate(seed, seconds, governor, regions, pages, json),
         Command::Scan(args) => scan(args),
+        Command::Run {
+            config,
+            governor,
+            metrics,
+            socket,
+            pids,
+            unmerge_on_exit,
+            duration,
+            ksm_wait,
+            log_format,
+        } => {
+            let duration = match duration {
+                Some(d) if !(d.is_finite() && d > 0.0) => {
+                    eprintln!("pagesift: --for must be a positive number of seconds, got {d}");
+                    return ExitCode::from(2);
+                }
+                d => d.map(std::time::Duration::from_secs_f64),
+            };
+            if !(ksm_wait.is_finite() && ksm_wait >= 0.0) {
+                eprintln!("pagesift: --ksm-wait must be a number of seconds, got {ksm_wait}");
+                return ExitCode::from(2);
+            }
+            init_logs(log_format);
+            run(RunOptions {
+                config,
+                governor,
+                metrics,
+                socket,
+                pids,
+                unmerge_on_exit,
+                duration,
+                ksm_wait: Some(std::time::Duration::from_secs_f64(ksm_wait)),
+            })
+        }
+        Command::Status {
+            socket,
+            config,
+            json,
+        } => {
+            let socket = match socket {
+                Some(s) => s,
+                None => match pagesift_daemon::config::Config::load(config.as_deref()) {
+                    Ok((c, _)) => c.status.socket,
+                    Err(e) => {
+                        eprintln!("pagesift: {e}");
+                        return ExitCode::from(2);
+                    }
+                },
+            };
+            status(&socket, json)
+        }
+        Command::Exec { command } => exec(&command),
+    }
+}
+
+/// Structured logs on stderr (journald keeps them under systemd); the
+/// level comes from `RUST_LOG`, `info` by default.
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn run(opts: RunOptions) -> ExitCode {
+    match pagesift_daemon::run::run(opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ (RunError::Config(_) | RunError::Usage(_))) => {
+            eprintln!("pagesift: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("pagesift: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn status(socket: &Path, json: bool) -> ExitCode {
+    match pagesift_daemon::status::query(socket) {
+        Ok((text, st)) => {
+            let out = if json {
+                text
+            } else {
+                pagesift_daemon::status::render(&st)
+            };
+            let mut stdout = std::io::stdout().lock();
+            let _ = writeln!(stdout, "{}", out.trim_end());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("pagesift: {e}");
+            // 3: the daemon is not running (as `systemctl status` does).
+            ExitCode::from(3)
+        }
+    }
+}
+
+/// Sets PR_SET_MEMORY_MERGE and replaces this process with the command.
+/// Exit codes follow env(1): 125 when pagesift itself fails, 126 when the
+/// command cannot be run, 127 when it is not found; otherwise the command's
+/// own status, since it *is* this process.
+fn exec(command: &[OsString]) -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let (prog, args) = command.split_first().expect("clap requires a command");
+    if let Err(e) = pagesift_linux::ksm::set_memory_merge(true) {
+        let why = if e.raw_os_error() == Some(22) {
+            "this kernel does not support it (Linux 6.4 or later with CONFIG_KSM is needed)"
+                .to_string()
+        } else {
+            e.to_string()
+        };
+        eprintln!("pagesift: cannot set PR_SET_MEMORY_MERGE: {why}");
+        return ExitCode::from(125);
+    }
+    let e = std::process::Command::new(prog).args(args).exec();
+    let name = prog.to_string_lossy();
+    if e.kind() == std::io::ErrorKind::NotFound {
+        eprintln!("pagesift: {name}: command not found");
+        ExitCode::from(127)
+    } else {
+        eprintln!("pagesift: cannot run {name}: {e}");
+        ExitCode::from(126)
     }
 }
 

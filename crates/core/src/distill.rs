@@ -195,6 +195,21 @@ impl Distiller {
         self.params = governor.params(self.config.ladder.levels);
     }
 
+    /// Replaces the per-level budgets (a governor's, with the round time
+    /// or CPU cap an operator configured); takes effect at the next
+    /// wake-up.
+    ///
+    /// # Panics
+    /// If `params` does not hold exactly one budget per level.
+    pub fn set_params(&mut self, params: GovernorParams) {
+        assert_eq!(
+            params.levels.len(),
+            self.config.ladder.levels,
+            "one budget per level"
+        );
+        self.params = params;
+    }
+
     /// Feeds the measured CPU cost of the last wake-up's samples (ns per
     /// page) into the EMA the budgets use. The caller measures: the core
     /// has no clock.
@@ -553,6 +568,21 @@ mod tests {
                 moves.contains(&Move::Climb { region: id, to: 1 }),
                 "{id:?} did not climb: {moves:?}"
             );
+        }
+    }
+
+    #[test]
+    fn set_params_replaces_the_budgets() {
+        let mut d = distiller();
+        let before = d.budgets();
+        let mut p = d.params().clone();
+        for l in &mut p.levels {
+            l.cpu_share /= 2.0;
+        }
+        d.set_params(p.clone());
+        assert_eq!(d.params(), &p);
+        for (a, b) in d.budgets().iter().zip(&before) {
+            assert!(a < b, "halving every share must shrink every budget");
         }
     }
 

@@ -61,6 +61,7 @@
 pub mod caps;
 pub mod discover;
 pub mod error;
+pub mod host;
 #[cfg(target_arch = "x86_64")]
 pub mod inject;
 pub mod inspect;

@@ -2,9 +2,16 @@
 //! [`MemorySource`].
 //!
 //! ## Regions and their ids
-//! Every VMA that [`discover`] keeps becomes one region, or
-//! several slices of at most [`SourceConfig::max_region_pages`] pages (the
-//! core addresses pages of a region with a `u32`). A region's id is keyed by
+//! Every VMA that [`discover`] keeps becomes one region, or, when it is
+//! longer than [`SourceConfig::max_region_pages`], several *sub-regions*:
+//! slices cut at multiples of that size in the address space (not from the
+//! VMA's start), so the first and last slices may be shorter. A VMA that
+//! fits in one slice is never cut. Aligning the
+//! cuts keeps sub-regions stable when the VMA changes shape: marking one
+//! sub-region `MADV_MERGEABLE` splits the VMA exactly at slice boundaries,
+//! a heap that grows only lengthens its last slice, and two VMAs that merge
+//! keep their slices. The core addresses pages of a region with a `u32`, so
+//! slices are at most 2^32 - 1 pages. A region's id is keyed by
 //! (pid, process start time, first address): [`LinuxSource::refresh`]
 //! re-reads the maps and keeps the id of a region that is still there (its
 //! length may change, e.g. a growing heap), gives new regions new ids, and
@@ -52,8 +59,9 @@ use std::path::PathBuf;
 /// How [`LinuxSource`] cuts memory into regions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SourceConfig {
-    /// VMAs longer than this many pages are split into slices of this
-    /// length (the last one shorter).
+    /// VMAs longer than this many pages are tracked as sub-regions: slices
+    /// cut at multiples of this many pages in the address space (see the
+    /// module header).
     pub max_region_pages: u32,
     /// Keep private file mappings (only their COWed pages are candidates).
     pub private_file: bool,
@@ -86,6 +94,11 @@ pub struct LinuxRegion {
     /// `VM_MERGEABLE` at the last refresh: KSM pages can only be here, so
     /// its pages are always read through the unpinned path.
     pub mergeable: bool,
+    /// First address of the VMA the region is part of (equal to `start`
+    /// unless the region is a sub-region).
+    pub vma_start: u64,
+    /// End address (exclusive) of that VMA.
+    pub vma_end: u64,
 }
 
 impl LinuxRegion {
@@ -262,12 +275,19 @@ impl LinuxSource {
                 if r.kind == RegionKind::PrivateFile && !self.config.private_file {
                     continue;
                 }
-                let slice = self.config.max_region_pages.max(1) as u64;
-                let total = r.pages();
-                let mut first_page = 0;
-                while first_page < total {
-                    let pages = (total - first_page).min(slice) as u32;
-                    let start = r.start + first_page * crate::PAGE_SIZE;
+                let slice_bytes = self.config.max_region_pages.max(1) as u64 * crate::PAGE_SIZE;
+                let whole = r.end - r.start <= slice_bytes;
+                let mut start = r.start;
+                while start < r.end {
+                    // Cut at the next multiple of the slice size (a VMA
+                    // that fits in one slice stays whole).
+                    let cut = if whole {
+                        r.end
+                    } else {
+                        (start / slice_bytes + 1).saturating_mul(slice_bytes)
+                    };
+                    let end = cut.min(r.end);
+                    let pages = ((end - start) / crate::PAGE_SIZE) as u32;
                     let key = (pid, start_time, start);
                     let id = *self.ids.entry(key).or_insert_with(|| {
                         self.next_id += 1;
@@ -283,10 +303,12 @@ impl LinuxSource {
                             kind: r.kind.clone(),
                             path: r.path.clone(),
                             mergeable: r.mergeable,
+                            vma_start: r.start,
+                            vma_end: r.end,
                         },
                     );
                     seen.push(id);
-                    first_page += pages as u64;
+                    start = end;
                 }
             }
         }

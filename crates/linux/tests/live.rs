@@ -851,7 +851,40 @@ fn long_regions_are_sliced() {
         .linux_regions()
         .filter(|r| r.start >= start && r.start < start + pages * 4096)
         .collect();
-    assert_eq!(slices.len() as u64, pages.div_ceil(300));
+    // Cut at multiples of 300 pages in the address space: one slice per
+    // 300-page window the VMA touches, the inner ones full and aligned.
+    let (first, last) = (start / 4096, start / 4096 + pages - 1);
+    assert_eq!(slices.len() as u64, last / 300 - first / 300 + 1);
     assert_eq!(slices.iter().map(|r| r.pages as u64).sum::<u64>(), pages);
     assert!(slices.iter().all(|r| r.pages <= 300));
+    for s in &slices[1..] {
+        assert_eq!(
+            s.start / 4096 % 300,
+            0,
+            "slice at {:#x} is not aligned",
+            s.start
+        );
+        assert_eq!((s.vma_start, s.vma_end), (start, start + pages * 4096));
+    }
+    // A VMA that fits in one slice is one region, wherever it lies.
+    let whole = LinuxSource::new(
+        ProcessFilter::pids([pid]),
+        SourceConfig {
+            max_region_pages: pages as u32,
+            ..SourceConfig::default()
+        },
+    )
+    .unwrap();
+    let r = whole
+        .linux_regions()
+        .find(|r| r.start == start)
+        .expect("the VMA's region");
+    assert_eq!(r.pages as u64, pages);
+    for w in slices.windows(2) {
+        assert_eq!(
+            w[0].start + w[0].pages as u64 * 4096,
+            w[1].start,
+            "slices are contiguous"
+        );
+    }
 }

@@ -1,0 +1,799 @@
+//! The daemon's configuration: one TOML file, every key optional.
+//!
+//! ## How a file becomes a [`Config`]
+//! 1. The text is parsed by `toml` and deserialized with serde; every table
+//!    denies unknown keys, so a typo is an error rather than a silently
+//!    ignored setting. `serde_path_to_error` keeps the path of the key that
+//!    failed, so the error says `ladder.v_dup: invalid type: string "x",
+//!    expected f64`, not only a line number.
+//! 2. Missing keys take the defaults below, which come from the UKSM paper
+//!    (FAST '18) and the released code (notes `uksm-implementation.md`);
+//!    each cites where.
+//! 3. [`Config::validate`] checks ranges and names the key and the reason.
+//!
+//! Where the file comes from: `--config PATH` must exist; without it the
+//! default path [`DEFAULT_CONFIG_PATH`] is read if it exists, and a missing
+//! default file means "all defaults".
+//!
+//! ## Which processes are merged
+//! Nothing, unless the operator says so. Merging pages across processes is
+//! a known side channel (a write to a merged page is slower, which tells an
+//! attacker that another process holds the same content; mainline-ksm.md
+//! §6), so the eligible set is the operator's choice: `[eligible]` lists
+//! what may be merged (`all = true` for every process), `[ineligible]`
+//! lists what never is, and pagesift never merges itself.
+
+use pagesift_core::Nanos;
+use pagesift_core::governor::{Governor, GovernorParams, MAX_SLEEP};
+use pagesift_core::ladder::LadderConfig;
+use pagesift_core::pacing::PacingConfig;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Where `pagesift run` looks for its configuration by default.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/pagesift/pagesift.toml";
+/// Where the status socket lives by default.
+pub const DEFAULT_SOCKET_PATH: &str = "/run/pagesift.sock";
+
+const MS: Nanos = 1_000_000;
+
+/// A configuration that could not be used. The message names the key (as
+/// a dotted path, e.g. `ladder.v_dup`) and the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file named with `--config` does not exist or cannot be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The text is not valid TOML.
+    #[error("{path}: not valid TOML: {reason}")]
+    Syntax {
+        /// The file.
+        path: String,
+        /// What is wrong, and where.
+        reason: String,
+    },
+    /// A key is unknown or its value has the wrong type.
+    #[error("{path}: {key}: {reason}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// Dotted path of the offending key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A value is out of range.
+    #[error("{path}: {key}: {reason}")]
+    Invalid {
+        /// The file (or `<text>`).
+        path: String,
+        /// Dotted path of the key.
+        key: String,
+        /// What is wrong and what is accepted.
+        reason: String,
+    },
+}
+
+impl ConfigError {
+    /// The dotted key the error is about.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Read { .. } | ConfigError::Syntax { .. } => None,
+            ConfigError::Parse { key, .. } | ConfigError::Invalid { key, .. } => Some(key),
+        }
+    }
+}
+
+/// Everything `pagesift run` can be told. See `dist/pagesift.toml` for a
+/// commented example with every key.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// CPU governor (UKSM §7): full, medium, low or quiet. Sets each
+    /// level's CPU share and round time. Default full (UKSM's default,
+    /// notes §1 `cpu_governor`).
+    pub governor: Governor,
+    /// The ladder's thresholds.
+    pub ladder: LadderSection,
+    /// Sampling cadence and limits.
+    pub scan: ScanSection,
+    /// Promotion, demotion and accounting.
+    pub actuate: ActuateSection,
+    /// ksmd pacing.
+    pub ksm: KsmSection,
+    /// Which processes may be merged.
+    pub eligible: EligibleSection,
+    /// Which processes are never merged (wins over `eligible`).
+    pub ineligible: Selector,
+    /// The status socket.
+    pub status: StatusSection,
+    /// Prometheus metrics.
+    pub metrics: MetricsSection,
+}
+
+/// `[ladder]`: UKSM Table 1 and §5.2.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LadderSection {
+    /// Number of levels (§7: 4).
+    pub levels: usize,
+    /// V_dup: duplication ratio (fraction) a region needs to climb (§5.2:
+    /// 10 %).
+    pub v_dup: f64,
+    /// V_cow: COW-broken ratio (fraction of duplicates) above which a region
+    /// is thrashing: it does not climb, and a promoted region is unmarked
+    /// (§5.2: 50 %).
+    pub v_cow: f64,
+    /// V_life in ms: regions younger than this never climb (§5.2: 100 ms).
+    pub v_life_ms: u64,
+}
+
+impl Default for LadderSection {
+    fn default() -> Self {
+        let d = LadderConfig::default();
+        LadderSection {
+            levels: d.levels,
+            v_dup: d.v_dup,
+            v_cow: d.v_cow,
+            v_life_ms: d.v_life / MS,
+        }
+    }
+}
+
+/// `[scan]`: how often and how much pagesift samples.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScanSection {
+    /// T_s, the sleep between wake-ups in ms (UKSM `sleep_millisecs = 100`,
+    /// notes §1; at most 1000, the code's cap).
+    pub sleep_ms: u64,
+    /// Global sampling round time in ms: the levels' round times are scaled
+    /// so that they sum to it. Unset: the governor's (§7: 2, 4, 8, 20 s;
+    /// the paper says it "can be configured in the range of 2 - 20s").
+    pub round_time_ms: Option<u64>,
+    /// Most CPU the daemon's sampling may use, as a fraction of one core.
+    /// Unset: the governor's cap (95, 50, 20, 1 %; notes §2).
+    pub cpu_cap: Option<f64>,
+    /// VMAs larger than this (MiB) are tracked as sub-regions of this size,
+    /// aligned to multiples of it, so that a VM's guest RAM or a big heap is
+    /// distilled, promoted and demoted piecewise. pagesift's choice (UKSM
+    /// tracks whole VMAs): 64 MiB keeps a 4 GiB guest to 64 regions and
+    /// the VMA splits of promoting parts of it far below vm.max_map_count.
+    pub subregion_mib: u64,
+    /// Shortest interval in ms between two checks of /proc for new
+    /// processes and changed mappings.
+    pub refresh_ms: u64,
+    /// Most CPU re-reading process maps may use (fraction of one core): a
+    /// host whose maps change constantly is re-read less often, never more
+    /// than this share. pagesift's choice, a quarter of the bottom level's
+    /// 0.2 % (§7).
+    pub refresh_cpu: f64,
+    /// Seed of the sampling permutations and the hash (fixed so that runs
+    /// can be compared).
+    pub seed: u64,
+}
+
+impl Default for ScanSection {
+    fn default() -> Self {
+        ScanSection {
+            sleep_ms: 100,
+            round_time_ms: None,
+            cpu_cap: None,
+            subregion_mib: 64,
+            refresh_ms: 1000,
+            refresh_cpu: 0.0005,
+            seed: 0x7061_6765_7369_6674,
+        }
+    }
+}
+
+/// `[actuate]`: promotion, demotion and per-region accounting.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ActuateSection {
+    /// Stop marking ranges in a process once its VMA count would pass this
+    /// fraction of vm.max_map_count (marking part of a VMA splits it).
+    pub max_map_count_fraction: f64,
+    /// Seconds a region that was unmarked for thrashing is held at the
+    /// bottom before it may be promoted again; doubles on every repeat (up
+    /// to an hour). pagesift's choice.
+    pub demote_hold_s: u64,
+    /// Pages of promoted regions inspected per second to count merged pages
+    /// and COW breaks (pagemap + kpageflags, ≈155 ns a page,
+    /// mechanisms.md §4: 131072 pages/s ≈ 2 % of a core).
+    pub account_pages_per_s: u64,
+    /// Fewest merged pages a region must have shown before its COW-broken
+    /// ratio is trusted to unmark it.
+    pub min_merged_for_demotion: u64,
+    /// Seconds between two accounting passes over a promoted region whose
+    /// merging has settled: COW breaks are noticed this late at worst.
+    /// (Regions ksmd is still merging are passed over every second.)
+    pub recheck_s: u64,
+    /// Unmark (MADV_UNMERGEABLE) every range pagesift marked when it exits,
+    /// which unmerges their pages. Off: merged pages stay merged.
+    pub unmerge_on_exit: bool,
+}
+
+impl Default for ActuateSection {
+    fn default() -> Self {
+        ActuateSection {
+            max_map_count_fraction: 0.5,
+            demote_hold_s: 60,
+            account_pages_per_s: 131_072,
+            min_merged_for_demotion: 16,
+            recheck_s: 30,
+            unmerge_on_exit: false,
+        }
+    }
+}
+
+/// `[ksm]`: how ksmd is paced.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KsmSection {
+    /// ksmd's CPU share while promoted memory is unmerged. Unset: the
+    /// governor's top-level share (95, 50, 20, 0.75 %; notes §2).
+    pub merge_share: Option<f64>,
+    /// ksmd's CPU share when nothing promoted is unmerged (it still
+    /// revisits merged pages). Unset: 0.1 %, half of the bottom level's
+    /// 0.2 % (§7); the daemon's own bottom-level sampling has the other
+    /// half.
+    pub trickle_share: Option<f64>,
+}
+
+/// Matches processes. Within one kind any entry matches (OR).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Selector {
+    /// cgroup paths (`/system.slice/foo.service`, with or without the
+    /// `/sys/fs/cgroup` prefix); a process in the cgroup or below it
+    /// matches.
+    pub cgroups: Vec<String>,
+    /// Effective uids.
+    pub uids: Vec<u32>,
+    /// Executable paths (`/proc/PID/exe`); an entry ending in `/` matches
+    /// every executable below that directory.
+    pub exes: Vec<PathBuf>,
+    /// Command names (`/proc/PID/comm`, at most 15 bytes).
+    pub comms: Vec<String>,
+}
+
+impl Selector {
+    /// No entry of any kind.
+    pub fn is_empty(&self) -> bool {
+        self.cgroups.is_empty()
+            && self.uids.is_empty()
+            && self.exes.is_empty()
+            && self.comms.is_empty()
+    }
+}
+
+/// `[eligible]`: which processes may be merged. Kinds combine with AND
+/// (a process must match every kind that has entries), entries of one kind
+/// with OR. With no entry and `all = false`, no process is eligible.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EligibleSection {
+    /// Every process (except pagesift and `[ineligible]`), regardless of the
+    /// lists below.
+    pub all: bool,
+    /// cgroups (see [`Selector::cgroups`]).
+    pub cgroups: Vec<String>,
+    /// Effective uids.
+    pub uids: Vec<u32>,
+    /// Executables (see [`Selector::exes`]).
+    pub exes: Vec<PathBuf>,
+    /// Command names.
+    pub comms: Vec<String>,
+}
+
+impl EligibleSection {
+    /// The allow lists as a [`Selector`].
+    pub fn selector(&self) -> Selector {
+        Selector {
+            cgroups: self.cgroups.clone(),
+            uids: self.uids.clone(),
+            exes: self.exes.clone(),
+            comms: self.comms.clone(),
+        }
+    }
+}
+
+/// `[status]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StatusSection {
+    /// Unix socket `pagesift status` talks to.
+    pub socket: PathBuf,
+}
+
+impl Default for StatusSection {
+    fn default() -> Self {
+        StatusSection {
+            socket: DEFAULT_SOCKET_PATH.into(),
+        }
+    }
+}
+
+/// `[metrics]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSection {
+    /// `HOST:PORT` (or `PORT`, meaning 127.0.0.1) to serve Prometheus
+    /// metrics on; unset: off.
+    pub address: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            governor: Governor::Full,
+            ladder: LadderSection::default(),
+            scan: ScanSection::default(),
+            actuate: ActuateSection::default(),
+            ksm: KsmSection::default(),
+            eligible: EligibleSection::default(),
+            ineligible: Selector::default(),
+            status: StatusSection::default(),
+            metrics: MetricsSection::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Parses and validates TOML text; `origin` names it in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::Syntax {
+            path: origin.to_string(),
+            reason: one_line(&e.to_string()),
+        })?;
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            ConfigError::Parse {
+                path: origin.to_string(),
+                key,
+                reason: one_line(&e.into_inner().to_string()),
+            }
+        })?;
+        config
+            .validate()
+            .map_err(|(key, reason)| ConfigError::Invalid {
+                path: origin.to_string(),
+                key,
+                reason,
+            })?;
+        Ok(config)
+    }
+
+    /// Loads the configuration: `explicit` must exist; without it the
+    /// default path is read if present, else the defaults are used.
+    pub fn load(explicit: Option<&Path>) -> Result<(Config, Option<PathBuf>), ConfigError> {
+        let (path, must_exist) = match explicit {
+            Some(p) => (p.to_path_buf(), true),
+            None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Ok((
+                Config::from_toml(&text, &path.display().to_string())?,
+                Some(path),
+            )),
+            Err(e) if !must_exist && e.kind() == std::io::ErrorKind::NotFound => {
+                Ok((Config::default(), None))
+            }
+            Err(source) => Err(ConfigError::Read { path, source }),
+        }
+    }
+
+    /// Checks every value; the error is (dotted key, reason).
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let bad = |k: &str, r: String| Err((k.to_string(), r));
+        if let Err(e) = self.ladder_config().validate() {
+            // LadderConfig names its field first: "v_dup: must be …".
+            let (field, reason) = e.split_once(": ").unwrap_or(("levels", e.as_str()));
+            return bad(&format!("ladder.{field}"), reason.to_string());
+        }
+        let s = &self.scan;
+        if s.sleep_ms == 0 || s.sleep_ms * MS > MAX_SLEEP {
+            return bad(
+                "scan.sleep_ms",
+                format!(
+                    "must be between 1 and {} ms, got {}",
+                    MAX_SLEEP / MS,
+                    s.sleep_ms
+                ),
+            );
+        }
+        if let Some(rt) = s.round_time_ms
+            && !(100..=3_600_000).contains(&rt)
+        {
+            return bad(
+                "scan.round_time_ms",
+                format!(
+                    "must be between 100 ms and one hour (the paper uses 2000 to 20000), got {rt}"
+                ),
+            );
+        }
+        for (key, v) in [
+            ("scan.cpu_cap", s.cpu_cap),
+            ("ksm.merge_share", self.ksm.merge_share),
+            ("ksm.trickle_share", self.ksm.trickle_share),
+        ] {
+            if let Some(v) = v
+                && !(v > 0.0 && v <= 1.0)
+            {
+                return bad(
+                    key,
+                    format!(
+                        "must be a fraction of one core above 0 and at most 1 (0.05 = 5 %), got {v}"
+                    ),
+                );
+            }
+        }
+        if s.subregion_mib == 0 || s.subregion_mib * 256 > u32::MAX as u64 {
+            return bad(
+                "scan.subregion_mib",
+                format!(
+                    "must be between 1 and {} MiB, got {}",
+                    u32::MAX as u64 / 256,
+                    s.subregion_mib
+                ),
+            );
+        }
+        if s.refresh_ms == 0 {
+            return bad("scan.refresh_ms", "must be at least 1 ms".into());
+        }
+        if !(s.refresh_cpu > 0.0 && s.refresh_cpu <= 1.0) {
+            return bad(
+                "scan.refresh_cpu",
+                format!(
+                    "must be a fraction of one core above 0 and at most 1, got {}",
+                    s.refresh_cpu
+                ),
+            );
+        }
+        let a = &self.actuate;
+        if !(a.max_map_count_fraction > 0.0 && a.max_map_count_fraction <= 1.0) {
+            return bad(
+                "actuate.max_map_count_fraction",
+                format!(
+                    "must be above 0 and at most 1, got {}",
+                    a.max_map_count_fraction
+                ),
+            );
+        }
+        if a.recheck_s == 0 {
+            return bad("actuate.recheck_s", "must be at least 1 second".into());
+        }
+        if a.account_pages_per_s == 0 {
+            return bad(
+                "actuate.account_pages_per_s",
+                "must be at least 1 (merged pages and COW breaks are counted from it)".into(),
+            );
+        }
+        for (i, e) in self
+            .eligible
+            .exes
+            .iter()
+            .chain(&self.ineligible.exes)
+            .enumerate()
+        {
+            if !e.is_absolute() {
+                let key = if i < self.eligible.exes.len() {
+                    "eligible.exes"
+                } else {
+                    "ineligible.exes"
+                };
+                return bad(key, format!("must be absolute paths, got {}", e.display()));
+            }
+        }
+        if let Some(addr) = &self.metrics.address {
+            metrics_address(addr).map_err(|r| ("metrics.address".to_string(), r))?;
+        }
+        Ok(())
+    }
+
+    /// The ladder's configuration.
+    pub fn ladder_config(&self) -> LadderConfig {
+        LadderConfig {
+            levels: self.ladder.levels,
+            v_dup: self.ladder.v_dup,
+            v_cow: self.ladder.v_cow,
+            v_life: self.ladder.v_life_ms.saturating_mul(MS),
+        }
+    }
+
+    /// T_s.
+    pub fn sleep(&self) -> Nanos {
+        self.scan.sleep_ms * MS
+    }
+
+    /// Sub-region size in pages.
+    pub fn subregion_pages(&self) -> u32 {
+        (self.scan.subregion_mib * 256) as u32
+    }
+
+    /// The daemon's CPU cap: the configured one, never above the governor's.
+    pub fn cpu_cap(&self) -> f64 {
+        let g = self.governor.max_cpu();
+        self.scan.cpu_cap.map_or(g, |c| c.min(g))
+    }
+
+    /// The per-level budgets: the governor's, with round times scaled to
+    /// `scan.round_time_ms` and shares capped at [`Config::cpu_cap`].
+    pub fn governor_params(&self) -> GovernorParams {
+        let mut p = self.governor.params(self.ladder.levels);
+        if let Some(rt) = self.scan.round_time_ms {
+            let sum: u64 = p.levels.iter().map(|l| l.round_time).sum();
+            if sum > 0 {
+                let scale = (rt * MS) as f64 / sum as f64;
+                for l in &mut p.levels {
+                    l.round_time = ((l.round_time as f64 * scale) as Nanos).max(1);
+                }
+            }
+        }
+        let cap = self.cpu_cap();
+        p.max_cpu = p.max_cpu.min(cap);
+        for l in &mut p.levels {
+            l.cpu_share = l.cpu_share.min(cap);
+        }
+        p
+    }
+
+    /// ksmd's share while promoted memory is unmerged.
+    pub fn merge_share(&self) -> f64 {
+        self.ksm
+            .merge_share
+            .unwrap_or_else(|| self.governor.params(self.ladder.levels).top_share())
+    }
+
+    /// ksmd's share when everything promoted is merged.
+    pub fn trickle_share(&self) -> f64 {
+        self.ksm
+            .trickle_share
+            .unwrap_or(PacingConfig::default().trickle_share)
+    }
+
+    /// The ksmd pacer's configuration: its defaults (`pagesift_core::pacing`),
+    /// with the trickle share and the highest share from this config.
+    pub fn pacing(&self) -> PacingConfig {
+        let d = PacingConfig::default();
+        PacingConfig {
+            trickle_share: self.trickle_share().min(d.max_share),
+            max_share: d.max_share.max(self.merge_share().min(0.99)),
+            ..d
+        }
+    }
+}
+
+/// Parses a metrics address: `HOST:PORT`, `[V6]:PORT`, or a bare `PORT`
+/// (then 127.0.0.1, so metrics are not exposed beyond the host by
+/// accident).
+pub fn metrics_address(addr: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let a = addr.trim();
+    let full = if a.parse::<u16>().is_ok() {
+        format!("127.0.0.1:{a}")
+    } else if let Some(port) = a.strip_prefix(':') {
+        format!("127.0.0.1:{port}")
+    } else {
+        a.to_string()
+    };
+    full.to_socket_addrs()
+        .map_err(|e| format!("`{addr}` is not HOST:PORT or PORT: {e}"))?
+        .next()
+        .ok_or_else(|| format!("`{addr}` resolves to no address"))
+}
+
+/// TOML errors span several lines (a snippet with a caret); the key path
+/// already says where, so keep the message on one line.
+fn one_line(s: &str) -> String {
+    let lines: Vec<&str> = s
+        .lines()
+        .map(str::trim)
+        .filter(|l| {
+            !l.is_empty()
+                && !l.starts_with('|')
+                && !l.chars().next().is_some_and(|c| c.is_ascii_digit())
+        })
+        .collect();
+    // "TOML parse error at line 2, column 9; <reason>" -> "<reason> (line 2, column 9)"
+    match lines.split_first() {
+        Some((first, rest)) if first.starts_with("TOML parse error at ") && !rest.is_empty() => {
+            format!(
+                "{} ({})",
+                rest.join("; "),
+                &first["TOML parse error at ".len()..]
+            )
+        }
+        _ => lines.join("; "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> ConfigError {
+        Config::from_toml(text, "t.toml").expect_err("should be rejected")
+    }
+
+    #[test]
+    fn empty_text_is_the_paper_defaults() {
+        let c = Config::from_toml("", "t.toml").unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.ladder.v_dup, 0.10);
+        assert_eq!(c.ladder.v_cow, 0.50);
+        assert_eq!(c.ladder.v_life_ms, 100);
+        assert_eq!(c.ladder.levels, 4);
+        assert_eq!(c.scan.sleep_ms, 100);
+        assert_eq!(c.governor, Governor::Full);
+        assert_eq!(c.cpu_cap(), 0.95);
+        assert!(!c.eligible.all && c.eligible.selector().is_empty());
+    }
+
+    #[test]
+    fn every_section_is_read() {
+        let c = Config::from_toml(
+            r#"
+governor = "low"
+[ladder]
+levels = 3
+v_dup = 0.2
+v_cow = 1.0
+v_life_ms = 500
+[scan]
+sleep_ms = 50
+round_time_ms = 4000
+cpu_cap = 0.1
+subregion_mib = 16
+[actuate]
+unmerge_on_exit = true
+[ksm]
+trickle_share = 0.001
+[eligible]
+cgroups = ["/machine.slice"]
+exes = ["/usr/bin/"]
+[ineligible]
+uids = [0]
+[status]
+socket = "/tmp/p.sock"
+[metrics]
+address = "9100"
+"#,
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(c.governor, Governor::Low);
+        assert_eq!(c.ladder_config().v_life, 500 * MS);
+        assert_eq!(c.subregion_pages(), 16 * 256);
+        assert_eq!(c.cpu_cap(), 0.1);
+        assert_eq!(c.trickle_share(), 0.001);
+        assert_eq!(c.ineligible.uids, vec![0]);
+        assert!(c.actuate.unmerge_on_exit);
+        let p = c.governor_params();
+        let sum: u64 = p.levels.iter().map(|l| l.round_time).sum();
+        assert!((sum as i64 - 4000 * MS as i64).abs() < 10, "{sum}");
+        assert!(p.levels.iter().all(|l| l.cpu_share <= 0.1));
+    }
+
+    #[test]
+    fn an_unknown_key_is_named() {
+        let e = err("[ladder]\nv_dupp = 0.2\n");
+        let msg = e.to_string();
+        assert!(msg.contains("v_dupp"), "{msg}");
+        assert!(msg.contains("unknown field"), "{msg}");
+        let e = err("governer = \"full\"\n");
+        assert!(e.to_string().contains("governer"), "{e}");
+    }
+
+    #[test]
+    fn a_wrong_type_names_the_dotted_key() {
+        let e = err("[ladder]\nv_dup = \"ten\"\n");
+        assert_eq!(e.key(), Some("ladder.v_dup"), "{e}");
+        assert!(e.to_string().contains("expected f64"), "{e}");
+        let e = err("[eligible]\nuids = [\"root\"]\n");
+        assert!(e.key().unwrap().starts_with("eligible.uids"), "{e}");
+    }
+
+    #[test]
+    fn an_out_of_range_value_names_the_key_and_the_reason() {
+        let e = err("[ladder]\nv_cow = 1.5\n");
+        assert_eq!(e.key(), Some("ladder.v_cow"));
+        assert!(e.to_string().contains("between 0 and 1"), "{e}");
+        let e = err("[ladder]\nlevels = 0\n");
+        assert_eq!(e.key(), Some("ladder.levels"), "{e}");
+        let e = err("[scan]\nsleep_ms = 5000\n");
+        assert_eq!(e.key(), Some("scan.sleep_ms"), "{e}");
+        let e = err("[scan]\ncpu_cap = 0\n");
+        assert_eq!(e.key(), Some("scan.cpu_cap"), "{e}");
+        let e = err("[scan]\nsubregion_mib = 0\n");
+        assert_eq!(e.key(), Some("scan.subregion_mib"), "{e}");
+        let e = err("[eligible]\nexes = [\"bin/qemu\"]\n");
+        assert_eq!(e.key(), Some("eligible.exes"), "{e}");
+        let e = err("[metrics]\naddress = \"nonsense:port\"\n");
+        assert_eq!(e.key(), Some("metrics.address"), "{e}");
+        let e = err("governor = \"turbo\"\n");
+        assert_eq!(e.key(), Some("governor"), "{e}");
+    }
+
+    #[test]
+    fn broken_toml_is_an_error_not_defaults() {
+        let e = err("[ladder\nv_dup = 0.1\n");
+        assert!(matches!(e, ConfigError::Syntax { .. }), "{e}");
+        assert!(e.to_string().contains("line 1"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_explicit_file_is_an_error() {
+        let e = Config::load(Some(Path::new("/nonexistent/pagesift.toml"))).unwrap_err();
+        assert!(matches!(e, ConfigError::Read { .. }), "{e}");
+        assert!(e.to_string().contains("/nonexistent/pagesift.toml"));
+    }
+
+    #[test]
+    fn an_explicit_file_is_read() {
+        let dir = std::env::temp_dir().join(format!("pagesift-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("p.toml");
+        std::fs::write(&p, "governor = \"quiet\"\n").unwrap();
+        let (c, from) = Config::load(Some(&p)).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(c.governor, Governor::Quiet);
+        assert_eq!(from.as_deref(), Some(p.as_path()));
+    }
+
+    #[test]
+    fn metrics_address_defaults_to_loopback() {
+        assert_eq!(
+            metrics_address("9100").unwrap().to_string(),
+            "127.0.0.1:9100"
+        );
+        assert_eq!(
+            metrics_address(":9100").unwrap().to_string(),
+            "127.0.0.1:9100"
+        );
+        assert_eq!(
+            metrics_address("0.0.0.0:9").unwrap().to_string(),
+            "0.0.0.0:9"
+        );
+        assert!(metrics_address("x").is_err());
+    }
+
+    #[test]
+    fn the_example_config_is_valid_and_documents_every_key() {
+        let text = include_str!("../../../dist/pagesift.toml");
+        let c = Config::from_toml(text, "dist/pagesift.toml").unwrap();
+        // Every key the defaults serialize to appears in the example.
+        let defaults = toml::to_string(&Config::default()).unwrap();
+        let mut section = String::new();
+        for line in defaults.lines() {
+            if let Some(s) = line.strip_prefix('[') {
+                section = s.trim_end_matches(']').to_string();
+                assert!(
+                    text.contains(&format!("[{section}]")),
+                    "[{section}] missing"
+                );
+            } else if let Some((k, _)) = line.split_once(" = ") {
+                assert!(
+                    text.contains(&format!("{k} =")),
+                    "{section}.{k} is not documented in dist/pagesift.toml"
+                );
+            }
+        }
+        for k in [
+            "round_time_ms",
+            "cpu_cap",
+            "merge_share",
+            "trickle_share",
+            "address",
+        ] {
+            assert!(text.contains(&format!("{k} =")), "{k} missing");
+        }
+        let _ = c;
+    }
+}

@@ -1,0 +1,1270 @@
+//! The loop: distil, promote, pace, account, demote (issue 4).
+//!
+//! ## One wake-up
+//! 1. **Refresh** (not every wake-up: see [`crate::target`]): re-read
+//!    processes and maps; judge every process against the eligibility
+//!    [`Policy`]; note processes that manage KSM themselves
+//!    (`ksm_merge_any`); classify every region of an eligible process:
+//!    - *sampling*: on the ladder, not mergeable;
+//!    - *foreign*: `VM_MERGEABLE` set by its process (or merge-any): it is
+//!      accounted and counted for pacing, never marked or unmarked;
+//!    - *promoted*: pagesift marked it (it is in the [`Marks`] ledger);
+//!    - *held*: pagesift unmarked it for thrashing; it waits at the bottom.
+//! 2. **Distil**: `Distiller::sync_regions` (only when regions changed) and
+//!    `Distiller::wake` over the eligible regions, minus promoted regions
+//!    ksmd is still merging (re-sampling them would only re-find the
+//!    duplicates that got them promoted). The thread's CPU time over the
+//!    wake, per sampled page, feeds `observe_cost` (UKSM measures its
+//!    scanner the same way, notes §3.6).
+//! 3. **Promote and demote**: every sampling region on the top level is
+//!    marked `MADV_MERGEABLE` in its owner; every promoted region found
+//!    thrashing by accounting is marked `MADV_UNMERGEABLE` and held. All
+//!    calls for one process go in one injection batch per wake-up, adjacent
+//!    ranges coalesced. Marking part of a VMA splits it: the splits are
+//!    counted, and a process whose VMA count would pass a fraction of
+//!    `vm.max_map_count` is skipped. Only ranges in the ledger are ever
+//!    unmarked.
+//! 4. **Account**: a budget of pages per second of promoted and foreign
+//!    regions is inspected (pagemap + kpageflags): regions ksmd is merging
+//!    about once a second, with up to 8× the budget while any is, settled
+//!    ones every `actuate.recheck_s`. Per region, a bit per
+//!    page remembers pages seen merged (KSM page or zero page); such a page
+//!    later present but not merged is a COW break. After a whole pass the
+//!    region's COW-broken ratio (breaks in this pass over pages merged in
+//!    the previous one) is compared with V_cow: above it, the region is
+//!    unmarked. A region is *settled* once a pass that started three ksmd
+//!    full scans after it was marked has ended: by then ksmd has visited
+//!    each of its pages at least twice, enough to merge every page that can
+//!    be (KSM merges a page on its second visit, ksm-baseline.md §4.5), so
+//!    what is still unmerged is unique or volatile; a pass that finds no
+//!    unmerged page settles it at once. Settled promoted regions
+//!    return to the ladder, at the bottom: their merged pages feed the
+//!    stable index, and they can climb again.
+//! 5. **Pace**: while any promoted or foreign region is unsettled, ksmd gets
+//!    the governor's top-level share (the CPU UKSM would spend merging the
+//!    region itself); otherwise a trickle (`ksm.trickle_share`, 0.1 %: half
+//!    of UKSM's bottom level, the daemon's own bottom-level sampling using
+//!    the other half).
+//! 6. **Sleep** T_s, stretched so that the daemon stays under its CPU cap
+//!    (UKSM's `uksm_sleep_real`, notes §3.6, capped at 1 s).
+
+use crate::actuate::{Actuator, Advice, BatchOutcome, Marks, ProcKey, coalesce};
+use crate::config::Config;
+use crate::eligibility::Policy;
+use crate::ksmd::{KsmControl, KsmSample, Pacing};
+use crate::status::{
+    DaemonStatus, KsmStatus, LevelStatus, MAX_LISTED, RegionStatus, Skipped, Status, Totals,
+};
+use crate::target::{Span, Target, View};
+use pagesift_core::distill::{Distiller, DistillerConfig};
+use pagesift_core::governor::{MAX_SLEEP, sleep_for_share};
+use pagesift_core::source::{PageState, SourceError};
+use pagesift_core::{Nanos, RegionId};
+use pagesift_linux::host;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use tracing::{debug, info, warn};
+
+const SEC: Nanos = 1_000_000_000;
+const MS: Nanos = 1_000_000;
+
+/// ksmd full scans after marking before a region counts as settled (see the
+/// module header).
+pub const SETTLE_SCANS: u64 = 3;
+/// How long a process whose injection was skipped is left alone before it
+/// is tried again.
+pub const SKIP_RETRY: Nanos = 60 * SEC;
+/// Longest time between two refreshes, even when no process came or went
+/// (mappings of live processes change too).
+pub const MAX_REFRESH_INTERVAL: Nanos = 60 * SEC;
+/// Longest hold of a thrashing region.
+pub const MAX_HOLD: Nanos = 3600 * SEC;
+/// How often ksmd's counters are read and its pace revised, unless the
+/// demand switches between merging and trickling.
+const PACE_INTERVAL: Nanos = SEC;
+/// CPU share of `actuate.account_pages_per_s` at its default, about 155 ns
+/// a page (mechanisms.md §4): the unit of the accounting boost.
+const ACCOUNT_BASE_SHARE: f64 = 0.02;
+/// Pages inspected per accounting call.
+const ACCOUNT_CHUNK: usize = 512;
+
+/// What pagesift does with a region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// On the ladder, not mergeable.
+    Sampling,
+    /// Made mergeable by pagesift.
+    Promoted,
+    /// Unmarked for thrashing; not promoted before `until`.
+    Held {
+        /// End of the hold.
+        until: Nanos,
+    },
+    /// Made mergeable by its own process.
+    Foreign,
+}
+
+/// Counts of one accounting pass over a region.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct PassCounts {
+    merged: u64,
+    present: u64,
+    cow: u64,
+}
+
+/// Everything the loop keeps about one region.
+#[derive(Clone, Debug)]
+struct Book {
+    span: Span,
+    first_seen: Nanos,
+    mode: Mode,
+    /// ksmd full scans when it was marked (or first seen mergeable).
+    marked_scan: u64,
+    settled: bool,
+    holds: u32,
+    seen_merged: Vec<u64>,
+    cursor: u32,
+    pass: PassCounts,
+    last: PassCounts,
+    passes: u64,
+    pass_started_scan: u64,
+    /// No new pass before this (a pass in progress goes on).
+    next_pass_at: Nanos,
+    /// When ksmd got the region (marked, or first seen mergeable).
+    merging_since: Nanos,
+    cow_total: u64,
+}
+
+impl Book {
+    fn new(span: Span, now: Nanos) -> Book {
+        let words = (span.pages as usize).div_ceil(64);
+        Book {
+            span,
+            first_seen: now,
+            mode: Mode::Sampling,
+            marked_scan: 0,
+            settled: false,
+            holds: 0,
+            seen_merged: vec![0; words],
+            cursor: 0,
+            pass: PassCounts::default(),
+            last: PassCounts::default(),
+            passes: 0,
+            pass_started_scan: 0,
+            next_pass_at: 0,
+            merging_since: now,
+            cow_total: 0,
+        }
+    }
+
+    fn resize(&mut self, pages: u32) {
+        self.seen_merged.resize((pages as usize).div_ceil(64), 0);
+        if self.cursor >= pages {
+            self.cursor = 0;
+        }
+    }
+
+    fn merged_now(&self) -> u64 {
+        if self.passes == 0 {
+            self.pass.merged
+        } else {
+            self.last.merged
+        }
+    }
+
+    fn accounted(&self) -> bool {
+        matches!(self.mode, Mode::Promoted | Mode::Foreign)
+    }
+
+    /// Starts tracking merging from scratch (just marked, or first seen
+    /// mergeable).
+    fn start_merging(&mut self, full_scans: u64, now: Nanos) {
+        self.marked_scan = full_scans;
+        self.merging_since = now;
+        self.next_pass_at = now;
+        self.settled = false;
+        self.cursor = 0;
+        self.pass = PassCounts::default();
+        self.passes = 0;
+        self.pass_started_scan = full_scans;
+    }
+}
+
+#[derive(Clone, Debug)]
+struct SkipEntry {
+    comm: String,
+    reason: String,
+    retry_at: Option<Nanos>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Counters {
+    marks: u64,
+    unmarks: u64,
+    batches: u64,
+    vma_splits: u64,
+    sampled: u64,
+    wakes: u64,
+}
+
+/// What one wake-up did (for logs and tests).
+#[derive(Clone, Debug, Default)]
+pub struct WakeSummary {
+    /// Whether maps were re-read.
+    pub refreshed: bool,
+    /// Pages sampled.
+    pub sampled: u64,
+    /// Regions marked mergeable.
+    pub promoted: Vec<RegionId>,
+    /// Regions unmarked for thrashing.
+    pub demoted: Vec<RegionId>,
+    /// Injection batches run (one per process at most).
+    pub batches: u64,
+    /// ksmd share asked for.
+    pub ksm_share: f64,
+    /// How long to sleep before the next wake-up.
+    pub sleep: Nanos,
+}
+
+/// The daemon's state; [`Daemon::wake`] runs one wake-up.
+pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
+    config: Config,
+    config_path: Option<PathBuf>,
+    policy: Policy,
+    distiller: Distiller,
+    target: T,
+    actuator: A,
+    ksm: K,
+    books: BTreeMap<RegionId, Book>,
+    marks: Marks,
+    allowed: HashMap<u32, ProcKey>,
+    comms: HashMap<u32, String>,
+    self_managed: HashSet<u32>,
+    hidden: BTreeSet<RegionId>,
+    unhide_after_sync: BTreeSet<RegionId>,
+    skipped: BTreeMap<u32, SkipEntry>,
+    inject_skips: BTreeMap<u32, SkipEntry>,
+    pending_unmarks: Vec<RegionId>,
+    need_sync: bool,
+    force_refresh: bool,
+    pending_change: bool,
+    next_check: Nanos,
+    earliest_refresh: Nanos,
+    last_refresh: Nanos,
+    last_account: Nanos,
+    account_from: Option<RegionId>,
+    counters: Counters,
+    ksm_now: KsmSample,
+    ksm_start: Option<KsmSample>,
+    pacing: Pacing,
+    next_pace: Nanos,
+    merging: bool,
+    cow_ksm_start: Option<u64>,
+    started: Nanos,
+    cpu_start_ns: u64,
+    cpu_window: VecDeque<(Nanos, u64, u64)>,
+    last_publish: Option<Nanos>,
+    states: Vec<PageState>,
+}
+
+impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
+    /// A daemon over `target`, marking through `actuator`, pacing `ksm`.
+    /// `policy` decides eligibility; `now` is the caller's monotonic clock.
+    pub fn new(
+        config: Config,
+        config_path: Option<PathBuf>,
+        policy: Policy,
+        target: T,
+        actuator: A,
+        ksm: K,
+        now: Nanos,
+    ) -> Self {
+        let distiller = new_distiller(&config);
+        let cow_ksm_start = target.cow_ksm();
+        let mut d = Daemon {
+            config,
+            config_path,
+            policy,
+            distiller,
+            target,
+            actuator,
+            ksm,
+            books: BTreeMap::new(),
+            marks: Marks::new(),
+            allowed: HashMap::new(),
+            comms: HashMap::new(),
+            self_managed: HashSet::new(),
+            hidden: BTreeSet::new(),
+            unhide_after_sync: BTreeSet::new(),
+            skipped: BTreeMap::new(),
+            inject_skips: BTreeMap::new(),
+            pending_unmarks: Vec::new(),
+            need_sync: true,
+            force_refresh: false,
+            pending_change: false,
+            next_check: now,
+            earliest_refresh: now,
+            last_refresh: now,
+            last_account: now,
+            account_from: None,
+            counters: Counters::default(),
+            ksm_now: KsmSample::default(),
+            ksm_start: None,
+            pacing: Pacing::default(),
+            next_pace: now,
+            merging: false,
+            cow_ksm_start,
+            started: now,
+            cpu_start_ns: host::process_cpu_ns(),
+            cpu_window: VecDeque::new(),
+            last_publish: None,
+            states: Vec::new(),
+        };
+        if let Ok(s) = d.ksm.sample() {
+            d.ksm_now = s;
+            d.ksm_start = Some(s);
+        }
+        // The target discovered its processes when it was built.
+        d.after_refresh(now);
+        d
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The distiller (ladder, index, strength).
+    pub fn distiller(&self) -> &Distiller {
+        &self.distiller
+    }
+
+    /// The target.
+    pub fn target(&self) -> &T {
+        &self.target
+    }
+
+    /// The target, mutably (tests drive simulated machines through it).
+    pub fn target_mut(&mut self) -> &mut T {
+        &mut self.target
+    }
+
+    /// The actuator.
+    pub fn actuator(&self) -> &A {
+        &self.actuator
+    }
+
+    /// The ledger of ranges pagesift marked.
+    pub fn marks(&self) -> &Marks {
+        &self.marks
+    }
+
+    /// What the loop does with a region, if it tracks it.
+    pub fn mode(&self, id: RegionId) -> Option<Mode> {
+        self.books.get(&id).map(|b| b.mode)
+    }
+
+    /// Asks for a refresh at the next wake-up.
+    pub fn request_refresh(&mut self) {
+        self.force_refresh = true;
+    }
+
+    /// Applies a new configuration (SIGHUP). Thresholds of the ladder
+    /// restart distilling (regions re-enter at the bottom; what is
+    /// promoted stays promoted). The socket and metrics address need a
+    /// restart and are kept.
+    pub fn reload(&mut self, mut config: Config, policy: Policy) {
+        config.status = self.config.status.clone();
+        config.metrics = self.config.metrics.clone();
+        let ladder_changed =
+            config.ladder != self.config.ladder || config.scan.seed != self.config.scan.seed;
+        let sleep_changed = config.scan.sleep_ms != self.config.scan.sleep_ms;
+        if let Err(e) = self
+            .target
+            .reconfigure(policy.process_filter(), config.subregion_pages())
+        {
+            warn!(error = %e, "the reloaded configuration selects processes that cannot be read; keeping the old selection");
+        }
+        self.config = config;
+        self.policy = policy;
+        if ladder_changed || sleep_changed {
+            info!("ladder thresholds changed: distilling restarts from the bottom");
+            self.distiller = new_distiller(&self.config);
+            self.need_sync = true;
+        } else {
+            self.distiller.set_params(self.config.governor_params());
+        }
+        self.force_refresh = true;
+    }
+
+    /// One wake-up at `now`; returns what it did, including how long to
+    /// sleep.
+    pub fn wake(&mut self, now: Nanos) -> WakeSummary {
+        let cpu0 = host::thread_cpu_ns();
+        let mut summary = WakeSummary {
+            refreshed: self.maybe_refresh(now),
+            ..WakeSummary::default()
+        };
+        summary.sampled = self.distil(now);
+        self.account(now);
+        self.actuate(now, &mut summary);
+        summary.ksm_share = self.pace(now);
+        let active = host::thread_cpu_ns().saturating_sub(cpu0);
+        let sleep = sleep_for_share(active as f64, self.config.cpu_cap())
+            .max(self.config.sleep())
+            .min(MAX_SLEEP);
+        summary.sleep = sleep;
+        self.counters.wakes += 1;
+        summary
+    }
+
+    /// Whether a status snapshot is due (about once a second).
+    pub fn publish_due(&self, now: Nanos) -> bool {
+        self.last_publish.is_none_or(|t| now >= t + SEC)
+    }
+
+    /// Stops: unmarks what pagesift marked when `unmerge` (merged pages are
+    /// copied back), and gives KSM its settings back.
+    pub fn shutdown(&mut self, unmerge: bool) -> Result<(), String> {
+        if unmerge {
+            for key in self.marks.processes() {
+                let calls: Vec<Advice> = self
+                    .marks
+                    .ranges(key)
+                    .into_iter()
+                    .map(|(s, e)| Advice {
+                        start: s,
+                        len: e - s,
+                        mergeable: false,
+                    })
+                    .collect();
+                match self.actuator.advise(key.pid, &calls) {
+                    BatchOutcome::Done(results) => {
+                        for (c, r) in calls.iter().zip(results) {
+                            match r {
+                                Ok(()) => self.marks.remove(key, c.start, c.end()),
+                                Err(errno) => warn!(
+                                    pid = key.pid,
+                                    start = c.start,
+                                    errno,
+                                    "could not unmark a range on exit"
+                                ),
+                            }
+                        }
+                    }
+                    BatchOutcome::Gone => self.marks.forget(key),
+                    BatchOutcome::Skipped(r) | BatchOutcome::Failed(r) => {
+                        warn!(pid = key.pid, reason = %r, "could not unmark on exit")
+                    }
+                }
+            }
+        }
+        self.ksm.restore()
+    }
+
+    fn maybe_refresh(&mut self, now: Nanos) -> bool {
+        if now >= self.next_check {
+            self.next_check = now + self.config.scan.refresh_ms * MS;
+            if self.target.processes_changed() {
+                self.pending_change = true;
+            }
+        }
+        let due = self.force_refresh
+            || (self.pending_change && now >= self.earliest_refresh)
+            || now >= self.last_refresh + MAX_REFRESH_INTERVAL;
+        if !due {
+            return false;
+        }
+        let t0 = host::thread_cpu_ns();
+        if let Err(e) = self.target.refresh() {
+            warn!(error = %e, "refreshing processes failed");
+            self.force_refresh = false;
+            return false;
+        }
+        let cost = host::thread_cpu_ns().saturating_sub(t0);
+        self.earliest_refresh = now + (cost as f64 / self.config.scan.refresh_cpu) as Nanos;
+        self.last_refresh = now;
+        self.force_refresh = false;
+        self.pending_change = false;
+        self.after_refresh(now);
+        debug!(
+            cost_us = cost / 1000,
+            regions = self.books.len(),
+            "refreshed"
+        );
+        true
+    }
+
+    fn after_refresh(&mut self, now: Nanos) {
+        for pid in self.target.take_gone() {
+            self.inject_skips.remove(&pid);
+        }
+        let procs = self.target.processes();
+        self.allowed.clear();
+        self.self_managed.clear();
+        self.comms.clear();
+        self.skipped.clear();
+        for p in &procs {
+            self.comms.insert(p.key.pid, p.facts.comm.clone());
+            match self.policy.judge(&p.facts) {
+                Ok(()) => {
+                    self.allowed.insert(p.key.pid, p.key);
+                    if p.merge_any {
+                        self.self_managed.insert(p.key.pid);
+                    }
+                }
+                Err(reason) => {
+                    // Processes that were never candidates are not news.
+                    if reason.starts_with("excluded") || reason.contains("pagesift") {
+                        self.skipped.insert(
+                            p.key.pid,
+                            SkipEntry {
+                                comm: p.facts.comm.clone(),
+                                reason,
+                                retry_at: None,
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        for (pid, reason) in self.target.discovery_skipped() {
+            self.skipped.insert(
+                pid,
+                SkipEntry {
+                    comm: String::new(),
+                    reason,
+                    retry_at: None,
+                },
+            );
+        }
+        self.inject_skips
+            .retain(|pid, _| self.allowed.contains_key(pid));
+        // Regions of eligible processes.
+        let regions = self.target.regions();
+        let mut seen = BTreeSet::new();
+        for r in regions {
+            if !self.allowed.contains_key(&r.owner) {
+                continue;
+            }
+            let Some(span) = self.target.span(r.id) else {
+                continue;
+            };
+            seen.insert(r.id);
+            let full_scans = self.ksm_now.full_scans;
+            let self_managed = self.self_managed.contains(&span.proc.pid);
+            let ours = self.marks.covers(span.proc, span.start, span.end());
+            let book = self
+                .books
+                .entry(r.id)
+                .or_insert_with(|| Book::new(span.clone(), now));
+            if book.span.pages != span.pages {
+                book.resize(span.pages);
+            }
+            book.span = span;
+            let mergeable = book.span.mergeable;
+            let foreign = self_managed || (mergeable && !ours);
+            match (book.mode, foreign) {
+                (Mode::Foreign, true) => {}
+                (mode, true) => {
+                    if mode == Mode::Promoted {
+                        // The process took over (merge-any): its range now,
+                        // never to be unmarked by pagesift.
+                        self.marks
+                            .remove(book.span.proc, book.span.start, book.span.end());
+                        self.hidden.remove(&r.id);
+                        self.need_sync = true;
+                    }
+                    book.mode = Mode::Foreign;
+                    book.start_merging(full_scans, now);
+                }
+                (Mode::Foreign, false) => {
+                    // The process made it unmergeable again.
+                    book.mode = Mode::Sampling;
+                }
+                (Mode::Promoted, false) if !mergeable => {
+                    warn!(
+                        pid = book.span.proc.pid,
+                        start = book.span.start,
+                        "a range pagesift marked is not mergeable (the kernel ignored \
+                         MADV_MERGEABLE or the process unmarked it): holding it"
+                    );
+                    self.marks
+                        .remove(book.span.proc, book.span.start, book.span.end());
+                    book.holds += 1;
+                    book.mode = Mode::Held {
+                        until: now + hold_time(&self.config, book.holds),
+                    };
+                    self.hidden.remove(&r.id);
+                    self.need_sync = true;
+                }
+                (Mode::Sampling, false) if ours && mergeable => {
+                    // Marked in an earlier life of this book (ids rebuilt).
+                    book.mode = Mode::Promoted;
+                    book.start_merging(full_scans, now);
+                }
+                _ => {}
+            }
+        }
+        let gone: Vec<RegionId> = self
+            .books
+            .keys()
+            .filter(|id| !seen.contains(id))
+            .copied()
+            .collect();
+        for id in gone {
+            if let Some(b) = self.books.remove(&id)
+                && b.mode == Mode::Promoted
+                && !self.books.values().any(|o| {
+                    o.span.proc == b.span.proc
+                        && o.span.start < b.span.end()
+                        && b.span.start < o.span.end()
+                })
+            {
+                // Unmapped (not merely renumbered): its marks went with it.
+                self.marks.remove(b.span.proc, b.span.start, b.span.end());
+            }
+            self.hidden.remove(&id);
+            self.unhide_after_sync.remove(&id);
+        }
+        let live: HashSet<ProcKey> = self.allowed.values().copied().collect();
+        for key in self.marks.processes() {
+            if !live.contains(&key) {
+                self.marks.forget(key);
+            }
+        }
+        self.need_sync = true;
+    }
+
+    fn distil(&mut self, now: Nanos) -> u64 {
+        if self.need_sync {
+            let view = View {
+                target: &mut self.target,
+                allowed: &self.allowed,
+                hidden: &self.hidden,
+            };
+            self.distiller.sync_regions(&view, now);
+            self.need_sync = false;
+            if !self.unhide_after_sync.is_empty() {
+                // Out for one sync, back at the bottom on the next.
+                for id in std::mem::take(&mut self.unhide_after_sync) {
+                    self.hidden.remove(&id);
+                }
+                self.need_sync = true;
+            }
+        }
+        let mut view = View {
+            target: &mut self.target,
+            allowed: &self.allowed,
+            hidden: &self.hidden,
+        };
+        let c0 = host::thread_cpu_ns();
+        let report = self.distiller.wake(&mut view, now);
+        let cpu = host::thread_cpu_ns().saturating_sub(c0);
+        let sampled: u64 = report.sampled.iter().sum();
+        if sampled > 0 {
+            self.distiller.observe_cost(cpu as f64 / sampled as f64);
+        }
+        if !report.gone.is_empty() {
+            self.force_refresh = true;
+        }
+        self.counters.sampled += sampled;
+        sampled
+    }
+
+    fn actuate(&mut self, now: Nanos, summary: &mut WakeSummary) {
+        let top = self.distiller.ladder().levels() - 1;
+        let mut batches: BTreeMap<u32, Vec<(RegionId, Advice)>> = BTreeMap::new();
+        for id in self.distiller.ladder().regions_at(top) {
+            let Some(b) = self.books.get_mut(&id) else {
+                continue;
+            };
+            if let Mode::Held { until } = b.mode {
+                if now < until {
+                    continue;
+                }
+                b.mode = Mode::Sampling;
+            }
+            if b.mode != Mode::Sampling {
+                continue;
+            }
+            let pid = b.span.proc.pid;
+            if self.self_managed.contains(&pid)
+                || self
+                    .inject_skips
+                    .get(&pid)
+                    .is_some_and(|s| s.retry_at.is_some_and(|t| now < t))
+            {
+                continue;
+            }
+            batches.entry(pid).or_default().push((
+                id,
+                Advice {
+                    start: b.span.start,
+                    len: b.span.end() - b.span.start,
+                    mergeable: true,
+                },
+            ));
+        }
+        for id in std::mem::take(&mut self.pending_unmarks) {
+            let Some(b) = self.books.get(&id) else {
+                continue;
+            };
+            if b.mode != Mode::Promoted
+                || !self.marks.covers(b.span.proc, b.span.start, b.span.end())
+            {
+                continue; // never unmark what pagesift did not mark
+            }
+            batches.entry(b.span.proc.pid).or_default().push((
+                id,
+                Advice {
+                    start: b.span.start,
+                    len: b.span.end() - b.span.start,
+                    mergeable: false,
+                },
+            ));
+        }
+        for (pid, items) in batches {
+            self.run_batch(pid, items, now, summary);
+        }
+    }
+
+    fn run_batch(
+        &mut self,
+        pid: u32,
+        items: Vec<(RegionId, Advice)>,
+        now: Nanos,
+        summary: &mut WakeSummary,
+    ) {
+        let Some(&key) = self.allowed.get(&pid) else {
+            return;
+        };
+        let calls = coalesce(items.iter().map(|(_, a)| *a).collect());
+        // VMA splits: a marked range that starts or ends inside its VMA.
+        let splits_of = |c: &Advice| -> u64 {
+            let first = items.iter().find(|(_, a)| a.start == c.start);
+            let last = items.iter().find(|(_, a)| a.end() == c.end());
+            let mut n = 0;
+            if let Some((id, _)) = first
+                && self
+                    .books
+                    .get(id)
+                    .is_some_and(|b| b.span.vma_start < c.start)
+            {
+                n += 1;
+            }
+            if let Some((id, _)) = last
+                && self.books.get(id).is_some_and(|b| b.span.vma_end > c.end())
+            {
+                n += 1;
+            }
+            n
+        };
+        let splits: Vec<u64> = calls
+            .iter()
+            .map(|c| if c.mergeable { splits_of(c) } else { 0 })
+            .collect();
+        let new_splits: u64 = splits.iter().sum();
+        if new_splits > 0 {
+            let limit = (self.target.max_map_count() as f64
+                * self.config.actuate.max_map_count_fraction) as u64;
+            let vmas = self.target.vma_count(pid).unwrap_or(u64::MAX);
+            if vmas.saturating_add(new_splits) > limit {
+                self.skip_injection(
+                    pid,
+                    format!(
+                        "VMA budget: {vmas} VMAs, marking would add {new_splits}, limit {limit} \
+                         (actuate.max_map_count_fraction of vm.max_map_count)"
+                    ),
+                    now,
+                );
+                return;
+            }
+        }
+        summary.batches += 1;
+        self.counters.batches += 1;
+        let outcome = self.actuator.advise(pid, &calls);
+        self.force_refresh = true; // see the new flags and splits
+        match outcome {
+            BatchOutcome::Done(results) => {
+                self.inject_skips.remove(&pid);
+                for ((call, res), split) in calls.iter().zip(results).zip(splits) {
+                    let covered: Vec<RegionId> = items
+                        .iter()
+                        .filter(|(_, a)| {
+                            a.mergeable == call.mergeable
+                                && a.start >= call.start
+                                && a.end() <= call.end()
+                        })
+                        .map(|(id, _)| *id)
+                        .collect();
+                    match res {
+                        Ok(()) if call.mergeable => {
+                            self.marks.add(key, call.start, call.end());
+                            self.counters.marks += 1;
+                            self.counters.vma_splits += split;
+                            for id in covered {
+                                if let Some(b) = self.books.get_mut(&id) {
+                                    b.mode = Mode::Promoted;
+                                    b.start_merging(self.ksm_now.full_scans, now);
+                                    self.hidden.insert(id);
+                                    self.need_sync = true;
+                                    summary.promoted.push(id);
+                                    info!(
+                                        pid,
+                                        start = b.span.start,
+                                        pages = b.span.pages,
+                                        "promoted: marked mergeable"
+                                    );
+                                }
+                            }
+                        }
+                        Ok(()) => {
+                            self.marks.remove(key, call.start, call.end());
+                            self.counters.unmarks += 1;
+                            for id in covered {
+                                if let Some(b) = self.books.get_mut(&id) {
+                                    b.holds += 1;
+                                    b.mode = Mode::Held {
+                                        until: now + hold_time(&self.config, b.holds),
+                                    };
+                                    // Out of the ladder for one sync: it
+                                    // re-enters at the bottom.
+                                    self.hidden.insert(id);
+                                    self.unhide_after_sync.insert(id);
+                                    self.need_sync = true;
+                                    summary.demoted.push(id);
+                                    info!(
+                                        pid,
+                                        start = b.span.start,
+                                        "demoted: thrashing, unmarked"
+                                    );
+                                }
+                            }
+                        }
+                        Err(errno) => {
+                            warn!(
+                                pid,
+                                start = call.start,
+                                len = call.len,
+                                errno,
+                                mergeable = call.mergeable,
+                                "madvise failed in the target"
+                            );
+                            for id in covered {
+                                if let Some(b) = self.books.get_mut(&id)
+                                    && call.mergeable
+                                {
+                                    b.holds += 1;
+                                    b.mode = Mode::Held {
+                                        until: now + hold_time(&self.config, b.holds),
+                                    };
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            BatchOutcome::Skipped(reason) => self.skip_injection(pid, reason, now),
+            BatchOutcome::Gone => {}
+            BatchOutcome::Failed(reason) => {
+                warn!(pid, reason = %reason, "injection failed");
+                self.skip_injection(pid, format!("injection failed: {reason}"), now);
+            }
+        }
+    }
+
+    fn skip_injection(&mut self, pid: u32, reason: String, now: Nanos) {
+        let comm = self.comms.get(&pid).cloned().unwrap_or_default();
+        if self
+            .inject_skips
+            .get(&pid)
+            .is_none_or(|s| s.reason != reason)
+        {
+            info!(pid, comm = %comm, reason = %reason, "process skipped");
+        }
+        self.inject_skips.insert(
+            pid,
+            SkipEntry {
+                comm,
+                reason,
+                retry_at: Some(now + SKIP_RETRY),
+            },
+        );
+    }
+
+    fn account(&mut self, now: Nanos) {
+        let dt = now.saturating_sub(self.last_account).min(SEC);
+        self.last_account = now;
+        let full_scans = self.ksm_now.full_scans;
+        let mut merging = false;
+        for b in self.books.values_mut() {
+            if !b.accounted() || b.settled {
+                continue;
+            }
+            merging = true;
+            // A pass that began before ksmd's third full scan cannot settle
+            // the region; once that scan is done, start the deciding pass
+            // at once instead of finishing a useless one.
+            if b.cursor > 0
+                && b.pass_started_scan < b.marked_scan + SETTLE_SCANS
+                && full_scans >= b.marked_scan + SETTLE_SCANS
+            {
+                b.cursor = 0;
+                b.pass = PassCounts::default();
+                b.pass_started_scan = full_scans;
+                b.next_pass_at = now;
+            }
+        }
+        // While ksmd merges, accounting runs faster (up to 8×, within the
+        // governor's top share at ≈2 % per base budget) so that progress
+        // shows and settled regions hand ksmd back to the trickle sooner.
+        let boost = if merging {
+            (self.config.merge_share() / ACCOUNT_BASE_SHARE).clamp(1.0, 8.0)
+        } else {
+            1.0
+        };
+        let mut budget = (self.config.actuate.account_pages_per_s as f64 * boost * dt as f64
+            / SEC as f64) as u64;
+        let ids: Vec<RegionId> = self
+            .books
+            .iter()
+            .filter(|(_, b)| b.accounted() && (b.cursor > 0 || now >= b.next_pass_at))
+            .map(|(id, _)| *id)
+            .collect();
+        if ids.is_empty() || budget == 0 {
+            return;
+        }
+        let first = self
+            .account_from
+            .and_then(|from| ids.iter().position(|&id| id >= from))
+            .unwrap_or(0);
+        let v_cow = self.config.ladder.v_cow;
+        let min_merged = self.config.actuate.min_merged_for_demotion;
+        for k in 0..ids.len() {
+            if budget == 0 {
+                break;
+            }
+            let id = ids[(first + k) % ids.len()];
+            self.account_from = Some(id);
+            while let Some(b) = self.books.get(&id) {
+                let pages = b.span.pages;
+                let n = (pages - b.cursor)
+                    .min(ACCOUNT_CHUNK as u32)
+                    .min(budget as u32) as usize;
+                if n == 0 {
+                    break;
+                }
+                let from = b.cursor;
+                self.states.clear();
+                self.states.resize(n, PageState::NotPresent);
+                match self.target.page_states(id, from, &mut self.states) {
+                    Ok(()) => {}
+                    Err(SourceError::Gone(_)) => {
+                        self.force_refresh = true;
+                        break;
+                    }
+                    Err(e) => {
+                        debug!(region = id.0, error = %e, "accounting read failed");
+                        self.force_refresh = true;
+                        break;
+                    }
+                }
+                budget -= n as u64;
+                let b = self.books.get_mut(&id).expect("checked above");
+                for (i, s) in self.states.iter().enumerate() {
+                    let p = from as usize + i;
+                    let (w, bit) = (p / 64, 1u64 << (p % 64));
+                    match s {
+                        PageState::Merged | PageState::Zero => {
+                            b.pass.merged += 1;
+                            b.seen_merged[w] |= bit;
+                        }
+                        PageState::Present => {
+                            b.pass.present += 1;
+                            if b.seen_merged[w] & bit != 0 {
+                                b.pass.cow += 1;
+                                b.cow_total += 1;
+                                b.seen_merged[w] &= !bit;
+                            }
+                        }
+                        PageState::NotPresent => b.seen_merged[w] &= !bit,
+                    }
+                }
+                b.cursor += n as u32;
+                if b.cursor >= pages {
+                    // A pass ends.
+                    let prev_merged = b.last.merged;
+                    b.last = b.pass;
+                    b.pass = PassCounts::default();
+                    b.passes += 1;
+                    b.cursor = 0;
+                    // Unsettled regions are passed over about once a
+                    // second (settling follows ksmd's full scans); settled
+                    // ones only to notice COW breaks.
+                    b.next_pass_at = now
+                        + if b.settled {
+                            self.config.actuate.recheck_s.saturating_mul(SEC)
+                        } else {
+                            SEC
+                        };
+                    // Settled: nothing present is left unmerged, or ksmd
+                    // has had its chances (see the module header).
+                    if !b.settled
+                        && (b.last.present == 0
+                            || b.pass_started_scan >= b.marked_scan + SETTLE_SCANS)
+                    {
+                        b.settled = true;
+                        info!(
+                            pid = b.span.proc.pid,
+                            start = b.span.start,
+                            merged = b.last.merged,
+                            pages = b.span.pages,
+                            seconds = now.saturating_sub(b.merging_since) as f64 / SEC as f64,
+                            "settled: ksmd has merged what it can"
+                        );
+                        if b.mode == Mode::Promoted {
+                            // Back to the ladder, at the bottom.
+                            self.hidden.remove(&id);
+                            self.need_sync = true;
+                        }
+                    }
+                    b.pass_started_scan = full_scans;
+                    if b.mode == Mode::Promoted
+                        && b.passes >= 2
+                        && prev_merged >= min_merged.max(1)
+                        && b.last.cow as f64 / prev_merged as f64 > v_cow
+                    {
+                        self.pending_unmarks.push(id);
+                    }
+                    break;
+                }
+            }
+        }
+    }
+
+    fn pace(&mut self, now: Nanos) -> f64 {
+        // Pages ksmd still has to look at: present pages of unsettled
+        // regions (at least one per region until its first pass ends).
+        let unmerged: u64 = self
+            .books
+            .values()
+            .filter(|b| b.accounted() && !b.settled)
+            .map(|b| {
+                let present = if b.passes == 0 {
+                    b.pass.present
+                } else {
+                    b.last.present
+                };
+                present.max(1)
+            })
+            .sum();
+        // Reading KSM's counters and ksmd's CPU costs a dozen file reads:
+        // once a second is enough (the pacer is built for that interval),
+        // but a change between merging and trickling acts at once.
+        let merging = unmerged > 0;
+        if now < self.next_pace && merging == self.merging {
+            return self.pacing.share;
+        }
+        self.next_pace = now + PACE_INTERVAL;
+        self.merging = merging;
+        match self.ksm.sample() {
+            Ok(s) => {
+                self.ksm_now = s;
+                self.ksm_start.get_or_insert(s);
+            }
+            Err(e) => debug!(error = %e, "reading KSM counters failed"),
+        }
+        let target = self.config.merge_share();
+        match self.ksm.pace(target, unmerged, now) {
+            Ok(p) => self.pacing = p,
+            Err(e) => warn!(error = %e, "pacing ksmd failed"),
+        }
+        self.pacing.share
+    }
+
+    /// The status snapshot at `now`; also remembers the CPU window.
+    pub fn status(&mut self, now: Nanos) -> Status {
+        self.last_publish = Some(now);
+        let cpu = host::process_cpu_ns();
+        self.cpu_window
+            .push_back((now, cpu, self.ksm_now.ksmd_cpu_ns));
+        while self.cpu_window.len() > 2
+            && self
+                .cpu_window
+                .front()
+                .is_some_and(|&(t, _, _)| now - t > 5 * SEC)
+        {
+            self.cpu_window.pop_front();
+        }
+        let share = |i: usize| -> f64 {
+            let (a, b) = (self.cpu_window.front(), self.cpu_window.back());
+            match (a, b) {
+                (Some(a), Some(b)) if b.0 > a.0 => {
+                    let d = if i == 1 {
+                        b.1.saturating_sub(a.1)
+                    } else {
+                        b.2.saturating_sub(a.2)
+                    };
+                    d as f64 / (b.0 - a.0) as f64
+                }
+                _ => 0.0,
+            }
+        };
+        let ladder = self.distiller.ladder();
+        let params = self.distiller.params();
+        let region = |id: RegionId, b: &Book| -> RegionStatus {
+            let stats = ladder.region_stats(id);
+            RegionStatus {
+                id: id.0,
+                pid: b.span.proc.pid,
+                comm: self
+                    .comms
+                    .get(&b.span.proc.pid)
+                    .cloned()
+                    .unwrap_or_default(),
+                start: b.span.start,
+                pages: b.span.pages,
+                name: b.span.name.clone(),
+                level: stats.map(|s| s.level),
+                state: match b.mode {
+                    Mode::Sampling => "sampling",
+                    Mode::Promoted if b.settled => "promoted",
+                    Mode::Promoted => "merging",
+                    Mode::Held { .. } => "held",
+                    Mode::Foreign => "foreign",
+                }
+                .into(),
+                merged_pages: b.merged_now(),
+                cow_breaks: b.cow_total,
+                age_s: now.saturating_sub(b.first_seen) as f64 / SEC as f64,
+                dup_ratio: stats.map_or(0.0, |s| s.last_dup_ratio),
+            }
+        };
+        let mut levels: Vec<LevelStatus> = (0..ladder.levels())
+            .map(|l| LevelStatus {
+                level: l,
+                cpu_share: params.levels.get(l).map_or(0.0, |p| p.cpu_share),
+                round_time_ms: params.levels.get(l).map_or(0, |p| p.round_time / MS),
+                region_count: 0,
+                pages: ladder.level_pages(l),
+                regions: Vec::new(),
+            })
+            .collect();
+        for l in 0..ladder.levels() {
+            let ids = ladder.regions_at(l);
+            levels[l].region_count = ids.len() as u64;
+            let mut rs: Vec<RegionStatus> = ids
+                .iter()
+                .filter_map(|id| self.books.get(id).map(|b| region(*id, b)))
+                .collect();
+            rs.sort_by(|a, b| b.pages.cmp(&a.pages).then(a.id.cmp(&b.id)));
+            rs.truncate(MAX_LISTED);
+            levels[l].regions = rs;
+        }
+        let mut top: Vec<RegionStatus> = self
+            .books
+            .iter()
+            .filter(|(_, b)| b.merged_now() > 0)
+            .map(|(id, b)| region(*id, b))
+            .collect();
+        top.sort_by(|a, b| b.merged_pages.cmp(&a.merged_pages).then(a.id.cmp(&b.id)));
+        top.truncate(20);
+        let count = |f: &dyn Fn(&Book) -> bool| self.books.values().filter(|b| f(b)).count() as u64;
+        let totals = Totals {
+            processes: self.allowed.len() as u64,
+            regions: self.books.len() as u64,
+            promoted_regions: count(&|b| b.mode == Mode::Promoted),
+            promoted_pages: self
+                .books
+                .values()
+                .filter(|b| b.mode == Mode::Promoted)
+                .map(|b| b.span.pages as u64)
+                .sum(),
+            merging_regions: count(&|b| b.mode == Mode::Promoted && !b.settled),
+            held_regions: count(&|b| matches!(b.mode, Mode::Held { .. })),
+            foreign_regions: count(&|b| b.mode == Mode::Foreign),
+            marked_bytes: self.marks.bytes(),
+            merged_pages: self.books.values().map(|b| b.merged_now()).sum(),
+            cow_breaks: self.books.values().map(|b| b.cow_total).sum(),
+            marks: self.counters.marks,
+            unmarks: self.counters.unmarks,
+            batches: self.counters.batches,
+            vma_splits: self.counters.vma_splits,
+            sampled_pages: self.counters.sampled,
+            wakes: self.counters.wakes,
+            global_rounds: self.distiller.global_rounds(),
+        };
+        let start = self.ksm_start.unwrap_or_default();
+        let ksm = KsmStatus {
+            pages_shared: self.ksm_now.pages_shared,
+            pages_sharing: self.ksm_now.pages_sharing,
+            full_scans: self.ksm_now.full_scans,
+            cpu_share: share(2),
+            cpu_seconds: self.ksm_now.ksmd_cpu_ns.saturating_sub(start.ksmd_cpu_ns) as f64 / 1e9,
+            target_share: self.pacing.share,
+            pages_to_scan: self.pacing.pages_to_scan,
+            sleep_ms: self.pacing.sleep_ms,
+            cow_ksm: match (self.target.cow_ksm(), self.cow_ksm_start) {
+                (Some(n), Some(s)) => Some(n.saturating_sub(s)),
+                _ => None,
+            },
+        };
+        let daemon = DaemonStatus {
+            pid: std::process::id(),
+            uptime_s: now.saturating_sub(self.started) as f64 / SEC as f64,
+            cpu_share: share(1),
+            cpu_seconds: cpu.saturating_sub(self.cpu_start_ns) as f64 / 1e9,
+            per_page_ns: self.distiller.per_page_ns(),
+            strength: self.distiller.controller().strength(),
+            config: self.config_path.as_ref().map(|p| p.display().to_string()),
+        };
+        let mut skipped: Vec<Skipped> = self
+            .skipped
+            .iter()
+            .chain(&self.inject_skips)
+            .map(|(pid, s)| Skipped {
+                pid: *pid,
+                comm: s.comm.clone(),
+                reason: s.reason.clone(),
+            })
+            .collect();
+        for pid in &self.self_managed {
+            skipped.push(Skipped {
+                pid: *pid,
+                comm: self.comms.get(pid).cloned().unwrap_or_default(),
+                reason: "uses KSM itself (ksm_merge_any): its settings are left as they are".into(),
+            });
+        }
+        skipped.sort_by_key(|s| s.pid);
+        Status {
+            governor: self.config.governor.name().into(),
+            levels,
+            top_regions: top,
+            totals,
+            ksm,
+            daemon,
+            skipped,
+        }
+    }
+}
+
+fn new_distiller(config: &Config) -> Distiller {
+    let mut d = Distiller::new(DistillerConfig {
+        ladder: config.ladder_config(),
+        governor: config.governor,
+        sleep: config.sleep(),
+        seed: config.scan.seed,
+        ..DistillerConfig::default()
+    });
+    d.set_params(config.governor_params());
+    d
+}
+
+/// The hold after the `n`-th demotion: `demote_hold_s`, doubling, at most
+/// an hour.
+fn hold_time(config: &Config, n: u32) -> Nanos {
+    let base = config.actuate.demote_hold_s.saturating_mul(SEC);
+    base.saturating_mul(1u64 << n.saturating_sub(1).min(20))
+        .min(MAX_HOLD)
+}

@@ -1,0 +1,210 @@
+//! ksmd as the loop sees it: a CPU share to pace it to, and its counters.
+//!
+//! pagesift owns `/sys/kernel/mm/ksm` while it runs: it snapshots the
+//! settings it found, starts ksmd, paces it, and writes the snapshot back
+//! when it stops (merged pages stay merged). [`KsmControl`] is that
+//! ownership; the loop only says which share of one core ksmd should get:
+//! the governor's top-level share while promoted memory is unmerged, a
+//! trickle (the bottom level's share) when everything promoted is merged
+//! (issue 4, "Pace ksmd"). Turning a share into `pages_to_scan` and
+//! `sleep_millisecs`, closed-loop on ksmd's measured CPU time, is the
+//! implementation's job.
+
+use pagesift_core::Nanos;
+use pagesift_core::pacing::{KsmdPace, KsmdTick, PaceMode, Pacer, PacingConfig, PacingDemand};
+use pagesift_linux::ksm::{AdvisorMode, GuardOptions, KsmGuard, Ksmd, Run};
+
+/// ksmd's counters at one moment (`/sys/kernel/mm/ksm`, mainline-ksm.md
+/// §1.2) and its CPU time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KsmSample {
+    /// ksmd's CPU time so far, ns.
+    pub ksmd_cpu_ns: u64,
+    /// KSM pages in use.
+    pub pages_shared: u64,
+    /// Further mappings of them: pages saved.
+    pub pages_sharing: u64,
+    /// Completed passes over all mergeable memory.
+    pub full_scans: u64,
+}
+
+/// The settings in force after a [`KsmControl::pace`] call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Pacing {
+    /// The share aimed at (fraction of one core): the target, or the
+    /// trickle.
+    pub share: f64,
+    /// `pages_to_scan` written.
+    pub pages_to_scan: u64,
+    /// `sleep_millisecs` written.
+    pub sleep_ms: u64,
+}
+
+/// Ownership of the kernel's KSM for the daemon's lifetime.
+pub trait KsmControl {
+    /// ksmd's counters now.
+    fn sample(&mut self) -> Result<KsmSample, String>;
+    /// Paces ksmd (called once per wake-up; the implementation closes the
+    /// loop on ksmd's measured CPU and may act less often): towards
+    /// `target_share` of one core while `unmerged_pages` promoted pages
+    /// wait for ksmd, at a trickle when there are none.
+    fn pace(
+        &mut self,
+        target_share: f64,
+        unmerged_pages: u64,
+        now: Nanos,
+    ) -> Result<Pacing, String>;
+    /// Writes back the settings found at start. Also done on drop; calling
+    /// it twice is harmless.
+    fn restore(&mut self) -> Result<(), String>;
+}
+
+/// The real KSM: a [`KsmGuard`] (lock + snapshot, restored on drop, on
+/// SIGTERM through `TerminationWatch`, and after a SIGKILL by the next
+/// owner), ksmd's CPU time, and the closed-loop [`Pacer`] of
+/// `pagesift_core::pacing`.
+///
+/// On the first [`KsmControl::pace`] it turns the scan-time advisor off (it
+/// would overwrite `pages_to_scan`), writes the pacer's first pace and
+/// starts ksmd (`run=1`). After that it ticks the pacer about once a second
+/// (the interval the pacer is designed for), and at once when the demand
+/// switches between merging and trickling.
+pub struct SysKsm {
+    guard: KsmGuard,
+    ksmd: Option<Ksmd>,
+    pacer: Pacer,
+    last: Option<(Nanos, u64)>,
+    written: Option<KsmdPace>,
+}
+
+/// How often the pacer ticks while the demand does not change regime.
+const PACE_TICK: Nanos = 1_000_000_000;
+
+impl SysKsm {
+    /// Takes ownership of KSM, waiting at most `wait` for the lock (another
+    /// pagesift daemon, or a test, may hold it).
+    ///
+    /// Giving KSM back never writes `run=2`: that would unmerge every KSM
+    /// page of the machine, other processes' too. `--unmerge-on-exit` is
+    /// done by the loop instead, by unmarking exactly what pagesift marked.
+    pub fn acquire(
+        pacing: PacingConfig,
+        wait: Option<std::time::Duration>,
+    ) -> Result<SysKsm, String> {
+        let pacer = Pacer::new(pacing).map_err(|e| e.to_string())?;
+        let guard = KsmGuard::acquire_with(GuardOptions {
+            wait,
+            ..GuardOptions::default()
+        })
+        .map_err(|e| format!("cannot take ownership of KSM: {e}"))?;
+        if let Some(r) = guard.recovered() {
+            tracing::warn!(report = %r, "a previous owner of KSM died without restoring it: restored its settings first");
+        }
+        guard.set_unmerge_on_restore(false);
+        let ksmd = Ksmd::find().ok();
+        if ksmd.is_none() {
+            tracing::warn!("no ksmd thread found: its CPU time is not measured");
+        }
+        Ok(SysKsm {
+            guard,
+            ksmd,
+            pacer,
+            last: None,
+            written: None,
+        })
+    }
+
+    /// The guard (read access to KSM, the snapshot).
+    pub fn guard(&self) -> &KsmGuard {
+        &self.guard
+    }
+
+    fn ksmd_cpu(&self) -> u64 {
+        self.ksmd
+            .as_ref()
+            .and_then(|k| k.cpu_ns().ok())
+            .unwrap_or(0)
+    }
+
+    fn write(&mut self, pace: KsmdPace) -> Result<(), String> {
+        if self.written != Some(pace) {
+            self.guard.set_pace(pace).map_err(|e| e.to_string())?;
+            self.written = Some(pace);
+        }
+        Ok(())
+    }
+}
+
+impl KsmControl for SysKsm {
+    fn sample(&mut self) -> Result<KsmSample, String> {
+        // Three counters, not all eleven: this runs every second.
+        let ksm = self.guard.ksm();
+        let read = |name: &str| -> Result<u64, String> {
+            Ok(ksm
+                .read_name(name)
+                .map_err(|e| e.to_string())?
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(0))
+        };
+        Ok(KsmSample {
+            ksmd_cpu_ns: self.ksmd_cpu(),
+            pages_shared: read("pages_shared")?,
+            pages_sharing: read("pages_sharing")?,
+            full_scans: read("full_scans")?,
+        })
+    }
+
+    fn pace(
+        &mut self,
+        target_share: f64,
+        unmerged_pages: u64,
+        now: Nanos,
+    ) -> Result<Pacing, String> {
+        let demand = PacingDemand {
+            target_share,
+            unmerged_pages,
+        };
+        match self.last {
+            None => {
+                if self.guard.ksm().advisor_mode().ok().flatten() == Some(AdvisorMode::ScanTime) {
+                    self.guard
+                        .set_advisor_mode(AdvisorMode::None)
+                        .map_err(|e| e.to_string())?;
+                }
+                let pace = self.pacer.start(demand);
+                self.write(pace)?;
+                self.guard.set_run(Run::Run).map_err(|e| e.to_string())?;
+                self.last = Some((now, self.ksmd_cpu()));
+            }
+            Some((t, cpu)) => {
+                let active = self.pacer.mode() == PaceMode::Active;
+                let switch = active != (unmerged_pages > 0 && target_share > 0.0);
+                if switch || now.saturating_sub(t) >= PACE_TICK {
+                    let cpu_now = self.ksmd_cpu();
+                    let tick = KsmdTick {
+                        cpu_ns: cpu_now.saturating_sub(cpu),
+                        wall_ns: now.saturating_sub(t),
+                    };
+                    let pace = self.pacer.tick(tick, demand);
+                    self.write(pace)?;
+                    self.last = Some((now, cpu_now));
+                }
+            }
+        }
+        let pace = self.pacer.pace();
+        Ok(Pacing {
+            share: self.pacer.target_share(),
+            pages_to_scan: pace.pages_to_scan as u64,
+            sleep_ms: pace.sleep_millisecs as u64,
+        })
+    }
+
+    fn restore(&mut self) -> Result<(), String> {
+        let report = self.guard.restore();
+        if report.is_complete() {
+            Ok(())
+        } else {
+            Err(report.to_string())
+        }
+    }
+}

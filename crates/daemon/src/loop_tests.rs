@@ -1,0 +1,489 @@
+//! The loop on a simulated machine: what gets marked, what never does,
+//! demotion, pacing, skips and shutdown.
+
+use crate::config::Config;
+use crate::daemon::{Daemon, Mode, WakeSummary};
+use crate::eligibility::Policy;
+use crate::sim::*;
+use pagesift_core::source::PageState;
+use pagesift_core::{Nanos, PageRef, RegionId};
+
+const WAKE: Nanos = 100_000_000;
+
+type D = Daemon<SimTarget, SimActuator, SimKsm>;
+
+fn daemon(w: &Shared, toml: &str, pids: &[u32]) -> D {
+    let config = Config::from_toml(toml, "test").unwrap();
+    let policy = Policy::new(&config, pids, 1, Some("/usr/sbin/pagesift".into()));
+    Daemon::new(
+        config,
+        None,
+        policy,
+        SimTarget(w.clone()),
+        SimActuator(w.clone()),
+        SimKsm(w.clone()),
+        0,
+    )
+}
+
+fn run(d: &mut D, now: &mut Nanos, wakes: usize) -> Vec<WakeSummary> {
+    (0..wakes)
+        .map(|_| {
+            *now += WAKE;
+            d.wake(*now)
+        })
+        .collect()
+}
+
+const ALL: &str = "[eligible]\nall = true\n";
+
+#[test]
+fn the_identical_region_is_promoted_and_merged_the_random_one_never_marked() {
+    let w = world();
+    let (dup, rand) = {
+        let mut m = w.borrow_mut();
+        m.spawn(10, "dup", false);
+        m.spawn(11, "rand", false);
+        (
+            m.map(10, &[7; 1024], false),
+            m.map(11, &distinct(1000, 1024), false),
+        )
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    let s = run(&mut d, &mut now, 300);
+    let m = w.borrow();
+    assert!(
+        m.spans[&dup].mergeable,
+        "the identical region was not marked"
+    );
+    assert!(!m.spans[&rand].mergeable, "the random region was marked");
+    assert!(
+        m.batches.iter().all(|(pid, _)| *pid == 10),
+        "{:?}",
+        m.batches
+    );
+    assert_eq!(m.count(dup, PageState::Merged), 1024);
+    assert_eq!(d.mode(dup), Some(Mode::Promoted));
+    assert_eq!(d.mode(rand), Some(Mode::Sampling));
+    assert!(s.iter().any(|s| s.promoted == vec![dup]));
+    // ksmd got the top share while merging, then a trickle.
+    assert!(m.shares.contains(&0.95), "{:?}", &m.shares[..10]);
+    assert_eq!(*m.shares.last().unwrap(), 0.001);
+    drop(m);
+    let st = d.status(now);
+    assert_eq!(st.top_regions[0].id, dup.0);
+    assert_eq!(st.top_regions[0].merged_pages, 1024);
+    assert_eq!(st.top_regions[0].state, "promoted");
+    assert_eq!(st.totals.merged_pages, 1024);
+    assert_eq!(st.totals.promoted_regions, 1);
+    assert_eq!(st.totals.marks, 1);
+    assert_eq!(st.totals.unmarks, 0);
+    assert_eq!(st.totals.cow_breaks, 0);
+    // Settled: it is back on the ladder, at the bottom.
+    assert!(d.distiller().ladder().level_of(dup).is_some());
+}
+
+#[test]
+fn what_a_process_marked_itself_is_accounted_but_never_touched() {
+    let w = world();
+    let (own, any, ours) = {
+        let mut m = w.borrow_mut();
+        m.spawn(20, "selfmarked", false);
+        m.spawn(21, "mergeany", true);
+        m.spawn(22, "plain", false);
+        (
+            m.map(20, &[5; 512], true),
+            m.map(21, &[6; 512], true),
+            m.map(22, &[8; 512], false),
+        )
+    };
+    let mut d = daemon(
+        &w,
+        "[actuate]\nrecheck_s = 1\n[eligible]\nall = true\n",
+        &[],
+    );
+    let mut now = 0;
+    run(&mut d, &mut now, 200);
+    // Thrash the foreign regions: pagesift must still not unmark them.
+    for _ in 0..30 {
+        {
+            let mut m = w.borrow_mut();
+            for (id, c) in [(own, 5), (any, 6)] {
+                for page in 0..512 {
+                    m.mem.write(PageRef { region: id, page }, c).unwrap();
+                }
+            }
+        }
+        run(&mut d, &mut now, 1);
+    }
+    let m = w.borrow();
+    assert!(
+        m.batches.iter().all(|(pid, _)| *pid == 22),
+        "a self-managed process was advised: {:?}",
+        m.batches
+    );
+    assert!(m.spans[&own].mergeable && m.spans[&any].mergeable);
+    assert!(m.spans[&ours].mergeable);
+    drop(m);
+    assert_eq!(d.mode(own), Some(Mode::Foreign));
+    assert_eq!(d.mode(any), Some(Mode::Foreign));
+    let st = d.status(now);
+    assert_eq!(st.totals.foreign_regions, 2);
+    assert!(
+        st.totals.cow_breaks > 0,
+        "COW breaks in foreign regions are counted"
+    );
+    assert!(
+        st.skipped
+            .iter()
+            .any(|s| s.pid == 21 && s.reason.contains("ksm_merge_any")),
+        "{:?}",
+        st.skipped
+    );
+    assert!(!d.marks().overlaps(
+        crate::actuate::ProcKey {
+            pid: 20,
+            start_time: 120
+        },
+        0,
+        u64::MAX
+    ));
+}
+
+#[test]
+fn a_thrashing_promoted_region_is_unmarked_and_held_at_the_bottom() {
+    let w = world();
+    let dup = {
+        let mut m = w.borrow_mut();
+        m.spawn(30, "thrash", false);
+        m.map(30, &[9; 1024], false)
+    };
+    let mut d = daemon(
+        &w,
+        "[actuate]\nrecheck_s = 1\n[eligible]\nall = true\n",
+        &[],
+    );
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert_eq!(d.mode(dup), Some(Mode::Promoted));
+    assert_eq!(w.borrow().count(dup, PageState::Merged), 1024);
+    // Now every page is rewritten (same content) between wake-ups: each
+    // merge is broken before the next accounting pass.
+    let mut demoted_at = None;
+    for i in 0..50 {
+        {
+            let mut m = w.borrow_mut();
+            for page in 0..1024 {
+                m.mem.write(PageRef { region: dup, page }, 9).unwrap();
+            }
+        }
+        let s = run(&mut d, &mut now, 1);
+        if s[0].demoted == vec![dup] {
+            demoted_at = Some(i);
+            break;
+        }
+    }
+    assert!(demoted_at.is_some(), "never demoted");
+    assert!(matches!(d.mode(dup), Some(Mode::Held { .. })));
+    {
+        let m = w.borrow();
+        assert!(!m.spans[&dup].mergeable);
+        let (_, last) = m.batches.last().unwrap();
+        assert!(last.iter().all(|a| !a.mergeable));
+    }
+    assert_eq!(d.marks().bytes(), 0);
+    // Held: not promoted again within the hold (60 s), though its pages
+    // are still identical.
+    let before = w.borrow().batches.len();
+    run(&mut d, &mut now, 300);
+    assert_eq!(
+        w.borrow().batches.len(),
+        before,
+        "re-promoted during the hold"
+    );
+    let st = d.status(now);
+    assert_eq!(st.totals.held_regions, 1);
+    assert_eq!(st.totals.unmarks, 1);
+    assert!(st.totals.cow_breaks >= 1024);
+}
+
+#[test]
+fn with_v_cow_at_100_percent_a_rewritten_region_stays_merged() {
+    let w = world();
+    let dup = {
+        let mut m = w.borrow_mut();
+        m.spawn(31, "thrash", false);
+        m.map(31, &[9; 1024], false)
+    };
+    let mut d = daemon(
+        &w,
+        "[ladder]\nv_cow = 1.0\n[actuate]\nrecheck_s = 1\n[eligible]\nall = true\n",
+        &[],
+    );
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    for _ in 0..30 {
+        {
+            let mut m = w.borrow_mut();
+            for page in 0..1024 {
+                m.mem.write(PageRef { region: dup, page }, 9).unwrap();
+            }
+        }
+        run(&mut d, &mut now, 1);
+    }
+    assert_eq!(d.mode(dup), Some(Mode::Promoted));
+    assert!(
+        w.borrow()
+            .batches
+            .iter()
+            .all(|(_, b)| b.iter().all(|a| a.mergeable))
+    );
+}
+
+#[test]
+fn one_batch_per_process_per_wake_with_adjacent_ranges_coalesced() {
+    let w = world();
+    let slices = {
+        let mut m = w.borrow_mut();
+        m.spawn(40, "vm", false);
+        let mut contents = vec![3u64; 2048];
+        contents.extend(distinct(5000, 1024)); // the VMA's last slice is random
+        m.map_sliced(40, &contents, 512)
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    let summaries = run(&mut d, &mut now, 400);
+    let m = w.borrow();
+    for s in &summaries {
+        assert!(
+            s.batches <= 1,
+            "more than one batch for one process in a wake-up"
+        );
+    }
+    for (_, calls) in &m.batches {
+        for a in calls.windows(2) {
+            assert!(
+                a[0].end() != a[1].start || a[0].mergeable != a[1].mergeable,
+                "adjacent calls not coalesced: {calls:?}"
+            );
+        }
+    }
+    for &id in &slices[..4] {
+        assert!(m.spans[&id].mergeable, "an identical slice was not marked");
+    }
+    for &id in &slices[4..] {
+        assert!(!m.spans[&id].mergeable, "a random slice was marked");
+    }
+    drop(m);
+    let st = d.status(now);
+    assert!(st.totals.vma_splits >= 1, "marking inside a VMA splits it");
+    assert!(st.totals.vma_splits <= 2 * st.totals.marks);
+}
+
+#[test]
+fn a_process_that_refuses_injection_is_skipped_with_its_reason_and_retried_slowly() {
+    let w = world();
+    let dup = {
+        let mut m = w.borrow_mut();
+        m.spawn(50, "traced", false);
+        m.refuse.insert(50, "already traced by pid 99".into());
+        m.map(50, &[4; 512], false)
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300); // 30 s
+    let m = w.borrow();
+    assert!(!m.spans[&dup].mergeable);
+    let attempts = m.attempts[&50];
+    assert_eq!(attempts, 1, "retried within a minute");
+    drop(m);
+    let st = d.status(now);
+    let s = st
+        .skipped
+        .iter()
+        .find(|s| s.pid == 50)
+        .expect("listed as skipped");
+    assert_eq!(s.reason, "already traced by pid 99");
+    assert_eq!(s.comm, "traced");
+    run(&mut d, &mut now, 400); // past the minute: tried again
+    assert_eq!(w.borrow().attempts[&50], 2);
+}
+
+#[test]
+fn the_vma_budget_stops_splitting_a_crowded_process() {
+    let w = world();
+    let (slices, whole) = {
+        let mut m = w.borrow_mut();
+        m.spawn(60, "crowded", false);
+        m.spawn(61, "crowded2", false);
+        // Both are above 0.5 × 65530 VMAs.
+        m.vma_counts.insert(60, 40_000);
+        m.vma_counts.insert(61, 40_000);
+        let mut c = vec![2u64; 1024];
+        c.extend(distinct(9000, 1024));
+        let slices = m.map_sliced(60, &c, 512);
+        (slices, m.map(61, &[2; 512], false))
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    let m = w.borrow();
+    assert!(!m.spans[&slices[0]].mergeable, "split a crowded process");
+    assert!(
+        !m.attempts.contains_key(&60),
+        "injected into a crowded process"
+    );
+    // Marking a whole VMA splits nothing: allowed however crowded.
+    assert!(m.spans[&whole].mergeable);
+    drop(m);
+    let st = d.status(now);
+    let s = st.skipped.iter().find(|s| s.pid == 60).expect("listed");
+    assert!(
+        s.reason.starts_with("VMA budget: 40000 VMAs"),
+        "{}",
+        s.reason
+    );
+    assert_eq!(st.totals.vma_splits, 0);
+}
+
+#[test]
+fn shutdown_unmarks_only_what_pagesift_marked_and_restores_ksm() {
+    let w = world();
+    let (ours, foreign) = {
+        let mut m = w.borrow_mut();
+        m.spawn(70, "a", false);
+        m.spawn(71, "b", false);
+        (m.map(70, &[1; 512], false), m.map(71, &[1; 512], true))
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert!(w.borrow().spans[&ours].mergeable);
+    d.shutdown(true).unwrap();
+    let m = w.borrow();
+    assert!(!m.spans[&ours].mergeable, "not unmarked on exit");
+    assert!(m.spans[&foreign].mergeable, "a foreign range was unmarked");
+    assert!(m.batches.iter().all(|(pid, _)| *pid == 70));
+    assert_eq!(m.restored, 1);
+    drop(m);
+
+    let w = world();
+    let ours = {
+        let mut m = w.borrow_mut();
+        m.spawn(72, "a", false);
+        m.map(72, &[1; 512], false)
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    run(&mut d, &mut now, 300);
+    let n = w.borrow().batches.len();
+    d.shutdown(false).unwrap();
+    assert_eq!(w.borrow().batches.len(), n, "merged pages stay merged");
+    assert!(w.borrow().spans[&ours].mergeable);
+    assert_eq!(w.borrow().restored, 1);
+}
+
+#[test]
+fn ineligible_processes_are_neither_sampled_nor_marked() {
+    let w = world();
+    let (yes, no, denied) = {
+        let mut m = w.borrow_mut();
+        m.spawn(80, "guest", false);
+        m.spawn(81, "other", false);
+        m.spawn(82, "guest", false);
+        (
+            m.map(80, &[1; 512], false),
+            m.map(81, &[1; 512], false),
+            m.map(82, &[1; 512], false),
+        )
+    };
+    // 82 is a "guest" too, but denied by pid through --pid narrowing.
+    let mut d = daemon(&w, "[eligible]\ncomms = [\"guest\"]\n", &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert!(w.borrow().spans[&yes].mergeable);
+    assert!(!w.borrow().spans[&no].mergeable);
+    assert_eq!(d.distiller().ladder().level_of(no), None, "sampled");
+    assert_eq!(d.mode(no), None);
+    let _ = denied;
+
+    let w2 = world();
+    let (a, b) = {
+        let mut m = w2.borrow_mut();
+        m.spawn(90, "guest", false);
+        m.spawn(91, "guest", false);
+        (m.map(90, &[1; 512], false), m.map(91, &[1; 512], false))
+    };
+    let mut d = daemon(&w2, "[ineligible]\ncomms = [\"nobody\"]\n", &[90]);
+    run(&mut d, &mut now, 300);
+    assert!(w2.borrow().spans[&a].mergeable);
+    assert!(
+        !w2.borrow().spans[&b].mergeable,
+        "--pid narrows to the named pids"
+    );
+}
+
+#[test]
+fn nothing_is_eligible_by_default() {
+    let w = world();
+    let r = {
+        let mut m = w.borrow_mut();
+        m.spawn(95, "x", false);
+        m.map(95, &[1; 512], false)
+    };
+    let mut d = daemon(&w, "", &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 100);
+    assert!(w.borrow().batches.is_empty());
+    assert_eq!(d.distiller().ladder().level_of(r), None);
+}
+
+#[test]
+fn a_process_that_exits_after_promotion_is_forgotten() {
+    let w = world();
+    let (a, b) = {
+        let mut m = w.borrow_mut();
+        m.spawn(100, "a", false);
+        m.spawn(101, "b", false);
+        (m.map(100, &[1; 512], false), m.map(101, &[2; 512], false))
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert_eq!(d.mode(a), Some(Mode::Promoted));
+    w.borrow_mut().exit(100);
+    d.request_refresh();
+    run(&mut d, &mut now, 50);
+    assert_eq!(d.mode(a), None);
+    assert_eq!(d.mode(b), Some(Mode::Promoted));
+    assert_eq!(d.marks().processes().len(), 1);
+    let st = d.status(now);
+    assert_eq!(st.totals.processes, 1);
+    let _: RegionId = b;
+}
+
+#[test]
+fn the_daemon_stays_under_its_cpu_cap_by_sleeping_longer() {
+    let w = world();
+    {
+        let mut m = w.borrow_mut();
+        m.spawn(110, "big", false);
+        m.map(110, &distinct(1, 1 << 16), false);
+    }
+    // A 0.1 % cap: whatever a wake-up costs, the sleep after it is at least
+    // 999 times as long.
+    let mut d = daemon(&w, "[scan]\ncpu_cap = 0.001\n[eligible]\nall = true\n", &[]);
+    let mut now = 0;
+    for _ in 0..20 {
+        let t0 = pagesift_linux::host::thread_cpu_ns();
+        now += WAKE;
+        let s = d.wake(now);
+        let active = pagesift_linux::host::thread_cpu_ns() - t0;
+        assert!(
+            s.sleep as f64 >= (active as f64 * 0.9) * 999.0 || s.sleep == 1_000_000_000,
+            "slept {} ns after {} ns of work",
+            s.sleep,
+            active
+        );
+    }
+}

@@ -1,0 +1,368 @@
+//! Prometheus metrics: the numbers of `pagesift status`, in the OpenMetrics
+//! text format, over HTTP (`--metrics ADDR`, off by default).
+//!
+//! The metric objects are `prometheus-client`'s; [`Metrics::update`] copies
+//! a [`Status`] snapshot into them (counters advance by the difference to
+//! the previous snapshot, so they stay monotonic), and a `tiny_http` thread
+//! answers every GET with the registry's encoding. Only numbers that stay
+//! few go out as labels (levels, the governor): regions and processes are
+//! counted, not listed, so a host with thousands of regions does not blow
+//! up the scrape.
+
+use crate::status::Status;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+type G = Gauge<f64, AtomicU64>;
+type C = Counter<f64, AtomicU64>;
+type Labels = Vec<(String, String)>;
+
+/// The registry and its metrics.
+pub struct Metrics {
+    registry: Registry,
+    gauges: Vec<(&'static str, G)>,
+    counters: Vec<(&'static str, C, f64)>,
+    level_regions: Family<Labels, G>,
+    level_pages: Family<Labels, G>,
+    governor: Family<Labels, G>,
+}
+
+/// Gauges: (name, help).
+const GAUGES: &[(&str, &str)] = &[
+    (
+        "merged_pages",
+        "Pages merged (KSM or zero page) in promoted and foreign regions",
+    ),
+    (
+        "merged_bytes",
+        "Bytes merged in promoted and foreign regions",
+    ),
+    ("processes", "Eligible processes"),
+    ("regions", "Regions tracked"),
+    ("promoted_regions", "Regions pagesift made mergeable"),
+    ("promoted_pages", "Pages of regions pagesift made mergeable"),
+    ("merging_regions", "Promoted regions ksmd is still merging"),
+    (
+        "held_regions",
+        "Regions unmarked for thrashing and held at the bottom",
+    ),
+    (
+        "foreign_regions",
+        "Regions made mergeable by their own process",
+    ),
+    ("marked_bytes", "Bytes marked mergeable by pagesift"),
+    ("skipped_processes", "Processes pagesift does not actuate"),
+    ("ksm_pages_shared", "KSM pages in use"),
+    (
+        "ksm_pages_sharing",
+        "Further mappings of KSM pages: pages saved",
+    ),
+    ("ksm_full_scans", "ksmd full scans"),
+    ("ksm_pages_to_scan", "pages_to_scan in force"),
+    ("ksm_sleep_milliseconds", "sleep_millisecs in force"),
+    (
+        "ksmd_cpu_share",
+        "ksmd CPU over the last seconds, fraction of one core",
+    ),
+    (
+        "ksmd_target_share",
+        "CPU share ksmd is paced to, fraction of one core",
+    ),
+    (
+        "daemon_cpu_share",
+        "pagesift CPU over the last seconds, fraction of one core",
+    ),
+    ("hash_strength", "Words hashed per sampled page"),
+    (
+        "sample_cost_nanoseconds",
+        "CPU per sampled page the budgets assume",
+    ),
+    (
+        "cow_ksm_since_start",
+        "/proc/vmstat cow_ksm since the daemon started",
+    ),
+];
+
+/// Counters: (name without _total, help).
+const COUNTERS: &[(&str, &str)] = &[
+    (
+        "cow_breaks",
+        "COW breaks counted in promoted and foreign regions",
+    ),
+    ("marks", "MADV_MERGEABLE calls that succeeded"),
+    ("unmarks", "MADV_UNMERGEABLE calls that succeeded"),
+    ("injection_batches", "Injection batches (one attach each)"),
+    ("vma_splits", "VMA splits caused by marking parts of VMAs"),
+    ("sampled_pages", "Pages sampled"),
+    ("wakeups", "Wake-ups"),
+    ("global_rounds", "Global sampling rounds"),
+    ("daemon_cpu_seconds", "pagesift CPU time"),
+    ("ksmd_cpu_seconds", "ksmd CPU time since pagesift started"),
+];
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Every metric, at zero.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("pagesift");
+        let gauges = GAUGES
+            .iter()
+            .map(|&(name, help)| {
+                let g = G::default();
+                registry.register(name, help, g.clone());
+                (name, g)
+            })
+            .collect();
+        let counters = COUNTERS
+            .iter()
+            .map(|&(name, help)| {
+                let c = C::default();
+                registry.register(name, help, c.clone());
+                (name, c, 0.0)
+            })
+            .collect();
+        let level_regions = Family::<Labels, G>::default();
+        registry.register(
+            "level_regions",
+            "Regions on a ladder level",
+            level_regions.clone(),
+        );
+        let level_pages = Family::<Labels, G>::default();
+        registry.register(
+            "level_pages",
+            "Pages on a ladder level",
+            level_pages.clone(),
+        );
+        let governor = Family::<Labels, G>::default();
+        registry.register(
+            "governor",
+            "The CPU governor in force (value 1)",
+            governor.clone(),
+        );
+        Metrics {
+            registry,
+            gauges,
+            counters,
+            level_regions,
+            level_pages,
+            governor,
+        }
+    }
+
+    fn set(&self, name: &str, v: f64) {
+        if let Some((_, g)) = self.gauges.iter().find(|(n, _)| *n == name) {
+            g.set(v);
+        }
+    }
+
+    fn advance(&mut self, name: &str, total: f64) {
+        if let Some((_, c, last)) = self.counters.iter_mut().find(|(n, _, _)| *n == name) {
+            if total > *last {
+                c.inc_by(total - *last);
+            }
+            *last = last.max(total);
+        }
+    }
+
+    /// Copies a snapshot into the metrics.
+    pub fn update(&mut self, s: &Status) {
+        let t = &s.totals;
+        let k = &s.ksm;
+        let d = &s.daemon;
+        for (name, v) in [
+            ("merged_pages", t.merged_pages as f64),
+            ("merged_bytes", t.merged_pages as f64 * 4096.0),
+            ("processes", t.processes as f64),
+            ("regions", t.regions as f64),
+            ("promoted_regions", t.promoted_regions as f64),
+            ("promoted_pages", t.promoted_pages as f64),
+            ("merging_regions", t.merging_regions as f64),
+            ("held_regions", t.held_regions as f64),
+            ("foreign_regions", t.foreign_regions as f64),
+            ("marked_bytes", t.marked_bytes as f64),
+            ("skipped_processes", s.skipped.len() as f64),
+            ("ksm_pages_shared", k.pages_shared as f64),
+            ("ksm_pages_sharing", k.pages_sharing as f64),
+            ("ksm_full_scans", k.full_scans as f64),
+            ("ksm_pages_to_scan", k.pages_to_scan as f64),
+            ("ksm_sleep_milliseconds", k.sleep_ms as f64),
+            ("ksmd_cpu_share", k.cpu_share),
+            ("ksmd_target_share", k.target_share),
+            ("daemon_cpu_share", d.cpu_share),
+            ("hash_strength", d.strength as f64),
+            ("sample_cost_nanoseconds", d.per_page_ns),
+            ("cow_ksm_since_start", k.cow_ksm.unwrap_or(0) as f64),
+        ] {
+            self.set(name, v);
+        }
+        for (name, v) in [
+            ("cow_breaks", t.cow_breaks as f64),
+            ("marks", t.marks as f64),
+            ("unmarks", t.unmarks as f64),
+            ("injection_batches", t.batches as f64),
+            ("vma_splits", t.vma_splits as f64),
+            ("sampled_pages", t.sampled_pages as f64),
+            ("wakeups", t.wakes as f64),
+            ("global_rounds", t.global_rounds as f64),
+            ("daemon_cpu_seconds", d.cpu_seconds),
+            ("ksmd_cpu_seconds", k.cpu_seconds),
+        ] {
+            self.advance(name, v);
+        }
+        for l in &s.levels {
+            let labels = vec![("level".to_string(), l.level.to_string())];
+            self.level_regions
+                .get_or_create(&labels)
+                .set(l.region_count as f64);
+            self.level_pages.get_or_create(&labels).set(l.pages as f64);
+        }
+        self.governor.clear();
+        self.governor
+            .get_or_create(&vec![("governor".to_string(), s.governor.clone())])
+            .set(1.0);
+    }
+
+    /// The OpenMetrics text.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// The HTTP endpoint. Dropping it stops the server.
+pub struct MetricsServer {
+    server: Arc<tiny_http::Server>,
+    addr: SocketAddr,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// Listens on `addr` and serves `metrics` on every path.
+    pub fn start(addr: SocketAddr, metrics: Arc<Mutex<Metrics>>) -> std::io::Result<MetricsServer> {
+        let server = Arc::new(
+            tiny_http::Server::http(addr)
+                .map_err(|e| std::io::Error::other(format!("cannot listen on {addr}: {e}")))?,
+        );
+        let addr = server
+            .server_addr()
+            .to_ip()
+            .ok_or_else(|| std::io::Error::other("metrics server has no IP address"))?;
+        let s = server.clone();
+        let thread = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                // `recv` returns an error once `unblock` is called.
+                while let Ok(req) = s.recv() {
+                    let body = metrics
+                        .lock()
+                        .map(|m| m.encode())
+                        .unwrap_or_else(|e| e.into_inner().encode());
+                    let header = tiny_http::Header::from_bytes(
+                        &b"Content-Type"[..],
+                        &b"application/openmetrics-text; version=1.0.0; charset=utf-8"[..],
+                    )
+                    .expect("a valid header");
+                    let _ = req.respond(tiny_http::Response::from_string(body).with_header(header));
+                }
+            })?;
+        Ok(MetricsServer {
+            server,
+            addr,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens on (with the real port when 0 was asked).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.server.unblock();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::{LevelStatus, Totals};
+    use std::io::{Read, Write};
+
+    fn status(merged: u64, cow: u64) -> Status {
+        Status {
+            governor: "medium".into(),
+            levels: vec![LevelStatus {
+                level: 0,
+                region_count: 3,
+                pages: 300,
+                ..LevelStatus::default()
+            }],
+            totals: Totals {
+                merged_pages: merged,
+                cow_breaks: cow,
+                ..Totals::default()
+            },
+            ..Status::default()
+        }
+    }
+
+    fn scrape(addr: SocketAddr) -> String {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    fn value(text: &str, metric: &str) -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(metric) && l[metric.len()..].starts_with(' '))
+            .unwrap_or_else(|| panic!("{metric} missing in\n{text}"))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_scrape_over_loopback_shows_the_snapshot() {
+        let m = Arc::new(Mutex::new(Metrics::new()));
+        m.lock().unwrap().update(&status(1000, 5));
+        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), m.clone()).unwrap();
+        let text = scrape(server.addr());
+        assert!(
+            text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200"),
+            "{text}"
+        );
+        assert_eq!(value(&text, "pagesift_merged_pages"), 1000.0);
+        assert_eq!(value(&text, "pagesift_cow_breaks_total"), 5.0);
+        assert_eq!(value(&text, "pagesift_level_regions{level=\"0\"}"), 3.0);
+        assert_eq!(value(&text, "pagesift_governor{governor=\"medium\"}"), 1.0);
+        // Counters follow the totals and never go back.
+        m.lock().unwrap().update(&status(2000, 9));
+        m.lock().unwrap().update(&status(2000, 7));
+        let text = scrape(server.addr());
+        assert_eq!(value(&text, "pagesift_merged_pages"), 2000.0);
+        assert_eq!(value(&text, "pagesift_cow_breaks_total"), 9.0);
+        drop(server);
+    }
+}

@@ -1,0 +1,289 @@
+//! `pagesift run`: the daemon in the foreground, wired to the real machine.
+//!
+//! Start-up, in order, each failing with a message that says what to fix:
+//! the configuration (with `--governor`, `--metrics`, `--socket`, `--pid`
+//! and `--unmerge-on-exit` on top), SIGTERM/SIGINT (through
+//! `pagesift_linux::ksm::TerminationWatch`, which restores KSM even if the
+//! loop were stuck) and SIGHUP handlers, discovery of the eligible
+//! processes (names a missing capability), ownership of KSM (its lock, so
+//! two daemons or a daemon and a KSM test never fight), the status socket
+//! and the metrics endpoint.
+//!
+//! Then the loop runs until SIGTERM/SIGINT (or `--for`): wake, publish a
+//! snapshot about once a second, sleep in slices of at most 200 ms so that a
+//! signal is noticed at once. SIGHUP re-reads the configuration file; a bad
+//! file is logged and the old configuration kept.
+//!
+//! On the way out: `--unmerge-on-exit` unmarks what pagesift marked, KSM's
+//! settings are restored (merged pages stay merged otherwise), the socket
+//! is removed.
+
+use crate::config::{Config, ConfigError, metrics_address};
+use crate::daemon::Daemon;
+use crate::eligibility::Policy;
+use crate::ksmd::SysKsm;
+use crate::metrics::{Metrics, MetricsServer};
+use crate::status::{Shared, StatusServer};
+use crate::target::LinuxTarget;
+use pagesift_core::governor::Governor;
+use pagesift_linux::ksm::TerminationWatch;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::{error, info, warn};
+
+/// What the command line adds to the configuration.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// `--config PATH` (must exist); `None`: the default path if present.
+    pub config: Option<PathBuf>,
+    /// `--governor`.
+    pub governor: Option<Governor>,
+    /// `--metrics ADDR`.
+    pub metrics: Option<String>,
+    /// `--socket PATH`.
+    pub socket: Option<PathBuf>,
+    /// `--pid PID...`: only these processes (deny lists still apply).
+    pub pids: Vec<u32>,
+    /// `--unmerge-on-exit`.
+    pub unmerge_on_exit: bool,
+    /// `--for SECONDS`: stop by itself after this long.
+    pub duration: Option<Duration>,
+    /// How long to wait for KSM's lock (another owner may hold it).
+    pub ksm_wait: Option<Duration>,
+}
+
+/// Why the daemon could not start, or stopped badly.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A command-line value is unusable.
+    #[error("{0}")]
+    Usage(String),
+    /// The machine refused something at start-up.
+    #[error("{0}")]
+    Start(String),
+    /// KSM's settings could not all be put back.
+    #[error("KSM was not fully restored: {0}")]
+    Restore(String),
+}
+
+/// Grace after SIGTERM before KSM is restored without the loop's help.
+const TERM_GRACE: Duration = Duration::from_secs(30);
+
+/// Loads the configuration and applies the command line to it.
+pub fn effective_config(opts: &RunOptions) -> Result<(Config, Option<PathBuf>), RunError> {
+    let (mut config, path) = Config::load(opts.config.as_deref())?;
+    apply_options(&mut config, opts)?;
+    Ok((config, path))
+}
+
+fn apply_options(config: &mut Config, opts: &RunOptions) -> Result<(), RunError> {
+    if let Some(g) = opts.governor {
+        config.governor = g;
+    }
+    if let Some(m) = &opts.metrics {
+        metrics_address(m).map_err(|e| RunError::Usage(format!("--metrics: {e}")))?;
+        config.metrics.address = Some(m.clone());
+    }
+    if let Some(s) = &opts.socket {
+        config.status.socket = s.clone();
+    }
+    if opts.unmerge_on_exit {
+        config.actuate.unmerge_on_exit = true;
+    }
+    Ok(())
+}
+
+fn now_ns(t0: Instant) -> u64 {
+    t0.elapsed().as_nanos() as u64
+}
+
+/// Runs the daemon until SIGTERM/SIGINT or `opts.duration`.
+#[cfg(target_arch = "x86_64")]
+pub fn run(opts: RunOptions) -> Result<(), RunError> {
+    use crate::actuate::InjectActuator;
+
+    let (config, config_path) = effective_config(&opts)?;
+    let term = TerminationWatch::install(TERM_GRACE)
+        .map_err(|e| RunError::Start(format!("cannot handle SIGTERM: {e}")))?;
+    let hup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone())
+        .map_err(|e| RunError::Start(format!("cannot handle SIGHUP: {e}")))?;
+
+    let own_exe = std::env::current_exe().ok();
+    let policy = Policy::new(&config, &opts.pids, std::process::id(), own_exe.clone());
+    if policy.allows_nothing() {
+        warn!(
+            "no process is eligible: list processes under [eligible] in the config (or \
+             `all = true`), or pass --pid; merging across processes is a side channel, so \
+             pagesift merges nothing by default"
+        );
+    }
+    let target = LinuxTarget::new(policy.process_filter(), config.subregion_pages())
+        .map_err(RunError::Start)?;
+    let ksm = SysKsm::acquire(
+        config.pacing(),
+        Some(opts.ksm_wait.unwrap_or(Duration::from_secs(30))),
+    )
+    .map_err(RunError::Start)?;
+    let shared: Shared = Arc::new(Mutex::new(None));
+    let status_server =
+        StatusServer::start(&config.status.socket, shared.clone()).map_err(|e| {
+            RunError::Start(format!(
+                "cannot serve status on {}: {e}",
+                config.status.socket.display()
+            ))
+        })?;
+    let metrics = Arc::new(Mutex::new(Metrics::new()));
+    let metrics_server = match &config.metrics.address {
+        Some(a) => {
+            let addr = metrics_address(a).map_err(RunError::Usage)?;
+            let s = MetricsServer::start(addr, metrics.clone())
+                .map_err(|e| RunError::Start(format!("metrics: {e}")))?;
+            info!(address = %s.addr(), "serving Prometheus metrics");
+            Some(s)
+        }
+        None => None,
+    };
+    let actuator = InjectActuator::new(config.actuate.max_map_count_fraction);
+    let unmerge_on_exit = config.actuate.unmerge_on_exit;
+    let t0 = Instant::now();
+    info!(
+        governor = %config.governor,
+        config = %config_path.as_ref().map_or("defaults".into(), |p| p.display().to_string()),
+        socket = %status_server.path().display(),
+        "pagesift daemon started"
+    );
+    let mut daemon = Daemon::new(
+        config,
+        config_path.clone(),
+        policy,
+        target,
+        actuator,
+        ksm,
+        now_ns(t0),
+    );
+    let deadline = opts.duration.map(|d| t0 + d);
+    loop {
+        if term.requested() || deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        if hup.swap(false, Ordering::SeqCst) {
+            reload(&mut daemon, &opts, config_path.as_ref(), own_exe.clone());
+        }
+        let now = now_ns(t0);
+        let summary = daemon.wake(now);
+        if daemon.publish_due(now) {
+            let snap = Arc::new(daemon.status(now));
+            if let Ok(mut m) = metrics.lock() {
+                m.update(&snap);
+            }
+            if let Ok(mut s) = shared.lock() {
+                *s = Some(snap);
+            }
+        }
+        let wake_at = Instant::now() + Duration::from_nanos(summary.sleep);
+        while Instant::now() < wake_at
+            && !term.requested()
+            && !hup.load(Ordering::SeqCst)
+            && deadline.is_none_or(|d| Instant::now() < d)
+        {
+            std::thread::sleep((wake_at - Instant::now()).min(Duration::from_millis(200)));
+        }
+    }
+    info!("stopping");
+    let snap = daemon.status(now_ns(t0));
+    info!(
+        merged_pages = snap.totals.merged_pages,
+        promoted_regions = snap.totals.promoted_regions,
+        cow_breaks = snap.totals.cow_breaks,
+        daemon_cpu_s = snap.daemon.cpu_seconds,
+        ksmd_cpu_s = snap.ksm.cpu_seconds,
+        "summary"
+    );
+    let restored = daemon.shutdown(unmerge_on_exit);
+    drop(metrics_server);
+    drop(status_server);
+    drop(daemon); // releases KSM's lock
+    match restored {
+        Ok(()) => {
+            info!("KSM settings restored");
+            Ok(())
+        }
+        Err(e) => Err(RunError::Restore(e)),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn reload(
+    daemon: &mut Daemon<LinuxTarget, crate::actuate::InjectActuator, SysKsm>,
+    opts: &RunOptions,
+    path: Option<&PathBuf>,
+    own_exe: Option<PathBuf>,
+) {
+    // Re-read the file the daemon started with (or the default path).
+    let opts = RunOptions {
+        config: path.cloned().or_else(|| opts.config.clone()),
+        ..opts.clone()
+    };
+    match effective_config(&opts) {
+        Ok((config, _)) => {
+            if config.status != daemon.config().status || config.metrics != daemon.config().metrics
+            {
+                warn!("the status socket and the metrics address change only on restart");
+            }
+            let policy = Policy::new(&config, &opts.pids, std::process::id(), own_exe);
+            info!(governor = %config.governor, "configuration reloaded");
+            daemon.reload(config, policy);
+        }
+        Err(e) => error!(error = %e, "configuration not reloaded; keeping the old one"),
+    }
+}
+
+/// Remote injection exists for x86-64 only.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn run(_opts: RunOptions) -> Result<(), RunError> {
+    Err(RunError::Start(
+        "pagesift run needs remote syscall injection, implemented for x86-64 only; \
+         use `pagesift exec` to start processes mergeable instead"
+            .into(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_overrides_the_file() {
+        let mut c = Config::default();
+        apply_options(
+            &mut c,
+            &RunOptions {
+                governor: Some(Governor::Quiet),
+                metrics: Some("9464".into()),
+                socket: Some("/tmp/x.sock".into()),
+                unmerge_on_exit: true,
+                ..RunOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(c.governor, Governor::Quiet);
+        assert_eq!(c.metrics.address.as_deref(), Some("9464"));
+        assert_eq!(c.status.socket, PathBuf::from("/tmp/x.sock"));
+        assert!(c.actuate.unmerge_on_exit);
+        let e = apply_options(
+            &mut c,
+            &RunOptions {
+                metrics: Some("not an address".into()),
+                ..RunOptions::default()
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().starts_with("--metrics:"), "{e}");
+    }
+}

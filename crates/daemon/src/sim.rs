@@ -1,0 +1,328 @@
+//! A simulated machine for the loop's unit tests: processes and regions in
+//! an [`InMemorySource`], an actuator that flips `VM_MERGEABLE` on the
+//! ranges it is given, and a ksmd that, on every pacing call, makes one
+//! full pass merging every page of a mergeable region that has a twin in
+//! some mergeable region.
+
+use crate::actuate::{Actuator, Advice, BatchOutcome, ProcKey};
+use crate::eligibility::ProcessFacts;
+use crate::ksmd::{KsmControl, KsmSample, Pacing};
+use crate::target::{ProcEntry, Span, Target};
+use pagesift_core::source::{InMemorySource, MemorySource, PageState, RegionInfo, SourceError};
+use pagesift_core::{Nanos, PageRef, PageWords, RegionId};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+
+/// The simulated machine.
+#[derive(Default)]
+pub struct World {
+    pub mem: InMemorySource,
+    pub spans: BTreeMap<RegionId, Span>,
+    pub procs: Vec<ProcEntry>,
+    pub full_scans: u64,
+    /// Every batch the actuator received: (pid, calls).
+    pub batches: Vec<(u32, Vec<Advice>)>,
+    /// Pids whose injection is refused, with the reason.
+    pub refuse: HashMap<u32, String>,
+    pub vma_counts: HashMap<u32, u64>,
+    pub max_map_count: u64,
+    pub shares: Vec<f64>,
+    pub restored: u32,
+    /// Injection attempts per pid (refused ones included).
+    pub attempts: HashMap<u32, u32>,
+    next_addr: u64,
+    pub gone: Vec<u32>,
+}
+
+/// A shared handle on the world.
+pub type Shared = Rc<RefCell<World>>;
+
+pub fn world() -> Shared {
+    Rc::new(RefCell::new(World {
+        mem: InMemorySource::new(),
+        max_map_count: 65_530,
+        next_addr: 0x7f00_0000_0000,
+        ..World::default()
+    }))
+}
+
+impl World {
+    /// Adds a process.
+    pub fn spawn(&mut self, pid: u32, comm: &str, merge_any: bool) {
+        self.procs.push(ProcEntry {
+            key: ProcKey {
+                pid,
+                start_time: 100 + pid as u64,
+            },
+            facts: ProcessFacts {
+                pid,
+                comm: comm.into(),
+                uid: 1000,
+                cgroups: vec!["/test.slice".into()],
+                exe: Some(format!("/usr/bin/{comm}").into()),
+            },
+            merge_any,
+        });
+    }
+
+    /// Maps a region with the given content ids into `pid`; `mergeable`
+    /// as if the process had marked it itself.
+    pub fn map(&mut self, pid: u32, contents: &[u64], mergeable: bool) -> RegionId {
+        let id = self.mem.map(pid, contents);
+        let key = self
+            .procs
+            .iter()
+            .find(|p| p.key.pid == pid)
+            .expect("spawned")
+            .key;
+        let start = self.next_addr;
+        let len = contents.len() as u64 * 4096;
+        self.next_addr += len + (1 << 20);
+        self.spans.insert(
+            id,
+            Span {
+                proc: key,
+                start,
+                pages: contents.len() as u32,
+                vma_start: start,
+                vma_end: start + len,
+                mergeable,
+                name: None,
+            },
+        );
+        id
+    }
+
+    /// Maps one VMA of `slices × per` pages with the given content ids,
+    /// tracked as `slices` adjacent sub-regions.
+    pub fn map_sliced(&mut self, pid: u32, contents: &[u64], per: usize) -> Vec<RegionId> {
+        let key = self
+            .procs
+            .iter()
+            .find(|p| p.key.pid == pid)
+            .expect("spawned")
+            .key;
+        let vma_start = self.next_addr;
+        let vma_end = vma_start + contents.len() as u64 * 4096;
+        self.next_addr = vma_end + (1 << 20);
+        contents
+            .chunks(per)
+            .enumerate()
+            .map(|(i, c)| {
+                let id = self.mem.map(pid, c);
+                let start = vma_start + (i * per) as u64 * 4096;
+                self.spans.insert(
+                    id,
+                    Span {
+                        proc: key,
+                        start,
+                        pages: c.len() as u32,
+                        vma_start,
+                        vma_end,
+                        mergeable: false,
+                        name: None,
+                    },
+                );
+                id
+            })
+            .collect()
+    }
+
+    /// Lets a process exit.
+    pub fn exit(&mut self, pid: u32) {
+        let ids: Vec<RegionId> = self
+            .spans
+            .iter()
+            .filter(|(_, s)| s.proc.pid == pid)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.spans.remove(&id);
+            self.mem.unmap(id);
+        }
+        self.procs.retain(|p| p.key.pid != pid);
+        self.gone.push(pid);
+    }
+
+    /// Pages of a region in the given state.
+    pub fn count(&self, id: RegionId, state: PageState) -> u64 {
+        let pages = self.spans[&id].pages;
+        (0..pages)
+            .filter(|&page| self.mem.state(PageRef { region: id, page }) == Ok(state))
+            .count() as u64
+    }
+
+    /// One ksmd pass.
+    fn ksmd_pass(&mut self) {
+        let mergeable: Vec<(RegionId, u32)> = self
+            .spans
+            .iter()
+            .filter(|(_, s)| s.mergeable)
+            .map(|(id, s)| (*id, s.pages))
+            .collect();
+        let mut counts: HashMap<u64, u64> = HashMap::new();
+        for &(id, pages) in &mergeable {
+            for page in 0..pages {
+                let p = PageRef { region: id, page };
+                if matches!(
+                    self.mem.state(p),
+                    Ok(PageState::Present | PageState::Merged)
+                ) {
+                    *counts.entry(self.mem.content(p).unwrap()).or_default() += 1;
+                }
+            }
+        }
+        for &(id, pages) in &mergeable {
+            for page in 0..pages {
+                let p = PageRef { region: id, page };
+                if self.mem.state(p) == Ok(PageState::Present)
+                    && counts[&self.mem.content(p).unwrap()] >= 2
+                {
+                    self.mem.merge(p).unwrap();
+                }
+            }
+        }
+        self.full_scans += 1;
+    }
+}
+
+/// The target side of the world.
+pub struct SimTarget(pub Shared);
+/// The actuator side.
+pub struct SimActuator(pub Shared);
+/// The ksmd side.
+pub struct SimKsm(pub Shared);
+
+impl MemorySource for SimTarget {
+    fn regions(&self) -> Vec<RegionInfo> {
+        let w = self.0.borrow();
+        w.mem
+            .regions()
+            .into_iter()
+            .filter(|r| w.spans.contains_key(&r.id))
+            .collect()
+    }
+    fn page_state(&mut self, page: PageRef) -> Result<PageState, SourceError> {
+        self.0.borrow_mut().mem.page_state(page)
+    }
+    fn read_page(&mut self, page: PageRef, out: &mut PageWords) -> Result<(), SourceError> {
+        self.0.borrow_mut().mem.read_page(page, out)
+    }
+    fn take_written(&mut self, page: PageRef) -> Option<bool> {
+        self.0.borrow_mut().mem.take_written(page)
+    }
+}
+
+impl Target for SimTarget {
+    fn processes_changed(&mut self) -> bool {
+        false
+    }
+    fn refresh(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+    fn processes(&self) -> Vec<ProcEntry> {
+        self.0.borrow().procs.clone()
+    }
+    fn discovery_skipped(&self) -> Vec<(u32, String)> {
+        Vec::new()
+    }
+    fn span(&self, id: RegionId) -> Option<Span> {
+        self.0.borrow().spans.get(&id).cloned()
+    }
+    fn page_states(
+        &mut self,
+        id: RegionId,
+        first: u32,
+        out: &mut [PageState],
+    ) -> Result<(), SourceError> {
+        let w = self.0.borrow();
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = w.mem.state(PageRef {
+                region: id,
+                page: first + i as u32,
+            })?;
+        }
+        Ok(())
+    }
+    fn vma_count(&self, pid: u32) -> Option<u64> {
+        Some(self.0.borrow().vma_counts.get(&pid).copied().unwrap_or(20))
+    }
+    fn max_map_count(&self) -> u64 {
+        self.0.borrow().max_map_count
+    }
+    fn cow_ksm(&self) -> Option<u64> {
+        None
+    }
+    fn take_gone(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.0.borrow_mut().gone)
+    }
+}
+
+impl Actuator for SimActuator {
+    fn advise(&mut self, pid: u32, batch: &[Advice]) -> BatchOutcome {
+        let mut w = self.0.borrow_mut();
+        *w.attempts.entry(pid).or_default() += 1;
+        if let Some(r) = w.refuse.get(&pid) {
+            return BatchOutcome::Skipped(r.clone());
+        }
+        if !w.procs.iter().any(|p| p.key.pid == pid) {
+            return BatchOutcome::Gone;
+        }
+        w.batches.push((pid, batch.to_vec()));
+        let mut out = Vec::new();
+        for a in batch {
+            let hit: Vec<RegionId> = w
+                .spans
+                .iter()
+                .filter(|(_, s)| s.proc.pid == pid && s.start >= a.start && s.end() <= a.end())
+                .map(|(id, _)| *id)
+                .collect();
+            for id in &hit {
+                w.spans.get_mut(id).unwrap().mergeable = a.mergeable;
+                if !a.mergeable {
+                    // MADV_UNMERGEABLE copies every merged page back.
+                    let pages = w.spans[id].pages;
+                    for page in 0..pages {
+                        let p = PageRef { region: *id, page };
+                        if w.mem.state(p) == Ok(PageState::Merged) {
+                            let c = w.mem.content(p).unwrap();
+                            w.mem.write(p, c).unwrap();
+                        }
+                    }
+                }
+            }
+            out.push(if hit.is_empty() { Err(12) } else { Ok(()) });
+        }
+        BatchOutcome::Done(out)
+    }
+}
+
+impl KsmControl for SimKsm {
+    fn sample(&mut self) -> Result<KsmSample, String> {
+        Ok(KsmSample {
+            full_scans: self.0.borrow().full_scans,
+            ..KsmSample::default()
+        })
+    }
+    fn pace(&mut self, target: f64, unmerged: u64, _now: Nanos) -> Result<Pacing, String> {
+        let share = if unmerged > 0 { target } else { 0.001 };
+        let mut w = self.0.borrow_mut();
+        w.shares.push(share);
+        w.ksmd_pass();
+        Ok(Pacing {
+            share,
+            pages_to_scan: 100,
+            sleep_ms: 20,
+        })
+    }
+    fn restore(&mut self) -> Result<(), String> {
+        self.0.borrow_mut().restored += 1;
+        Ok(())
+    }
+}
+
+/// Distinct content ids starting at `from`.
+pub fn distinct(from: u64, n: usize) -> Vec<u64> {
+    (from..from + n as u64).collect()
+}

@@ -1,0 +1,563 @@
+//! What `pagesift status` shows, and how it gets there.
+//!
+//! The loop publishes a [`Status`] snapshot about once a second (building
+//! it is linear in the number of regions, so not every wake-up). A thread
+//! serves it on a unix socket: a client connects, the server writes the
+//! snapshot as one JSON document and closes the connection. The socket is
+//! created with mode 0600 (it names processes and addresses) and removed
+//! when the daemon stops; a stale socket left by a crashed daemon is
+//! replaced, a live one (another daemon answers) is an error.
+//!
+//! [`render`] turns a snapshot into the human table; `--json` prints the
+//! document as received.
+
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A region in the status.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RegionStatus {
+    /// Region id.
+    pub id: u64,
+    /// Owning process.
+    pub pid: u32,
+    /// Its command name.
+    pub comm: String,
+    /// First address.
+    pub start: u64,
+    /// Length in pages.
+    pub pages: u32,
+    /// Mapped file or pseudo-path.
+    pub name: Option<String>,
+    /// Ladder level (absent while ksmd merges a promoted region).
+    pub level: Option<usize>,
+    /// sampling, merging (promoted, ksmd at work), promoted (merging
+    /// settled), held (unmarked for thrashing), foreign (made mergeable by
+    /// its process).
+    pub state: String,
+    /// Pages merged (KSM or zero page) at the last accounting pass.
+    pub merged_pages: u64,
+    /// COW breaks counted since the region was first seen.
+    pub cow_breaks: u64,
+    /// Seconds since the region was first seen.
+    pub age_s: f64,
+    /// Duplication ratio at its last judgement.
+    pub dup_ratio: f64,
+}
+
+/// One ladder level.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LevelStatus {
+    /// 0 = bottom.
+    pub level: usize,
+    /// CPU share (fraction of one core).
+    pub cpu_share: f64,
+    /// Round time, ms.
+    pub round_time_ms: u64,
+    /// Regions on it.
+    pub region_count: u64,
+    /// Pages on it.
+    pub pages: u64,
+    /// Its regions, largest first (at most [`MAX_LISTED`]).
+    pub regions: Vec<RegionStatus>,
+}
+
+/// Regions listed per level at most (the counts cover all).
+pub const MAX_LISTED: usize = 200;
+
+/// Totals.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Totals {
+    /// Eligible processes.
+    pub processes: u64,
+    /// Regions tracked.
+    pub regions: u64,
+    /// Regions pagesift made mergeable.
+    pub promoted_regions: u64,
+    /// Their pages.
+    pub promoted_pages: u64,
+    /// Of those, regions ksmd is still merging.
+    pub merging_regions: u64,
+    /// Regions unmarked for thrashing and held at the bottom.
+    pub held_regions: u64,
+    /// Regions made mergeable by their own process.
+    pub foreign_regions: u64,
+    /// Bytes marked mergeable by pagesift.
+    pub marked_bytes: u64,
+    /// Pages merged in promoted and foreign regions (last pass of each).
+    pub merged_pages: u64,
+    /// COW breaks counted per region, summed.
+    pub cow_breaks: u64,
+    /// MADV_MERGEABLE calls that succeeded.
+    pub marks: u64,
+    /// MADV_UNMERGEABLE calls that succeeded.
+    pub unmarks: u64,
+    /// Injection batches (one attach each).
+    pub batches: u64,
+    /// VMA splits caused by marking parts of VMAs.
+    pub vma_splits: u64,
+    /// Pages sampled.
+    pub sampled_pages: u64,
+    /// Wake-ups.
+    pub wakes: u64,
+    /// Global sampling rounds.
+    pub global_rounds: u64,
+}
+
+/// ksmd.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KsmStatus {
+    /// KSM pages in use.
+    pub pages_shared: u64,
+    /// Pages saved (further mappings).
+    pub pages_sharing: u64,
+    /// Completed passes.
+    pub full_scans: u64,
+    /// ksmd's CPU share over the last seconds.
+    pub cpu_share: f64,
+    /// ksmd's CPU seconds since the daemon started.
+    pub cpu_seconds: f64,
+    /// Share asked for.
+    pub target_share: f64,
+    /// `pages_to_scan` in force.
+    pub pages_to_scan: u64,
+    /// `sleep_millisecs` in force.
+    pub sleep_ms: u64,
+    /// `/proc/vmstat` cow_ksm since the daemon started (global cross-check
+    /// of the per-region COW breaks).
+    pub cow_ksm: Option<u64>,
+}
+
+/// The daemon's own CPU.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DaemonStatus {
+    /// pid.
+    pub pid: u32,
+    /// Seconds since start.
+    pub uptime_s: f64,
+    /// CPU share over the last seconds (all threads).
+    pub cpu_share: f64,
+    /// CPU seconds since start.
+    pub cpu_seconds: f64,
+    /// Per-page sampling cost the budgets assume, ns.
+    pub per_page_ns: f64,
+    /// Hash strength.
+    pub strength: u32,
+    /// Config file in use, if any.
+    pub config: Option<String>,
+}
+
+/// A process pagesift does not actuate, and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    /// pid.
+    pub pid: u32,
+    /// Command name, when known.
+    pub comm: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// Everything `pagesift status` shows.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// The governor.
+    pub governor: String,
+    /// The levels and their regions.
+    pub levels: Vec<LevelStatus>,
+    /// Regions by pages merged, most first.
+    pub top_regions: Vec<RegionStatus>,
+    /// Totals.
+    pub totals: Totals,
+    /// ksmd.
+    pub ksm: KsmStatus,
+    /// The daemon.
+    pub daemon: DaemonStatus,
+    /// Processes skipped, and why.
+    pub skipped: Vec<Skipped>,
+}
+
+/// The latest snapshot, shared between the loop and the servers.
+pub type Shared = Arc<Mutex<Option<Arc<Status>>>>;
+
+/// The status socket. Dropping it stops serving and removes the socket.
+pub struct StatusServer {
+    path: PathBuf,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StatusServer {
+    /// Binds `path` (replacing a stale socket, refusing a live one) and
+    /// serves `shared` from a thread.
+    pub fn start(path: &Path, shared: Shared) -> std::io::Result<StatusServer> {
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!(
+                        "{} is in use: another pagesift daemon is running",
+                        path.display()
+                    ),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        if let Some(dir) = path.parent()
+            && !dir.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(dir)?;
+        }
+        let listener = UnixListener::bind(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("status".into())
+            .spawn(move || serve(listener, shared, stop2))?;
+        Ok(StatusServer {
+            path: path.to_path_buf(),
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for StatusServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // The thread blocks in accept: one connection wakes it to see `stop`.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn serve(listener: UnixListener, shared: Shared, stop: Arc<std::sync::atomic::AtomicBool>) {
+    // A blocking accept: an idle daemon's status thread costs nothing.
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((mut conn, _)) => {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
+                let snap = shared.lock().ok().and_then(|s| s.clone());
+                let body = match snap {
+                    Some(s) => {
+                        serde_json::to_string(&*s).unwrap_or_else(|e| error_json(&e.to_string()))
+                    }
+                    None => error_json("the daemon is starting; no status yet"),
+                };
+                let _ = conn.write_all(body.as_bytes());
+                let _ = conn.write_all(b"\n");
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+fn error_json(msg: &str) -> String {
+    serde_json::json!({ "error": msg }).to_string()
+}
+
+/// Why `pagesift status` could not get a status.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    /// Nothing listens on the socket.
+    #[error(
+        "no pagesift daemon is listening on {path}: {source} (is `pagesift run` running, with the same --socket?)"
+    )]
+    NotRunning {
+        /// The socket.
+        path: PathBuf,
+        /// The connect error.
+        source: std::io::Error,
+    },
+    /// The daemon answered something unexpected.
+    #[error("bad answer from the daemon on {path}: {reason}")]
+    BadAnswer {
+        /// The socket.
+        path: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// Asks the daemon on `path`; returns the JSON text and the parsed status.
+pub fn query(path: &Path) -> Result<(String, Status), QueryError> {
+    let mut conn = UnixStream::connect(path).map_err(|source| QueryError::NotRunning {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut text = String::new();
+    conn.read_to_string(&mut text)
+        .map_err(|e| QueryError::BadAnswer {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| QueryError::BadAnswer {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    if let Some(msg) = v.get("error").and_then(|m| m.as_str()) {
+        return Err(QueryError::BadAnswer {
+            path: path.to_path_buf(),
+            reason: msg.to_string(),
+        });
+    }
+    let status: Status = serde_json::from_value(v).map_err(|e| QueryError::BadAnswer {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    Ok((text.trim_end().to_string(), status))
+}
+
+fn mib(pages: u64) -> f64 {
+    pages as f64 * 4096.0 / (1 << 20) as f64
+}
+
+fn region_line(r: &RegionStatus) -> String {
+    format!(
+        "  {:>6}  {:>7}  {:<15}  {:#014x}  {:>9.1}  {:>5}  {:<9}  {:>10.1}  {:>8}  {:>7.1}  {}",
+        r.id,
+        r.pid,
+        r.comm,
+        r.start,
+        mib(r.pages as u64),
+        r.level.map_or("-".to_string(), |l| l.to_string()),
+        r.state,
+        mib(r.merged_pages),
+        r.cow_breaks,
+        r.age_s,
+        r.name.as_deref().unwrap_or("")
+    )
+}
+
+const REGION_HEADER: &str = "  region      pid  comm             start            size MiB  level  state      merged MiB  COW brks    age s  name";
+
+/// The human view of a status.
+pub fn render(s: &Status) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let t = &s.totals;
+    let d = &s.daemon;
+    let k = &s.ksm;
+    let _ = writeln!(
+        o,
+        "pagesift daemon pid {}, up {:.0} s, governor {}{}",
+        d.pid,
+        d.uptime_s,
+        s.governor,
+        d.config
+            .as_ref()
+            .map(|c| format!(", config {c}"))
+            .unwrap_or_default()
+    );
+    let _ = writeln!(
+        o,
+        "saved: {} pages merged ({:.1} MiB) in {} promoted + {} foreign regions; {} COW breaks (cow_ksm {})",
+        t.merged_pages,
+        mib(t.merged_pages),
+        t.promoted_regions,
+        t.foreign_regions,
+        t.cow_breaks,
+        k.cow_ksm.map_or("n/a".into(), |c| c.to_string())
+    );
+    let _ = writeln!(
+        o,
+        "promoted: {} regions ({:.1} MiB), {} still merging, {} held back; {} marks, {} unmarks in {} injection batches, {} VMA splits",
+        t.promoted_regions,
+        mib(t.promoted_pages),
+        t.merging_regions,
+        t.held_regions,
+        t.marks,
+        t.unmarks,
+        t.batches,
+        t.vma_splits
+    );
+    let _ = writeln!(
+        o,
+        "CPU: daemon {:.2} % ({:.1} s), ksmd {:.2} % ({:.1} s) of one core; ksmd target {:.2} %, pages_to_scan {}, sleep {} ms",
+        d.cpu_share * 100.0,
+        d.cpu_seconds,
+        k.cpu_share * 100.0,
+        k.cpu_seconds,
+        k.target_share * 100.0,
+        k.pages_to_scan,
+        k.sleep_ms
+    );
+    let _ = writeln!(
+        o,
+        "KSM: {} shared, {} sharing, {} full scans; sampling: {} pages in {} wake-ups, {} global rounds, strength {}, {:.0} ns/page",
+        k.pages_shared,
+        k.pages_sharing,
+        k.full_scans,
+        t.sampled_pages,
+        t.wakes,
+        t.global_rounds,
+        d.strength,
+        d.per_page_ns
+    );
+    let _ = writeln!(
+        o,
+        "\nlevels ({} processes, {} regions):",
+        t.processes, t.regions
+    );
+    let _ = writeln!(o, "  level  CPU share  round ms  regions    size MiB");
+    for l in s.levels.iter().rev() {
+        let _ = writeln!(
+            o,
+            "  {:>5}  {:>8.2} %  {:>8}  {:>7}  {:>10.1}",
+            l.level,
+            l.cpu_share * 100.0,
+            l.round_time_ms,
+            l.region_count,
+            mib(l.pages)
+        );
+    }
+    if !s.top_regions.is_empty() {
+        let _ = writeln!(o, "\ntop regions by saving:");
+        let _ = writeln!(o, "{REGION_HEADER}");
+        for r in &s.top_regions {
+            let _ = writeln!(o, "{}", region_line(r));
+        }
+    }
+    let upper: Vec<&LevelStatus> = s
+        .levels
+        .iter()
+        .filter(|l| l.level > 0 && l.region_count > 0)
+        .collect();
+    if !upper.is_empty() {
+        let _ = writeln!(o, "\nregions above the bottom level:");
+        let _ = writeln!(o, "{REGION_HEADER}");
+        for l in upper.iter().rev() {
+            for r in l.regions.iter().take(20) {
+                let _ = writeln!(o, "{}", region_line(r));
+            }
+        }
+    }
+    if !s.skipped.is_empty() {
+        let _ = writeln!(o, "\nprocesses skipped:");
+        for p in &s.skipped {
+            let _ = writeln!(o, "  {:>7}  {:<15}  {}", p.pid, p.comm, p.reason);
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Status {
+        let r = RegionStatus {
+            id: 3,
+            pid: 42,
+            comm: "qemu".into(),
+            start: 0x7f00_0000_0000,
+            pages: 16384,
+            name: Some("[heap]".into()),
+            level: None,
+            state: "promoted".into(),
+            merged_pages: 16000,
+            cow_breaks: 2,
+            age_s: 12.0,
+            dup_ratio: 0.9,
+        };
+        Status {
+            governor: "full".into(),
+            levels: vec![
+                LevelStatus {
+                    level: 0,
+                    cpu_share: 0.002,
+                    round_time_ms: 1000,
+                    region_count: 1,
+                    pages: 16384,
+                    regions: vec![],
+                },
+                LevelStatus {
+                    level: 1,
+                    cpu_share: 0.004,
+                    round_time_ms: 500,
+                    region_count: 1,
+                    pages: 16384,
+                    regions: vec![r.clone()],
+                },
+            ],
+            top_regions: vec![r],
+            totals: Totals {
+                merged_pages: 16000,
+                promoted_regions: 1,
+                ..Totals::default()
+            },
+            skipped: vec![Skipped {
+                pid: 7,
+                comm: "strace".into(),
+                reason: "already traced".into(),
+            }],
+            ..Status::default()
+        }
+    }
+
+    #[test]
+    fn the_table_shows_the_numbers() {
+        let t = render(&sample());
+        assert!(t.contains("16000 pages merged (62.5 MiB)"), "{t}");
+        assert!(t.contains("qemu"), "{t}");
+        assert!(t.contains("already traced"), "{t}");
+        assert!(t.contains("governor full"), "{t}");
+    }
+
+    #[test]
+    fn a_status_round_trips_through_the_socket() {
+        let dir = std::env::temp_dir().join(format!("pagesift-status-{}", std::process::id()));
+        let path = dir.join("s.sock");
+        let shared: Shared = Arc::new(Mutex::new(None));
+        let server = StatusServer::start(&path, shared.clone()).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        // No snapshot yet: a clear error.
+        let e = query(&path).unwrap_err();
+        assert!(e.to_string().contains("starting"), "{e}");
+        *shared.lock().unwrap() = Some(Arc::new(sample()));
+        let (text, got) = query(&path).unwrap();
+        assert_eq!(got, sample());
+        assert!(text.starts_with('{'));
+        // A second daemon cannot take the socket.
+        let again = StatusServer::start(&path, shared.clone());
+        assert!(again.is_err());
+        drop(server);
+        assert!(!path.exists(), "the socket is removed on stop");
+        let e = query(&path).unwrap_err();
+        assert!(matches!(e, QueryError::NotRunning { .. }), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_stale_socket_is_replaced() {
+        let dir = std::env::temp_dir().join(format!("pagesift-stale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.sock");
+        drop(UnixListener::bind(&path).unwrap()); // leaves the file, nobody listens
+        assert!(path.exists());
+        let shared: Shared = Arc::new(Mutex::new(Some(Arc::new(sample()))));
+        let server = StatusServer::start(&path, shared).unwrap();
+        assert!(query(&path).is_ok());
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

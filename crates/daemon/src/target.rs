@@ -1,0 +1,326 @@
+//! The machine as the loop sees it: a [`MemorySource`] plus where each
+//! region lives (process, addresses, VMA, `VM_MERGEABLE`), the processes
+//! with the facts eligibility needs, and the cheap counters accounting
+//! needs. [`LinuxTarget`] is the real one, over
+//! [`pagesift_linux::LinuxSource`]; the loop's unit tests use a simulated
+//! one.
+//!
+//! ## Refreshing cheaply
+//! Re-reading every process's maps means reading `/proc/PID/smaps`, which
+//! walks page tables (10–17 ms per resident GiB, mechanisms.md §7): on a
+//! host with GiBs of memory a refresh every second would cost more than the
+//! whole bottom level's 0.2 % budget. So [`Target::processes_changed`] is a
+//! single read of the `/proc` directory, and the loop refreshes only when
+//! processes came or went, after it marked something, or when a long
+//! interval has passed (mappings of a live process change too), never more
+//! often than the refresh CPU share allows.
+
+use crate::actuate::ProcKey;
+use crate::eligibility::ProcessFacts;
+use pagesift_core::source::{MemorySource, PageState, RegionInfo, SourceError};
+use pagesift_core::{PageRef, PageWords, RegionId};
+use pagesift_linux::inspect::PageInfo;
+use pagesift_linux::{LinuxSource, ProcessFilter, SourceConfig, host, ksm};
+use std::collections::{BTreeSet, HashMap};
+
+/// Where a region lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// Its process.
+    pub proc: ProcKey,
+    /// First address.
+    pub start: u64,
+    /// Length in pages.
+    pub pages: u32,
+    /// The VMA it is part of.
+    pub vma_start: u64,
+    /// End (exclusive) of that VMA.
+    pub vma_end: u64,
+    /// `VM_MERGEABLE` (VmFlags `mg`) at the last refresh.
+    pub mergeable: bool,
+    /// Mapped file or pseudo-path (`[heap]`), if any.
+    pub name: Option<String>,
+}
+
+impl Span {
+    /// End address (exclusive).
+    pub fn end(&self) -> u64 {
+        self.start + self.pages as u64 * pagesift_linux::PAGE_SIZE
+    }
+}
+
+/// A selected process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcEntry {
+    /// Its key.
+    pub key: ProcKey,
+    /// What eligibility looks at.
+    pub facts: ProcessFacts,
+    /// It set PR_SET_MEMORY_MERGE (`ksm_merge_any: yes`): it manages KSM
+    /// itself and pagesift leaves its settings alone.
+    pub merge_any: bool,
+}
+
+/// The machine, for the loop.
+pub trait Target: MemorySource {
+    /// Whether processes came or went since the last refresh (cheap).
+    fn processes_changed(&mut self) -> bool;
+    /// Re-reads processes and their maps.
+    fn refresh(&mut self) -> Result<(), String>;
+    /// The selected, live processes.
+    fn processes(&self) -> Vec<ProcEntry>;
+    /// Processes discovery could not open, with why.
+    fn discovery_skipped(&self) -> Vec<(u32, String)>;
+    /// Where a region lives.
+    fn span(&self, id: RegionId) -> Option<Span>;
+    /// States of pages `first..first + out.len()` of a region, without
+    /// touching them.
+    fn page_states(
+        &mut self,
+        id: RegionId,
+        first: u32,
+        out: &mut [PageState],
+    ) -> Result<(), SourceError>;
+    /// VMAs of a process now.
+    fn vma_count(&self, pid: u32) -> Option<u64>;
+    /// `vm.max_map_count`.
+    fn max_map_count(&self) -> u64;
+    /// `/proc/vmstat` `cow_ksm`: copies made by writes to KSM pages, since
+    /// boot.
+    fn cow_ksm(&self) -> Option<u64>;
+    /// Pids that exited since the last call.
+    fn take_gone(&mut self) -> Vec<u32>;
+    /// Selects other processes, or cuts sub-regions at another size (a
+    /// reloaded config); region ids may all change.
+    fn reconfigure(&mut self, _filter: ProcessFilter, _subregion_pages: u32) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The live processes of this machine.
+pub struct LinuxTarget {
+    src: LinuxSource,
+    filter: ProcessFilter,
+    subregion_pages: u32,
+    pids: BTreeSet<u32>,
+    procs: Vec<ProcEntry>,
+    max_map_count: u64,
+    infos: Vec<PageInfo>,
+}
+
+impl LinuxTarget {
+    /// Discovers the processes `filter` selects; VMAs longer than
+    /// `subregion_pages` become sub-regions.
+    pub fn new(filter: ProcessFilter, subregion_pages: u32) -> Result<LinuxTarget, String> {
+        let src = open_source(&filter, subregion_pages)?;
+        let mut t = LinuxTarget {
+            src,
+            filter,
+            subregion_pages,
+            pids: host::pids().unwrap_or_default(),
+            procs: Vec::new(),
+            max_map_count: host::max_map_count().unwrap_or(65_530),
+            infos: Vec::new(),
+        };
+        t.read_facts();
+        Ok(t)
+    }
+
+    /// The underlying source.
+    pub fn source(&self) -> &LinuxSource {
+        &self.src
+    }
+
+    fn read_facts(&mut self) {
+        self.procs = self
+            .src
+            .processes()
+            .map(|p| {
+                let merge_any = ksm::ProcessKsmStat::of(p.pid)
+                    .ok()
+                    .and_then(|s| s.merge_any)
+                    .unwrap_or(false);
+                ProcEntry {
+                    key: ProcKey {
+                        pid: p.pid,
+                        start_time: p.start_time,
+                    },
+                    facts: ProcessFacts {
+                        pid: p.pid,
+                        comm: p.comm.clone(),
+                        uid: p.uid,
+                        cgroups: p.cgroups.clone(),
+                        exe: host::exe(p.pid),
+                    },
+                    merge_any,
+                }
+            })
+            .collect();
+    }
+}
+
+fn open_source(filter: &ProcessFilter, subregion_pages: u32) -> Result<LinuxSource, String> {
+    LinuxSource::new(
+        filter.clone(),
+        SourceConfig {
+            max_region_pages: subregion_pages,
+            ..SourceConfig::default()
+        },
+    )
+    .map_err(|e| e.to_string())
+}
+
+impl MemorySource for LinuxTarget {
+    fn regions(&self) -> Vec<RegionInfo> {
+        self.src.regions()
+    }
+    fn page_state(&mut self, page: PageRef) -> Result<PageState, SourceError> {
+        self.src.page_state(page)
+    }
+    fn read_page(&mut self, page: PageRef, out: &mut PageWords) -> Result<(), SourceError> {
+        self.src.read_page(page, out)
+    }
+    fn read_pages(&mut self, pages: &[PageRef], out: &mut [PageWords]) -> usize {
+        self.src.read_pages(pages, out)
+    }
+    fn take_written(&mut self, page: PageRef) -> Option<bool> {
+        self.src.take_written(page)
+    }
+}
+
+impl Target for LinuxTarget {
+    fn processes_changed(&mut self) -> bool {
+        if !self.filter.pids.is_empty() {
+            // Named pids: only their exits matter.
+            return self
+                .filter
+                .pids
+                .iter()
+                .any(|p| !std::path::Path::new(&format!("/proc/{p}")).exists());
+        }
+        match host::pids() {
+            Ok(now) => {
+                let changed = now != self.pids;
+                self.pids = now;
+                changed
+            }
+            Err(_) => true,
+        }
+    }
+
+    fn refresh(&mut self) -> Result<(), String> {
+        self.src.refresh().map_err(|e| e.to_string())?;
+        self.max_map_count = host::max_map_count().unwrap_or(self.max_map_count);
+        self.read_facts();
+        Ok(())
+    }
+
+    fn processes(&self) -> Vec<ProcEntry> {
+        self.procs.clone()
+    }
+
+    fn discovery_skipped(&self) -> Vec<(u32, String)> {
+        self.src.skipped().to_vec()
+    }
+
+    fn span(&self, id: RegionId) -> Option<Span> {
+        let r = self.src.region(id)?;
+        let start_time = self
+            .procs
+            .iter()
+            .find(|p| p.key.pid == r.pid)
+            .map(|p| p.key.start_time)?;
+        Some(Span {
+            proc: ProcKey {
+                pid: r.pid,
+                start_time,
+            },
+            start: r.start,
+            pages: r.pages,
+            vma_start: r.vma_start,
+            vma_end: r.vma_end,
+            mergeable: r.mergeable,
+            name: r.path.as_ref().map(|p| p.display().to_string()),
+        })
+    }
+
+    fn page_states(
+        &mut self,
+        id: RegionId,
+        first: u32,
+        out: &mut [PageState],
+    ) -> Result<(), SourceError> {
+        self.infos.clear();
+        self.infos.resize(out.len(), PageInfo::default());
+        self.src.inspect(id, first, &mut self.infos)?;
+        for (o, i) in out.iter_mut().zip(&self.infos) {
+            *o = i.class().state();
+        }
+        Ok(())
+    }
+
+    fn vma_count(&self, pid: u32) -> Option<u64> {
+        host::vma_count(pid).ok()
+    }
+
+    fn reconfigure(&mut self, filter: ProcessFilter, subregion_pages: u32) -> Result<(), String> {
+        if filter == self.filter && subregion_pages == self.subregion_pages {
+            return Ok(());
+        }
+        let src = open_source(&filter, subregion_pages)?;
+        // Processes of the old source that the new one does not select are
+        // not "gone": forget them quietly.
+        self.src = src;
+        self.filter = filter;
+        self.subregion_pages = subregion_pages;
+        self.read_facts();
+        Ok(())
+    }
+
+    fn max_map_count(&self) -> u64 {
+        self.max_map_count
+    }
+
+    fn cow_ksm(&self) -> Option<u64> {
+        ksm::KsmVmstat::read().ok().and_then(|v| v.cow_ksm)
+    }
+
+    fn take_gone(&mut self) -> Vec<u32> {
+        self.src.take_gone()
+    }
+}
+
+/// A target's regions narrowed to eligible processes and minus the regions
+/// the loop hides from distilling (promoted regions that ksmd is still
+/// merging: sampling them would only re-find the duplicates that got them
+/// promoted).
+pub struct View<'a, T> {
+    /// The target.
+    pub target: &'a mut T,
+    /// Eligible pids.
+    pub allowed: &'a HashMap<u32, ProcKey>,
+    /// Regions not shown.
+    pub hidden: &'a BTreeSet<RegionId>,
+}
+
+impl<T: Target> MemorySource for View<'_, T> {
+    fn regions(&self) -> Vec<RegionInfo> {
+        self.target
+            .regions()
+            .into_iter()
+            .filter(|r| self.allowed.contains_key(&r.owner) && !self.hidden.contains(&r.id))
+            .collect()
+    }
+    fn page_state(&mut self, page: PageRef) -> Result<PageState, SourceError> {
+        self.target.page_state(page)
+    }
+    fn read_page(&mut self, page: PageRef, out: &mut PageWords) -> Result<(), SourceError> {
+        self.target.read_page(page, out)
+    }
+    fn read_pages(&mut self, pages: &[PageRef], out: &mut [PageWords]) -> usize {
+        self.target.read_pages(pages, out)
+    }
+    fn take_written(&mut self, page: PageRef) -> Option<bool> {
+        self.target.take_written(page)
+    }
+}
