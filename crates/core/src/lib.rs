@@ -50,6 +50,7 @@
 #![forbid(unsafe_code)]
 
 pub mod distill;
+pub mod estimate;
 pub mod governor;
 pub mod hash;
 pub mod hints;
