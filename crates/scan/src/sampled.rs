@@ -47,14 +47,17 @@
 //! The budget is wall time from the start of the scan (discovery and
 //! census included), or a CPU share over a window: the scan then paces
 //! itself so its thread uses at most that share of one CPU. Page costs
-//! are measured as the scan goes and turned into page budgets per round;
-//! the estimation itself is reserved for.
+//! are measured as the scan goes and turned into page budgets per round,
+//! with time set aside for the estimation; a round that turns out dearer
+//! than planned is shrunk evenly over its cells. If discovery and census
+//! alone use up the budget, nothing is sampled and the intervals span
+//! every frame: the scan never reads blind.
 
 use crate::report::{
     Class, Counts, Estimate, Mode, ProcessReport, RegionReport, Report, ScanError,
 };
 use pagesift_core::estimate::{
-    CellSpec, DomainEstimate, Estimates, Interval, Outcome, Sampler, SamplerConfig, Unit,
+    CellSpec, DomainEstimate, Estimates, Interval, Outcome, RoundKind, Sampler, SamplerConfig, Unit,
 };
 use pagesift_core::hash::{PartialHasher, Shifts};
 use pagesift_core::index::{IndexConfig, SampleIndex};
@@ -93,10 +96,12 @@ const BATCH_PAGES: usize = 1024;
 /// Pagemap entries read per `pread` in the census.
 const CENSUS_CHUNK: usize = 8192;
 
-/// First guess of the cost of one sampled page (read, hash, index), in
-/// ns, until measured: mechanisms.md §3 puts a pinned read at ≈0.5 µs and
-/// a `/proc/PID/mem` read at ≈0.8 µs.
-const FIRST_PAGE_NS: f64 = 1_000.0;
+/// First guess of the cost of one sampled page (read, presence re-check,
+/// hash, index), in ns, until measured (it only sizes the pilot):
+/// mechanisms.md §3 puts a pinned read alone at ≈0.5 µs and a
+/// `/proc/PID/mem` read at ≈0.8 µs; whole sampled pages measured 2–5 µs on
+/// the shared development machine.
+const FIRST_PAGE_NS: f64 = 2_000.0;
 
 /// Time reserved per sampled page for computing the estimates and the
 /// report (measured ≈ 0.12 µs per sample with 66 k samples on the
@@ -632,7 +637,7 @@ impl Reader {
 }
 
 /// Where a sampled scan's time went (for benchmarks and `--verbose`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ScanStats {
     /// Finding processes and their VMAs.
     pub discovery: Duration,
@@ -646,8 +651,12 @@ pub struct ScanStats {
     pub units: u64,
     /// Units read.
     pub sampled: u64,
-    /// Sampling rounds (pilot, climbs, allocations).
-    pub rounds: u32,
+    /// Units that could not be read (freed, unmapped or exited since the
+    /// census): they left the population.
+    pub failed: u64,
+    /// Sampling rounds, in order: pilot, climbs, allocations, or one
+    /// complete read.
+    pub rounds: Vec<RoundKind>,
     /// Measured cost of one sampled page, in the budget's unit (wall or
     /// CPU time), ns.
     pub page_ns: f64,
@@ -729,6 +738,9 @@ pub fn run_with_stats(opts: &SampledOptions) -> Result<(Report, ScanStats), Scan
     'rounds: loop {
         let pages = affordable(&clock, read_cost, read_units, sampler.sampled());
         let planned = sampler.plan_round(pages);
+        if let (true, Some(kind)) = (planned > 0, sampler.last_round()) {
+            stats.rounds.push(kind);
+        }
         if planned == 0 {
             break;
         }
@@ -765,10 +777,11 @@ pub fn run_with_stats(opts: &SampledOptions) -> Result<(Report, ScanStats), Scan
     stats.sampling = sampled_at - stats.discovery - stats.census;
     stats.units = sampler.units();
     stats.sampled = sampler.sampled();
-    stats.rounds = sampler.rounds();
+
     stats.page_ns = read_cost.as_nanos() as f64 / read_units.max(1) as f64;
     sampler.remove_owners(&gone);
     let est = sampler.estimate();
+    stats.failed = est.failed;
     let report = build_report(opts, &clock, &src, &regions, &gone, &est, reader.pages_read);
     stats.estimation = clock.elapsed() - sampled_at;
     Ok((report, stats))

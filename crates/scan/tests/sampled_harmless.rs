@@ -238,3 +238,30 @@ fn a_bad_budget_names_the_option() {
     .unwrap_err();
     assert!(e.to_string().contains("budget"), "{e}");
 }
+
+#[test]
+fn a_cpu_share_budget_paces_the_scan() {
+    require_root();
+    let _big = big_test_lock();
+    let w = Workload::start(&["random", "--mib", "512", "--seed", "7"]);
+    let cpu = || {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+        Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    };
+    let (share, window) = (0.25, Duration::from_millis(1600));
+    let (t0, c0) = (std::time::Instant::now(), cpu());
+    let r = scan(&[w.pid()], Budget::CpuShare { share, window }).expect("scan");
+    let (wall, used) = (t0.elapsed(), cpu() - c0);
+    println!("{}; wall {wall:?}, cpu {used:?}", summary(&r));
+    let (sampled, exhaustive) = sampled_pages(&r);
+    assert!(sampled > 0 && !exhaustive, "{}", summary(&r));
+    // At most the share of the window (plus one batch and the estimation),
+    // and the window is kept (plus the same slack).
+    assert!(
+        used <= window.mul_f64(share) + Duration::from_millis(60),
+        "CPU {used:?}"
+    );
+    assert!(wall <= window + Duration::from_millis(150), "wall {wall:?}");
+    // Paced: the scan did not run flat out.
+    assert!(wall >= used.mul_f64(2.0), "wall {wall:?} vs CPU {used:?}");
+}
