@@ -134,9 +134,18 @@ enum LogFormat {
 #[derive(Args, Debug)]
 struct ScanArgs {
     /// Read and compare every present page: exact counts (ground truth),
-    /// at about the speed of reading memory.
+    /// at about the speed of reading memory. Without it the scan samples
+    /// within --budget and reports estimates with 95 % intervals.
     #[arg(long)]
     exact: bool,
+    /// Sampled mode: how much to spend, as wall time (`2s`, `500ms`) or a
+    /// share of one CPU over a window (`10%`, `10%/30s`).
+    #[arg(long, default_value = "2s", conflicts_with = "exact")]
+    budget: pagesift_scan::sampled::Budget,
+    /// Sampled mode: seed of the sample (the same seed on unchanged memory
+    /// draws the same pages).
+    #[arg(long, conflicts_with = "exact")]
+    seed: Option<u64>,
     /// Only these processes (repeat the option or separate with commas).
     #[arg(long = "pid", value_name = "PID", value_delimiter = ',')]
     pids: Vec<u32>,
@@ -348,9 +357,13 @@ fn scan(args: ScanArgs) -> ExitCode {
             ..ExactOptions::default()
         })
     } else {
-        Err(ScanError::Usage(
-            "the sampled scan is not in this build yet: use --exact".into(),
-        ))
+        let defaults = pagesift_scan::sampled::SampledOptions::default();
+        pagesift_scan::sampled::run(&pagesift_scan::sampled::SampledOptions {
+            filter,
+            budget: args.budget,
+            seed: args.seed.unwrap_or(defaults.seed),
+            ..defaults
+        })
     };
     let report = match result {
         Ok(r) => r,

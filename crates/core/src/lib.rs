@@ -52,6 +52,7 @@
 pub mod avalanche;
 pub mod census;
 pub mod distill;
+pub mod estimate;
 pub mod governor;
 pub mod hash;
 pub mod hints;

@@ -6,7 +6,7 @@
 //! - [`exact`]: every present page of the selected processes is read,
 //!   hashed and grouped with byte-exact verification. Ground truth, at
 //!   about the speed of reading memory.
-//! - the sampled scan (the default mode of the CLI): the core's ladder,
+//! - [`sampled`] (the default mode of the CLI): the core's ladder,
 //!   progressive hash and sample index within a time budget, reporting
 //!   estimates with confidence intervals.
 //!
@@ -16,5 +16,6 @@
 
 pub mod exact;
 pub mod report;
+pub mod sampled;
 
 pub use report::{Report, ScanError};

@@ -184,6 +184,9 @@ pub enum Mode {
         sampled_pages: u64,
         /// Seed of the sampler.
         seed: u64,
+        /// The budget covered every present page, so all were read and
+        /// every interval has zero width.
+        exhaustive: bool,
     },
 }
 
@@ -292,6 +295,15 @@ impl Report {
                 budget_ms,
                 sampled_pages,
                 seed,
+                exhaustive: true,
+            } => format!(
+                "sampled: the {budget_ms} ms budget covered every page ({sampled_pages} read, seed {seed}): exact"
+            ),
+            Mode::Sampled {
+                budget_ms,
+                sampled_pages,
+                seed,
+                exhaustive: false,
             } => format!(
                 "sampled: {sampled_pages} pages in a {budget_ms} ms budget, seed {seed}; ± is the 95 % interval"
             ),
@@ -416,13 +428,16 @@ pub enum ScanError {
     /// Bad options (the message names the option and the reason).
     #[error("{0}")]
     Usage(String),
+    /// An option has a value that cannot work.
+    #[error("invalid option {key}: {reason}")]
+    InvalidOption { key: &'static str, reason: String },
 }
 
 impl ScanError {
     /// The process exit code: 2 for a usage error, 1 for anything else.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ScanError::Usage(_) => 2,
+            ScanError::Usage(_) | ScanError::InvalidOption { .. } => 2,
             ScanError::Linux(_) => 1,
         }
     }
