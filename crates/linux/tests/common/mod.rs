@@ -4,7 +4,8 @@
 //! The workload binary belongs to another package of the workspace, so
 //! Cargo does not build it for this package's tests; [`workload_bin`] runs
 //! `cargo build -p pagesift-workload` once (a no-op when it is fresh) with
-//! the same profile and target directory.
+//! the same profile and target directory. The scan crate's tests use this
+//! file too (`#[path]`), so it stays free of anything specific to one crate.
 //!
 //! [`Workload`] is a guard: dropping it (also when a test panics) SIGKILLs
 //! the workload and any children it reported, then reaps the workload.
@@ -16,7 +17,7 @@ use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 /// Panics unless running as root: these tests read other processes'
 /// page maps (CAP_SYS_PTRACE) and PFNs (CAP_SYS_ADMIN).
@@ -27,32 +28,38 @@ pub fn require_root() {
     );
 }
 
-/// Path of the `pagesift-workload` binary, built on first use.
+/// Path of binary `name` of workspace package `package`, built on first
+/// use (`cargo build -p`, a no-op when fresh) with this test's profile.
+pub fn bin(package: &'static str, name: &'static str) -> PathBuf {
+    static BINS: Mutex<Vec<(&'static str, PathBuf)>> = Mutex::new(Vec::new());
+    let mut bins = BINS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, p)) = bins.iter().find(|(n, _)| *n == name) {
+        return p.clone();
+    }
+    // target/<profile>/deps/<test> -> target/<profile>
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("test binary lives in target/<profile>/deps")
+        .to_path_buf();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--quiet", "-p", package]);
+    if dir.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("running cargo build");
+    assert!(status.success(), "building {package} failed");
+    let path = dir.join(name);
+    assert!(path.exists(), "{} missing after build", path.display());
+    bins.push((name, path.clone()));
+    path
+}
+
+/// The `pagesift-workload` binary.
 pub fn workload_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        // target/<profile>/deps/<test> -> target/<profile>
-        let exe = std::env::current_exe().expect("current_exe");
-        let dir = exe
-            .parent()
-            .and_then(|d| d.parent())
-            .expect("test binary lives in target/<profile>/deps")
-            .to_path_buf();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "-p", "pagesift-workload"]);
-        if dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd
-            .status()
-            .expect("running cargo build -p pagesift-workload");
-        assert!(status.success(), "building pagesift-workload failed");
-        let bin = dir.join("pagesift-workload");
-        assert!(bin.exists(), "{} missing after build", bin.display());
-        bin
-    })
-    .clone()
+    bin("pagesift-workload", "pagesift-workload")
 }
 
 /// A running workload; killed (with its children) on drop.
@@ -108,6 +115,13 @@ impl Workload {
             .unwrap_or_default()
     }
 
+    /// The workload and its children.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut v = vec![self.pid()];
+        v.extend(self.children());
+        v
+    }
+
     /// A count from the report (top level or `family.<key>`).
     pub fn count(&self, key: &str) -> u64 {
         let v = match key.strip_prefix("family.") {
@@ -140,6 +154,26 @@ impl Workload {
             let _ = pagesift_linux::sys::kill(c);
         }
         let _ = self.child.kill();
+    }
+
+    /// SIGKILLs the workload only, without reaping it (it stays a zombie
+    /// until the guard drops).
+    pub fn kill_now(&mut self) {
+        let _ = self.child.kill();
+    }
+
+    /// Waits for the workload to exit (killed, or `--seconds` passed),
+    /// without reaping it: it stays a zombie until the guard drops.
+    pub fn wait_exit(&mut self) {
+        loop {
+            let state = procfs::process::Process::new(self.pid() as i32)
+                .and_then(|p| p.stat())
+                .map(|s| s.state);
+            match state {
+                Ok('Z') | Ok('X') | Err(_) => return,
+                _ => std::thread::sleep(std::time::Duration::from_millis(20)),
+            }
+        }
     }
 
     /// Reaps the workload after [`kill`](Self::kill).
