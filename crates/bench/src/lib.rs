@@ -6,3 +6,4 @@
 //! by side in one run, and writes CSV series, PNG plots and a markdown report.
 
 pub mod guest;
+pub mod series;
