@@ -6,4 +6,5 @@
 //! by side in one run, and writes CSV series, PNG plots and a markdown report.
 
 pub mod guest;
+pub mod plot;
 pub mod series;
