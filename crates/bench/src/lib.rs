@@ -6,5 +6,6 @@
 //! by side in one run, and writes CSV series, PNG plots and a markdown report.
 
 pub mod guest;
+pub mod ksmtuned;
 pub mod plot;
 pub mod series;

@@ -116,36 +116,23 @@ fn finite(p: &(f64, f64)) -> bool {
 
 type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
 
-/// Draws the shared frame: background, title, the split into plot and
-/// legend panels, and the legend entries (name, colour) in the legend panel.
-fn frame<'a>(
-    root: &Area<'a>,
-    path: &Path,
-    title: &str,
-    legend: &[(String, RGBColor)],
-    legend_marker_is_line: bool,
-) -> Result<Area<'a>, PlotError> {
-    let err = |e: DrawingAreaErrorKind<_>| PlotError::new(path, e);
-    root.fill(&WHITE).map_err(err)?;
-    let root = root
-        .margin(8, 0, 0, 0)
-        .titled(title, (FONT, 28).into_font().color(&BLACK))
-        .map_err(err)?;
-    let (plot, side) = root.split_horizontally(CHART_SIZE.0 - LEGEND_WIDTH);
-    let style = (FONT, 18).into_font().color(&BLACK);
-    for (i, (name, c)) in legend.iter().enumerate() {
-        let y = 60 + 28 * i as i32;
-        if legend_marker_is_line {
-            side.draw(&PathElement::new(vec![(10, y), (40, y)], c.stroke_width(3)))
-                .map_err(err)?;
-        } else {
-            side.draw(&Circle::new((25, y), 6, c.filled()))
-                .map_err(err)?;
-        }
-        side.draw(&Text::new(name.as_str(), (50, y - 10), style.clone()))
-            .map_err(err)?;
-    }
-    Ok(plot)
+/// How a legend entry shows its system.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Marker {
+    /// A short line (line charts).
+    Line,
+    /// A dot (scatter charts).
+    Dot,
+}
+
+/// What both charts share: the file, the texts and the legend.
+struct Layout<'a> {
+    path: &'a Path,
+    title: &'a str,
+    x_label: &'a str,
+    y_label: &'a str,
+    legend: &'a [(String, RGBColor)],
+    marker: Marker,
 }
 
 /// Writes a PNG of `series` as lines against time (seconds on x), one line
@@ -173,33 +160,30 @@ pub fn line_chart(
     let xs = range(points().map(|p| p.0));
     let ys = range(points().map(|p| p.1));
     let empty = points().next().is_none();
-    draw(
+    let layout = Layout {
         path,
         title,
         x_label,
         y_label,
-        &legend,
-        true,
-        xs,
-        ys,
-        empty,
-        |chart| {
-            for (s, (_, c)) in series.iter().zip(&legend) {
-                let pts: Vec<(f64, f64)> = s.points.iter().copied().filter(finite).collect();
-                match pts.len() {
-                    0 => {}
-                    // One sample is no line: show it as a dot.
-                    1 => {
-                        chart.draw_series(std::iter::once(Circle::new(pts[0], 4, c.filled())))?;
-                    }
-                    _ => {
-                        chart.draw_series(LineSeries::new(pts, c.stroke_width(2)))?;
-                    }
+        legend: &legend,
+        marker: Marker::Line,
+    };
+    layout.draw(xs, ys, empty, |chart| {
+        for (s, (_, c)) in series.iter().zip(&legend) {
+            let pts: Vec<(f64, f64)> = s.points.iter().copied().filter(finite).collect();
+            match pts.len() {
+                0 => {}
+                // One sample is no line: show it as a dot.
+                1 => {
+                    chart.draw_series(std::iter::once(Circle::new(pts[0], 4, c.filled())))?;
+                }
+                _ => {
+                    chart.draw_series(LineSeries::new(pts, c.stroke_width(2)))?;
                 }
             }
-            Ok(())
-        },
-    )
+        }
+        Ok(())
+    })
 }
 
 /// Writes a PNG of labelled points `(system, x, y)`, each point in its
@@ -225,31 +209,28 @@ pub fn scatter_chart(
     let ys = range(good().map(|p| p.2));
     let empty = good().next().is_none();
     let label = (FONT, 15).into_font().color(&BLACK);
-    draw(
+    let layout = Layout {
         path,
         title,
         x_label,
         y_label,
-        &legend,
-        false,
-        xs,
-        ys,
-        empty,
-        |chart| {
-            for (name, x, y) in good() {
-                let c = legend
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map_or(BLACK, |l| l.1);
-                chart.draw_series(std::iter::once(
-                    EmptyElement::at((*x, *y))
-                        + Circle::new((0, 0), 6, c.filled())
-                        + Text::new(name.clone(), (9, -18), label.clone()),
-                ))?;
-            }
-            Ok(())
-        },
-    )
+        legend: &legend,
+        marker: Marker::Dot,
+    };
+    layout.draw(xs, ys, empty, |chart| {
+        for (name, x, y) in good() {
+            let c = legend
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(BLACK, |l| l.1);
+            chart.draw_series(std::iter::once(
+                EmptyElement::at((*x, *y))
+                    + Circle::new((0, 0), 6, c.filled())
+                    + Text::new(name.clone(), (9, -18), label.clone()),
+            ))?;
+        }
+        Ok(())
+    })
 }
 
 type Chart<'a, 'b> = ChartContext<
@@ -260,57 +241,84 @@ type Chart<'a, 'b> = ChartContext<
 type DrawResult =
     Result<(), DrawingAreaErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>>;
 
-/// The body both charts share: frame, axes with labels and grid, the data
-/// (drawn by `body`), a "no data" note when empty, and the PNG write.
-#[allow(clippy::too_many_arguments)]
-fn draw(
-    path: &Path,
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    legend: &[(String, RGBColor)],
-    legend_marker_is_line: bool,
-    xs: std::ops::Range<f64>,
-    ys: std::ops::Range<f64>,
-    empty: bool,
-    body: impl FnOnce(&mut Chart<'_, '_>) -> DrawResult,
-) -> Result<(), PlotError> {
-    register_embedded_font(path)?;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| PlotError::new(path, e))?;
+impl Layout<'_> {
+    fn err<E: std::error::Error + Send + Sync>(
+        &self,
+    ) -> impl Fn(DrawingAreaErrorKind<E>) -> PlotError + '_ {
+        |e| PlotError::new(self.path, e)
     }
-    let err = |e: DrawingAreaErrorKind<_>| PlotError::new(path, e);
-    let root = BitMapBackend::new(path, CHART_SIZE).into_drawing_area();
-    let plot = frame(&root, path, title, legend, legend_marker_is_line)?;
-    let mut chart = ChartBuilder::on(&plot)
-        .margin(16)
-        .x_label_area_size(56)
-        .y_label_area_size(88)
-        .build_cartesian_2d(xs, ys)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
-        .y_desc(y_label)
-        .axis_desc_style((FONT, 20))
-        .label_style((FONT, 16))
-        .x_label_formatter(&|v| tick(*v))
-        .y_label_formatter(&|v| tick(*v))
-        .light_line_style(RGBColor(235, 235, 235))
-        .bold_line_style(RGBColor(200, 200, 200))
-        .draw()
-        .map_err(err)?;
-    if empty {
-        plot.draw(&Text::new(
-            "no data",
-            (CHART_SIZE.0 as i32 / 3, CHART_SIZE.1 as i32 / 2),
-            (FONT, 24).into_font().color(&RGBColor(127, 127, 127)),
-        ))
-        .map_err(err)?;
+
+    /// Draws the frame: background, title, the split into plot and legend
+    /// panels, and the legend entries (marker, name) in the legend panel.
+    fn frame<'b>(&self, root: &Area<'b>) -> Result<Area<'b>, PlotError> {
+        root.fill(&WHITE).map_err(self.err())?;
+        let root = root
+            .margin(8, 0, 0, 0)
+            .titled(self.title, (FONT, 28).into_font().color(&BLACK))
+            .map_err(self.err())?;
+        let (plot, side) = root.split_horizontally(CHART_SIZE.0 - LEGEND_WIDTH);
+        let style = (FONT, 18).into_font().color(&BLACK);
+        for (i, (name, c)) in self.legend.iter().enumerate() {
+            let y = 60 + 28 * i as i32;
+            match self.marker {
+                Marker::Line => {
+                    side.draw(&PathElement::new(vec![(10, y), (40, y)], c.stroke_width(3)))
+                }
+                Marker::Dot => side.draw(&Circle::new((25, y), 6, c.filled())),
+            }
+            .map_err(self.err())?;
+            side.draw(&Text::new(name.as_str(), (50, y - 10), style.clone()))
+                .map_err(self.err())?;
+        }
+        Ok(plot)
     }
-    body(&mut chart).map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(())
+
+    /// Draws the whole chart: frame, axes with labels and grid, the data
+    /// (drawn by `body`), a "no data" note when `empty`, and writes the PNG.
+    fn draw(
+        &self,
+        xs: std::ops::Range<f64>,
+        ys: std::ops::Range<f64>,
+        empty: bool,
+        body: impl FnOnce(&mut Chart<'_, '_>) -> DrawResult,
+    ) -> Result<(), PlotError> {
+        let path = self.path;
+        register_embedded_font(path)?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| PlotError::new(path, e))?;
+        }
+        let root = BitMapBackend::new(path, CHART_SIZE).into_drawing_area();
+        let plot = self.frame(&root)?;
+        let mut chart = ChartBuilder::on(&plot)
+            .margin(16)
+            .x_label_area_size(56)
+            .y_label_area_size(88)
+            .build_cartesian_2d(xs, ys)
+            .map_err(self.err())?;
+        chart
+            .configure_mesh()
+            .x_desc(self.x_label)
+            .y_desc(self.y_label)
+            .axis_desc_style((FONT, 20))
+            .label_style((FONT, 16))
+            .x_label_formatter(&|v| tick(*v))
+            .y_label_formatter(&|v| tick(*v))
+            .light_line_style(RGBColor(235, 235, 235))
+            .bold_line_style(RGBColor(200, 200, 200))
+            .draw()
+            .map_err(self.err())?;
+        if empty {
+            plot.draw(&Text::new(
+                "no data",
+                (CHART_SIZE.0 as i32 / 3, CHART_SIZE.1 as i32 / 2),
+                (FONT, 24).into_font().color(&RGBColor(127, 127, 127)),
+            ))
+            .map_err(self.err())?;
+        }
+        body(&mut chart).map_err(self.err())?;
+        root.present().map_err(self.err())?;
+        Ok(())
+    }
 }
 
 /// A tick label: no trailing zeros ("2500", "0.25", "1.5").
