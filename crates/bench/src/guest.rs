@@ -62,13 +62,17 @@ pub const DEFAULT_MEM_MIB: u32 = 512;
 /// Guests started 10 s apart, as in the paper (§8.2.1).
 pub const START_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Guests of `pagesift bench --quick`: with a guest booting in ~6 s of CPU
-/// and holding ~0.3 GiB (measured, see the report of this module's
-/// commit), 4 guests 10 s apart boot within ~40 s on 2 cores.
+/// Guests of `pagesift bench --quick`. Measured here (2026-11-22, 2 cores
+/// shared, load 2-10; `measure_guests_started_ten_seconds_apart` in
+/// tests/guest.rs): a guest of 512 MiB with the default 32 MiB payload
+/// boots in 5.8-8.5 s of QEMU CPU (6-10 s wall when the machine is
+/// quiet), then holds ~345 MiB of RSS and idles at ~0.35 % of a core. Four
+/// guests 10 s apart are all up ~45 s after the first start, in ~1.4 GiB.
 pub const QUICK_GUESTS: usize = 4;
 
-/// Guests of `pagesift bench --full`: 10 guests of 512 MiB stay below
-/// 3.5 GiB of RSS, far inside this machine's 24 GiB.
+/// Guests of `pagesift bench --full`: 10 guests, ~3.4 GiB of RSS, far
+/// inside this machine's 24 GiB (25 like the paper would take ~8.5 GiB and
+/// ~260 s of starts).
 pub const FULL_GUESTS: usize = 10;
 
 /// A booted guest prints this line (followed by ` files=... kib=...

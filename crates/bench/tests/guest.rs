@@ -22,10 +22,13 @@ use std::time::{Duration, Instant};
 /// A guest boots in ~6 s on an idle machine; leave room for a loaded one.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Builds the image in `dir`, or says why the test is skipped (`None`).
-fn image_or_skip(dir: &Path) -> Option<GuestImage> {
-    match GuestImage::build(dir) {
-        Ok(image) => Some(image),
+/// As root, builds the image in a fresh directory, or says why the test
+/// is skipped (`None`).
+fn image_or_skip() -> Option<(tempfile::TempDir, GuestImage)> {
+    common::require_root();
+    let dir = tempfile::tempdir().unwrap();
+    match GuestImage::build(dir.path()) {
+        Ok(image) => Some((dir, image)),
         Err(e @ GuestError::Missing { .. }) => {
             if std::env::var("PAGESIFT_REQUIRE_GUESTS").is_ok_and(|v| v == "1") {
                 panic!("PAGESIFT_REQUIRE_GUESTS=1 but {e}");
@@ -92,9 +95,7 @@ fn processes_mentioning(needle: &str) -> Vec<u32> {
 
 #[test]
 fn one_guest_boots_reads_its_payload_and_stopping_leaves_no_qemu() {
-    common::require_root();
-    let dir = tempfile::tempdir().unwrap();
-    let Some(image) = image_or_skip(dir.path()) else {
+    let Some((dir, image)) = image_or_skip() else {
         return;
     };
     let payload_kib = image.payload_bytes() / 1024;
@@ -164,11 +165,9 @@ fn helper_boot_a_guest_and_hang() {
 
 #[test]
 fn interrupted_harness_leaves_no_guest() {
-    common::require_root();
-    let dir = tempfile::tempdir().unwrap();
-    if image_or_skip(dir.path()).is_none() {
+    let Some((dir, _image)) = image_or_skip() else {
         return;
-    }
+    };
     let mut harness = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -229,9 +228,7 @@ fn ksm_pfns(pid: u32, range: &Range<u64>, flags: &mut KPageFlags) -> HashSet<u64
 
 #[test]
 fn two_guests_with_mem_merge_share_pages_under_ksm() {
-    common::require_root();
-    let dir = tempfile::tempdir().unwrap();
-    let Some(image) = image_or_skip(dir.path()) else {
+    let Some((_dir, image)) = image_or_skip() else {
         return;
     };
     // Own KSM before the guests boot and keep ksmd stopped meanwhile, so
@@ -291,4 +288,78 @@ fn two_guests_with_mem_merge_share_pages_under_ksm() {
     // pages of other (earlier, exiting) processes leave it meanwhile.
     // Each guest's own count of merged pages (its pages_sharing share).
     assert!(merging.0 >= want && merging.1 >= want, "{merging:?}");
+}
+
+/// Not a check: the figures behind the suggested guest count and memory
+/// (`QUICK_GUESTS`, `FULL_GUESTS`, `DEFAULT_MEM_MIB`). Starts
+/// `PAGESIFT_GUESTS` (default `QUICK_GUESTS`) guests `START_INTERVAL`
+/// apart with mem-merge off, then prints each one's boot time, CPU and
+/// RSS, and their idle CPU over 20 s.
+#[test]
+#[ignore = "measurement: cargo test -p pagesift-bench --test guest measure -- --ignored --nocapture"]
+fn measure_guests_started_ten_seconds_apart() {
+    use pagesift_bench::guest::{QUICK_GUESTS, START_INTERVAL};
+    common::require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let image = GuestImage::build(dir.path()).unwrap();
+    let n: usize = std::env::var("PAGESIFT_GUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(QUICK_GUESTS);
+    let load = || {
+        <procfs::LoadAverage as procfs::Current>::current()
+            .map(|l| l.one)
+            .unwrap()
+    };
+    eprintln!(
+        "{n} guests, payload {} files / {} MiB, load {:.2}",
+        image.payload_files(),
+        image.payload_bytes() >> 20,
+        load()
+    );
+    let t0 = Instant::now();
+    let mut guests: Vec<Guest> = Vec::new();
+    for i in 0..n {
+        while t0.elapsed() < START_INTERVAL * i as u32 {
+            for g in &mut guests {
+                g.poll_ready().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        guests.push(Guest::start(&image, GuestOptions::new(format!("m{i}"), false)).unwrap());
+    }
+    for g in &mut guests {
+        g.wait_ready(BOOT_TIMEOUT).unwrap();
+    }
+    eprintln!(
+        "all ready {:.1} s after the first start",
+        t0.elapsed().as_secs_f64()
+    );
+    let cpu0: Vec<u64> = guests.iter().map(|g| cpu_ms(g.pid())).collect();
+    let mut total_rss = 0;
+    for (g, cpu) in guests.iter().zip(&cpu0) {
+        let rss = g.rss_kib().unwrap();
+        total_rss += rss;
+        let log = std::fs::read_to_string(g.serial_log()).unwrap();
+        let init = log.lines().find(|l| l.contains("pagesift-guest: init at"));
+        eprintln!(
+            "  {}: boot {:.1} s wall, {cpu} ms CPU so far, RSS {} MiB; guest: {} / {:?}",
+            g.name(),
+            g.boot_time().unwrap().as_secs_f64(),
+            rss >> 10,
+            init.unwrap_or("?"),
+            ready_line(g)
+        );
+    }
+    std::thread::sleep(Duration::from_secs(20));
+    let idle: Vec<u64> = guests
+        .iter()
+        .zip(&cpu0)
+        .map(|(g, c)| cpu_ms(g.pid()) - c)
+        .collect();
+    eprintln!(
+        "total RSS {} MiB; idle CPU over 20 s (ms per guest): {idle:?}; load {:.2}",
+        total_rss >> 10,
+        load()
+    );
 }

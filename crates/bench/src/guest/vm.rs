@@ -19,7 +19,8 @@
 //! QEMU's stderr goes to `<dir>/<name>.qemu.log`. Readiness is polled from
 //! the serial log (the whole log is re-read: it stays a few tens of KiB).
 //! The guest's RAM is found once in `/proc/PID/maps` as the anonymous
-//! read-write mapping of exactly `mem_mib` MiB and remembered, so a later
+//! read-write, not executable (TCG's code buffer is rwx) mapping of
+//! exactly `mem_mib` MiB and remembered, so a later
 //! split of that VMA (pagesift marking part of it mergeable) does not lose
 //! it.
 
@@ -273,6 +274,8 @@ impl Guest {
                 m.pathname == procfs::process::MMapPath::Anonymous
                     && m.perms.contains(procfs::process::MMPermissions::READ)
                     && m.perms.contains(procfs::process::MMPermissions::WRITE)
+                    // TCG's code buffer (1 GiB by default) is rwx.
+                    && !m.perms.contains(procfs::process::MMPermissions::EXECUTE)
                     && m.address.1 - m.address.0 == want
             })
             .map(|m| m.address.0..m.address.1)
