@@ -296,9 +296,9 @@ fn demo(args: &DemoArgs) -> Result<Summary, Failure> {
                 "{:6.1} s  starting the daemon{}",
                 (now - spawned).as_secs_f64(),
                 if now - spawned > Duration::from_secs(3) {
-                    " (waiting for KSM: another pagesift daemon or a KSM test holds it)"
+                    format!(" (waiting for KSM: pid {} owns it)", ksm_holder())
                 } else {
-                    ""
+                    String::new()
                 }
             ));
         }
@@ -417,6 +417,19 @@ fn ksm_settings(
             return Ok(None);
         }
     }
+}
+
+/// The pid recorded in KSM's lock file by its current owner, or "another
+/// process".
+fn ksm_holder() -> String {
+    std::fs::read_to_string(pagesift_linux::ksm::LOCK_PATH)
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("# pagesift KSM lock: owner pid "))
+                .map(|p| p.trim().to_string())
+        })
+        .unwrap_or_else(|| "another process".into())
 }
 
 /// Fails with what is missing, before anything is started.

@@ -402,14 +402,19 @@ fn static_workload(
     Ok(())
 }
 
-fn cow_broken(mib: u64, interval_ms: u64, common: Common, t0: Instant) -> Result<(), String> {
+/// `mib` MiB of one content, every page written (cow-broken, short-lived).
+fn identical_slots(mib: u64) -> Vec<Slot> {
     let shape = Shape {
         data_pages: mib as usize * ((1 << 20) / PAGE),
         hole_every: 0,
         zero_every: 0,
         untouched_tail: 0,
     };
-    let slots = layout::static_dup(&shape, 1);
+    layout::static_dup(&shape, 1)
+}
+
+fn cow_broken(mib: u64, interval_ms: u64, common: Common, t0: Instant) -> Result<(), String> {
+    let slots = identical_slots(mib);
     let maker = PageMaker::new(common.seed, 1);
     let mut mem = Memory::map(slots, HugePages::Never).map_err(|e| format!("mmap: {e}"))?;
     mem.fill(&maker);
@@ -434,13 +439,7 @@ fn cow_broken(mib: u64, interval_ms: u64, common: Common, t0: Instant) -> Result
 }
 
 fn short_lived(mib: u64, period_ms: u64, common: Common, t0: Instant) -> Result<(), String> {
-    let shape = Shape {
-        data_pages: mib as usize * ((1 << 20) / PAGE),
-        hole_every: 0,
-        zero_every: 0,
-        untouched_tail: 0,
-    };
-    let slots = layout::static_dup(&shape, 1);
+    let slots = identical_slots(mib);
     let maker = PageMaker::new(common.seed, 1);
     let period = Duration::from_millis(period_ms);
     let shared: Shared = Arc::new(Mutex::new(None));
