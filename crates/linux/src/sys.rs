@@ -10,6 +10,8 @@
 //!   exactly one thread (the only case in which the child may run arbitrary
 //!   code), used by the workload's fork family.
 //!
+//! - [`KindMapping`]: shared, droppable, hugetlb and file mappings, for
+//!   the discovery tests that check how each kind of VMA is classified.
 //! - [`prctl`]: `PR_SET_MEMORY_MERGE` for `pagesift exec` and for test
 //!   children made mergeable before exec (mainline-ksm.md §2.2).
 //!
@@ -69,6 +71,8 @@ pub struct ScanQuery {
     /// `PAGE_IS_*` bits reported in [`PageRegion::categories`]; runs are
     /// split where these differ.
     pub returned: u64,
+    /// Stop after this many matching pages (0: no limit).
+    pub max_pages: u64,
 }
 
 /// Runs `PAGEMAP_SCAN` over `[start, end)` of the process whose pagemap is
@@ -90,7 +94,7 @@ pub fn pagemap_scan(
         walk_end: 0,
         vec: out.as_mut_ptr() as u64,
         vec_len: out.len() as u64,
-        max_pages: 0,
+        max_pages: query.max_pages,
         // A page matches when ((categories ^ inverted) & mask) == mask.
         category_inverted: query.excluded,
         category_mask: query.required | query.excluded,
@@ -254,6 +258,89 @@ impl Drop for AnonMapping {
         // SAFETY: the reservation is ours and no borrow of it outlives
         // `self`.
         let _ = unsafe { rustix::mm::munmap(self.reserved.0 as *mut _, self.reserved.1) };
+    }
+}
+
+/// The kind of VMA a [`KindMapping`] makes.
+#[derive(Debug, Clone, Copy)]
+pub enum MappingKind<'a> {
+    /// `MAP_SHARED | MAP_ANONYMOUS` (shmem).
+    SharedAnonymous,
+    /// `MAP_DROPPABLE | MAP_ANONYMOUS` (Linux 6.11+).
+    Droppable,
+    /// `MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB` (needs free huge pages).
+    HugetlbAnonymous,
+    /// `MAP_PRIVATE` of this file, opened read-write.
+    PrivateFile(BorrowedFd<'a>),
+    /// `MAP_SHARED` of this file, opened read-write.
+    SharedFile(BorrowedFd<'a>),
+    /// `MAP_PRIVATE | MAP_ANONYMOUS`, then `MADV_MERGEABLE`.
+    Mergeable,
+}
+
+/// A read-write mapping of one [`MappingKind`], every page written once
+/// (so present) at creation, unmapped on drop. For tests of discovery.
+#[derive(Debug)]
+pub struct KindMapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl KindMapping {
+    /// Maps `len` bytes (whole pages) of `kind` and writes `fill` into
+    /// every byte.
+    pub fn new(len: usize, kind: MappingKind<'_>, fill: u8) -> io::Result<KindMapping> {
+        use rustix::mm::{MapFlags, ProtFlags, mmap, mmap_anonymous};
+        let rw = ProtFlags::READ | ProtFlags::WRITE;
+        let anon = |flags| {
+            // SAFETY: a fresh mapping at an address the kernel chooses cannot
+            // alias any existing Rust object.
+            unsafe { mmap_anonymous(std::ptr::null_mut(), len, rw, flags) }
+        };
+        let file = |fd: BorrowedFd<'_>, flags| {
+            // SAFETY: as above; the file is only mapped, not borrowed beyond
+            // the call (the mapping keeps its own reference).
+            unsafe { mmap(std::ptr::null_mut(), len, rw, flags, fd, 0) }
+        };
+        let raw = match kind {
+            MappingKind::SharedAnonymous => anon(MapFlags::SHARED),
+            // MAP_DROPPABLE is a mapping type of its own, like MAP_PRIVATE.
+            MappingKind::Droppable => anon(MapFlags::DROPPABLE),
+            MappingKind::HugetlbAnonymous => anon(MapFlags::PRIVATE | MapFlags::HUGETLB),
+            MappingKind::PrivateFile(fd) => file(fd, MapFlags::PRIVATE),
+            MappingKind::SharedFile(fd) => file(fd, MapFlags::SHARED),
+            MappingKind::Mergeable => anon(MapFlags::PRIVATE),
+        }?;
+        let m = KindMapping {
+            ptr: NonNull::new(raw.cast()).expect("mmap never returns null on success"),
+            len,
+        };
+        if let MappingKind::Mergeable = kind {
+            // SAFETY: the range is our fresh mapping; the advice only lets
+            // ksmd merge identical pages copy-on-write.
+            unsafe { rustix::mm::madvise(raw, len, rustix::mm::Advice::LinuxMergeable) }?;
+        }
+        // SAFETY: `ptr..ptr+len` is a live read-write mapping owned by `m`
+        // and nothing else refers to it.
+        unsafe { std::ptr::write_bytes(m.ptr.as_ptr(), fill, len) };
+        Ok(m)
+    }
+
+    /// The mapping's first address.
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Its end address (exclusive).
+    pub fn end(&self) -> u64 {
+        self.addr() + self.len as u64
+    }
+}
+
+impl Drop for KindMapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is ours and no borrow of it outlives `self`.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
 

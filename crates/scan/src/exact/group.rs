@@ -637,3 +637,54 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod timing {
+    use super::*;
+
+    struct NoReads;
+    impl RepSource for NoReads {
+        fn read_reps(&mut self, _: &[Loc], _: &mut [PageWords], ok: &mut [bool]) {
+            ok.fill(false);
+        }
+    }
+
+    /// ns per page to place 1 M distinct pages (hashes given), as the exact
+    /// scan does for a random workload. Run with `--ignored --nocapture`.
+    #[test]
+    #[ignore = "timing, not a check"]
+    fn time_distinct_pages() {
+        let n = 1usize << 20;
+        let page = [0u32; 1024];
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let mut g = Grouper::new(8192, 4096, false);
+            g.census_mut().add_region(0);
+            g.reserve(n as u64);
+            let t = std::time::Instant::now();
+            let mut h = 0x9e37_79b9_7f4a_7c15u64;
+            let mut hashes = Vec::with_capacity(512);
+            for chunk in 0..n / 512 {
+                hashes.clear();
+                for _ in 0..512 {
+                    h = h
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    hashes.push(h ^ (h >> 29));
+                }
+                let locs: Vec<Loc> = (0..512)
+                    .map(|i| Loc {
+                        region: 0,
+                        addr: ((chunk * 512 + i) * 4096) as u64,
+                    })
+                    .collect();
+                for (hash, loc) in hashes.iter().zip(&locs) {
+                    g.add_hashed(&page, *hash, *loc, &mut NoReads);
+                }
+            }
+            best = best.min(t.elapsed().as_nanos() as f64 / n as f64);
+            assert_eq!(g.finish(&mut NoReads).2.pages, n as u64);
+        }
+        println!("GROUP distinct: {best:.1} ns/page");
+    }
+}
