@@ -558,6 +558,7 @@ impl Hasher {
                         .map(|it| self.grouper.hash_of(&pages[it.buf as usize])),
                 );
                 self.hash_ns += t.elapsed().as_nanos() as u64;
+                self.grouper.prefetch(&self.hashes);
                 for (it, &hash) in b.items.iter().zip(&self.hashes) {
                     let loc = Loc {
                         region: b.region,
