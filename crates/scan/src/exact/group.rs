@@ -79,6 +79,18 @@ pub trait RepSource {
     fn read_reps(&mut self, locs: &[Loc], out: &mut [PageWords], ok: &mut [bool]);
 }
 
+/// Asks for huge pages behind a large, not yet touched buffer: its first
+/// touches then fault once per 2 MiB, not once per 4 KiB (in a virtual
+/// machine each first touch can also exit to the host). Only an
+/// optimisation, so a refusal is ignored.
+fn advise_huge<T>(buf: &[T]) {
+    const WORTH: usize = 4 << 20;
+    let len = std::mem::size_of_val(buf);
+    if len >= WORTH {
+        let _ = pagesift_linux::sys::advise_huge_pages(buf.as_ptr() as usize, len);
+    }
+}
+
 /// Map from a content hash to the newest group with that hash (older
 /// groups with the same hash are chained through [`GroupRec::next`]).
 ///
@@ -158,6 +170,7 @@ impl HashIndex {
             return;
         }
         let old = std::mem::replace(&mut self.slots, vec![[0; 2]; cap]);
+        advise_huge(&self.slots);
         let mask = cap - 1;
         for [h, g] in old.into_iter().filter(|s| s[1] != 0) {
             let mut i = h as usize & mask;
@@ -303,6 +316,8 @@ impl Grouper {
     /// pending buffer holds up to `pending_pages` pages (at least 1).
     /// `records`: keep a [`PageRecord`] per placed page.
     pub fn new(cache_pages: usize, pending_pages: usize, records: bool) -> Grouper {
+        let mut groups = Vec::with_capacity(RESERVE_GROUPS);
+        advise_huge(groups.spare_capacity_mut());
         Grouper {
             // The hash table grows by doubling: its slots are touched at
             // random, so reserving room up front would fault in all of it
@@ -311,7 +326,7 @@ impl Grouper {
             // front costs only address space, and saves copying them as
             // they grow.
             table: HashIndex::new(),
-            groups: Vec::with_capacity(RESERVE_GROUPS),
+            groups,
             census: Census::with_capacity(RESERVE_GROUPS),
             cache: Cache::new(cache_pages),
             pending: Vec::new(),
