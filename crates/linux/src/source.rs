@@ -300,7 +300,7 @@ impl LinuxSource {
                             pid,
                             start,
                             pages,
-                            kind: r.kind.clone(),
+                            kind: r.kind,
                             path: r.path.clone(),
                             mergeable: r.mergeable,
                             vma_start: r.start,
