@@ -40,9 +40,16 @@
 //!    ones every `actuate.recheck_s`. Per region, a bit per
 //!    page remembers pages seen merged (KSM page or zero page); such a page
 //!    later present but not merged is a COW break. After a whole pass the
-//!    region's COW-broken ratio (breaks in this pass over pages merged in
-//!    the previous one) is compared with V_cow: above it, the region is
-//!    unmarked. A region is *settled* once a pass that started three ksmd
+//!    region's COW-broken ratio is compared with V_cow: above it, the region
+//!    is unmarked. The ratio is UKSM's (§5.2, notes §3.4: COW faults on
+//!    merged pages in a round over pages merged in that round): breaks seen
+//!    in this pass over pages newly seen merged in it. A static region has
+//!    no breaks; one that ksmd merges while the owner keeps writing it
+//!    (UKSM §8.1.2's COW-broken workload) settles at about one re-merge per
+//!    break, a ratio near 1, however small the written share of the region
+//!    is, which is what UKSM filters. At least [`MIN_BREAKS_FOR_DEMOTION`]
+//!    breaks are needed (a one-off write is no thrashing), and V_cow = 100 %
+//!    turns demotion off. A region is *settled* once a pass that started three ksmd
 //!    full scans after it was marked has ended: by then ksmd has visited
 //!    each of its pages at least twice, enough to merge every page that can
 //!    be (KSM merges a page on its second visit, ksm-baseline.md §4.5), so
@@ -97,6 +104,10 @@ const PACE_INTERVAL: Nanos = SEC;
 const ACCOUNT_BASE_SHARE: f64 = 0.02;
 /// Pages inspected per accounting call.
 const ACCOUNT_CHUNK: usize = 512;
+/// Fewest COW breaks in one accounting pass that can unmark a region: a
+/// few writes to merged pages are normal life, not thrashing. pagesift's
+/// choice (the same 16 as `actuate.min_merged_for_demotion`).
+pub const MIN_BREAKS_FOR_DEMOTION: u64 = 16;
 /// Marked runs are widened to multiples of this many pages (64 KiB), so
 /// that runs found near each other mark overlapping ranges that join into
 /// one VMA instead of splitting it again and again. pagesift's choice.
@@ -135,6 +146,8 @@ pub enum Mode {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct PassCounts {
     merged: u64,
+    /// Merged now, not seen merged by the previous look at the page.
+    fresh: u64,
     present: u64,
     cow: u64,
 }
@@ -1148,6 +1161,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     match s {
                         PageState::Merged | PageState::Zero => {
                             b.pass.merged += 1;
+                            b.pass.fresh += u64::from(b.seen_merged[w] & bit == 0);
                             b.seen_merged[w] |= bit;
                         }
                         PageState::Present => {
@@ -1201,9 +1215,11 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     }
                     b.pass_started_scan = full_scans;
                     if b.mode == Mode::Promoted
+                        && v_cow < 1.0
                         && b.passes >= 2
                         && prev_merged >= min_merged.max(1)
-                        && b.last.cow as f64 / prev_merged as f64 > v_cow
+                        && b.last.cow >= MIN_BREAKS_FOR_DEMOTION
+                        && b.last.cow as f64 / b.last.fresh.max(1) as f64 > v_cow
                     {
                         self.pending_unmarks.push(id);
                     }
