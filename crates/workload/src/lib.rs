@@ -17,7 +17,11 @@
 //!
 //! While alive it answers commands on stdin, one per line, with one JSON
 //! line each: `checksum` gives an xxh3 of every page it accessed (so a test
-//! can check that a scan left its memory unchanged).
+//! can check that a scan left its memory unchanged); `rewrite FIRST COUNT`
+//! writes new, distinct content (`DIRTY_BASE + page`) into those pages, as
+//! a program that modifies its data would (breaking any merge of them),
+//! and answers with the new checksum, so a test can compare it with an
+//! unmerged twin workload given the same command.
 //!
 //! Workloads (UKSM §8.1 for the last three's originals):
 //! - `static-dup`: N MiB of identical pages, or of K distinct contents.
@@ -342,20 +346,42 @@ fn print_line<T: Serialize>(v: &T) {
     let _ = out.flush();
 }
 
-/// Answers stdin commands about `shared` until stdin closes.
-fn serve_commands(shared: Shared) {
+/// Answers stdin commands about `shared` (filled from `seed`) until stdin
+/// closes.
+fn serve_commands(shared: Shared, seed: u64) {
     std::thread::spawn(move || {
         let stdin = std::io::stdin();
         for line in stdin.lock().lines() {
             let Ok(line) = line else { break };
-            match line.trim() {
-                "checksum" => {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                ["checksum"] => {
                     let sum = shared.lock().unwrap().as_ref().map(|m| m.checksum());
                     print_line(&serde_json::json!({ "checksum": sum }));
                 }
-                "" => {}
-                other => print_line(
-                    &serde_json::json!({ "error": format!("unknown command {other:?}") }),
+                ["rewrite", first, count] => {
+                    let (Ok(first), Ok(count)) = (first.parse::<usize>(), count.parse::<usize>())
+                    else {
+                        print_line(&serde_json::json!({ "error": "usage: rewrite FIRST COUNT" }));
+                        continue;
+                    };
+                    let maker = PageMaker::new(seed, 0);
+                    let mut guard = shared.lock().unwrap();
+                    let (n, sum) = match guard.as_mut() {
+                        Some(m) => {
+                            let end = first.saturating_add(count).min(m.slots().len());
+                            for i in first.min(end)..end {
+                                m.write_page(i, layout::DIRTY_BASE + i as u64, &maker);
+                            }
+                            (end.saturating_sub(first), Some(m.checksum()))
+                        }
+                        None => (0, None),
+                    };
+                    print_line(&serde_json::json!({ "rewritten": n, "checksum": sum }));
+                }
+                [] => {}
+                _ => print_line(
+                    &serde_json::json!({ "error": format!("unknown command {:?}", line.trim()) }),
                 ),
             }
         }
@@ -396,7 +422,7 @@ fn static_workload(
     mem.fill(&maker);
     let r = report(name, common.seed, &mem, t0);
     let shared: Shared = Arc::new(Mutex::new(Some(mem)));
-    serve_commands(shared.clone());
+    serve_commands(shared.clone(), common.seed);
     print_line(&r);
     stay_alive(&common, Instant::now());
     Ok(())
@@ -422,7 +448,7 @@ fn cow_broken(mib: u64, interval_ms: u64, common: Common, t0: Instant) -> Result
     r.interval_ms = Some(interval_ms);
     let n = mem.slots().len();
     let shared: Shared = Arc::new(Mutex::new(Some(mem)));
-    serve_commands(shared.clone());
+    serve_commands(shared.clone(), common.seed);
     print_line(&r);
     let ready = Instant::now();
     let mut next = 0usize;
@@ -452,7 +478,7 @@ fn short_lived(mib: u64, period_ms: u64, common: Common, t0: Instant) -> Result<
         if first {
             let mut r = report("short-lived", common.seed, &mem, t0);
             r.period_ms = Some(period_ms);
-            serve_commands(shared.clone());
+            serve_commands(shared.clone(), common.seed);
             print_line(&r);
             ready = Instant::now();
             first = false;
@@ -505,7 +531,7 @@ fn fork_family(
     r.children = pids;
     r.family = Some(family);
     let shared: Shared = Arc::new(Mutex::new(Some(mem)));
-    serve_commands(shared.clone());
+    serve_commands(shared.clone(), common.seed);
     print_line(&r);
     stay_alive(&common, Instant::now());
     Ok(())
