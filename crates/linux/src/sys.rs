@@ -4,6 +4,10 @@
 //! - [`pagemap_scan`]: the `PAGEMAP_SCAN` ioctl on `/proc/PID/pagemap`
 //!   (Linux 6.7+), which reports runs of pages by category (present,
 //!   zero-PFN, file, THP) without faulting anything in (mechanisms.md §4).
+//! - [`pagemap_scan_written`]: the same ioctl with `PM_SCAN_WP_MATCHING`,
+//!   which reports pages written since they were last write-protected by
+//!   userfaultfd and protects them again (write tracking, [`crate::uffd`]).
+//! - [`same_file`]: `kcmp(KCMP_FILE)`, which rustix does not wrap.
 //! - [`AnonMapping`]: a private anonymous mapping, used by
 //!   `pagesift-workload` to build reproducible memory patterns.
 //! - [`fork_single_threaded`]: `fork(2)`, refused unless the caller has
@@ -88,9 +92,56 @@ pub fn pagemap_scan(
     query: ScanQuery,
     out: &mut [PageRegion],
 ) -> io::Result<(usize, u64)> {
+    scan(fd, start, end, query, out, 0)
+}
+
+/// `PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC` (`<linux/fs.h>`).
+const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
+const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
+/// `PAGE_IS_WRITTEN` (`<linux/fs.h>`): not write-protected by
+/// userfaultfd, i.e. written (or never armed) since the last arming.
+pub const PAGE_IS_WRITTEN: u64 = 1 << 1;
+
+/// Reports the runs of pages in `[start, end)` written since they were last
+/// write-protected, and write-protects them again, in one `PAGEMAP_SCAN`
+/// (`PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC`, mechanisms.md §9). The
+/// range must be registered with userfaultfd in write-protect *async* mode
+/// by its owner (else `EPERM`): the kernel then resolves the target's next
+/// write fault itself, so arming never blocks the target. Returns the runs
+/// written into `out` and where the walk stopped (`< end`: call again).
+pub fn pagemap_scan_written(
+    fd: BorrowedFd<'_>,
+    start: u64,
+    end: u64,
+    out: &mut [PageRegion],
+) -> io::Result<(usize, u64)> {
+    let query = ScanQuery {
+        required: PAGE_IS_WRITTEN,
+        excluded: 0,
+        returned: PAGE_IS_WRITTEN,
+        max_pages: 0,
+    };
+    scan(
+        fd,
+        start,
+        end,
+        query,
+        out,
+        PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
+    )
+}
+
+fn scan(
+    fd: BorrowedFd<'_>,
+    start: u64,
+    end: u64,
+    query: ScanQuery,
+    out: &mut [PageRegion],
+    flags: u64,
+) -> io::Result<(usize, u64)> {
     let mut arg = PmScanArg {
         size: std::mem::size_of::<PmScanArg>() as u64,
-        flags: 0,
+        flags,
         start,
         end,
         walk_end: 0,
@@ -106,11 +157,37 @@ pub fn pagemap_scan(
     // SAFETY: `arg` is a properly laid-out `pm_scan_arg` whose `size` field
     // tells the kernel its size; `vec`/`vec_len` describe `out`, a live,
     // exclusively borrowed buffer of `repr(C)` `page_region`s that the
-    // kernel writes at most `vec_len` entries into. `flags` is 0, so no
-    // write-protect operation is requested and the target is not modified.
+    // kernel writes at most `vec_len` entries into. `flags` is 0 or, from
+    // [`pagemap_scan_written`], the write-protect flags that only change
+    // the uffd-wp bit of pages of a range its owner registered in async
+    // mode (the kernel refuses otherwise): the target's memory is unchanged.
     let n =
         unsafe { raw::pagemap_scan_ioctl(fd.as_raw_fd(), &mut arg) }.map_err(io::Error::from)?;
     Ok((n as usize, arg.walk_end))
+}
+
+/// `kcmp(pid1, pid2, KCMP_FILE, fd1, fd2) == 0`: whether descriptor `fd1` of
+/// `pid1` and `fd2` of `pid2` are the same open file. Used to make sure a
+/// descriptor number in another process still is the file we opened there
+/// before we ask that process to close it.
+pub fn same_file(pid1: u32, fd1: i32, pid2: u32, fd2: i32) -> io::Result<bool> {
+    const KCMP_FILE: libc::c_long = 0;
+    // SAFETY: kcmp takes only integers and reads nothing from our memory.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pid1 as libc::c_long,
+            pid2 as libc::c_long,
+            KCMP_FILE,
+            fd1 as libc::c_long,
+            fd2 as libc::c_long,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r == 0)
+    }
 }
 
 /// Asks the kernel to back the 2 MiB-aligned pages inside
