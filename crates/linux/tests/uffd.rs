@@ -181,3 +181,40 @@ fn a_target_that_exits_mid_tracking_is_fine() {
     let again = wt.track(&mut inj, pid, &[(addr, addr + len)]).unwrap();
     assert_eq!(again, TrackOutcome::Gone);
 }
+
+#[test]
+fn linux_source_answers_take_written_for_tracked_ranges_only() {
+    use pagesift_core::PageRef;
+    use pagesift_core::source::MemorySource;
+    use pagesift_linux::{LinuxSource, ProcessFilter, SourceConfig};
+    let _g = serial();
+    let t = Target::start("sleep", &["--ms", "20"]);
+    let (pid, addr, len) = (t.pid(), t.addr(), t.len());
+    let mut src = LinuxSource::new(ProcessFilter::pids([pid]), SourceConfig::default()).unwrap();
+    let region = src
+        .linux_regions()
+        .find(|r| r.pid == pid && r.start <= addr && addr < r.start + r.pages as u64 * PAGE)
+        .expect("the target's region")
+        .clone();
+    let page = ((addr - region.start) / PAGE) as u32;
+    let at = PageRef {
+        region: region.id,
+        page,
+    };
+    // Not tracked yet: no answer.
+    assert_eq!(src.take_written(at), None);
+    let mut inj = Injector::new(InjectConfig::default());
+    tracking(
+        src.write_tracker()
+            .track(&mut inj, pid, &[(addr, addr + len)])
+            .unwrap(),
+    );
+    assert_eq!(src.take_written(at), Some(false));
+    rewrite_page(pid, addr);
+    assert_eq!(src.take_written(at), Some(true));
+    assert_eq!(src.take_written(at), Some(false));
+    src.write_tracker().untrack_process(&mut inj, pid).unwrap();
+    assert_eq!(src.take_written(at), None);
+    assert_eq!(count_userfaultfds(pid), 0);
+    t.finish();
+}
