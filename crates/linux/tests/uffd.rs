@@ -9,6 +9,8 @@
 //! mode, which is the harder case for `UFFD_USER_MODE_ONLY`) while its
 //! content, and so the target's checksum, stays the same. Root is needed.
 
+#[allow(dead_code)]
+mod common;
 #[path = "common/inject_target.rs"]
 mod inject_target;
 
@@ -217,4 +219,31 @@ fn linux_source_answers_take_written_for_tracked_ranges_only() {
     assert_eq!(src.take_written(at), None);
     assert_eq!(count_userfaultfds(pid), 0);
     t.finish();
+}
+
+/// The target's own user-mode writes to armed pages are resolved by the
+/// kernel (async mode) and counted exactly; the target keeps running.
+#[test]
+fn a_targets_own_writes_are_counted_and_it_keeps_running() {
+    let _g = serial();
+    let mut w = common::Workload::start(&["static-dup", "--mib", "8"]);
+    let (pid, (start, pages)) = (w.pid(), w.region());
+    let end = start + pages * PAGE;
+    let mut inj = Injector::new(InjectConfig::default());
+    let mut wt = WriteTracker::new();
+    tracking(wt.track(&mut inj, pid, &[(start, end)]).unwrap());
+    assert_eq!(wt.written_pages(pid, start, end), Some(0));
+    let before = w.checksum();
+    let r = w.ask("rewrite 0 25");
+    assert_eq!(r["rewritten"].as_u64(), Some(25), "{r}");
+    assert_eq!(wt.written_pages(pid, start, end), Some(25));
+    assert_eq!(wt.written_pages(pid, start, end), Some(0));
+    // Rewritten again while armed: same content, still counted as written.
+    w.ask("rewrite 0 25");
+    assert_eq!(wt.written_pages(pid, start, end), Some(25));
+    wt.untrack_process(&mut inj, pid).unwrap();
+    assert_eq!(count_userfaultfds(pid), 0);
+    let after = w.checksum();
+    assert_ne!(before, after, "the rewrite changed the pages it wrote");
+    assert_eq!(w.checksum(), after, "and nothing else changes them");
 }
