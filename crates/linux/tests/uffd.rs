@@ -9,7 +9,6 @@
 //! mode, which is the harder case for `UFFD_USER_MODE_ONLY`) while its
 //! content, and so the target's checksum, stays the same. Root is needed.
 
-#[allow(dead_code)]
 mod common;
 #[path = "common/inject_target.rs"]
 mod inject_target;
