@@ -16,6 +16,15 @@
 //!    duplicates that got them promoted). The thread's CPU time over the
 //!    wake, per sampled page, feeds `observe_cost` (UKSM measures its
 //!    scanner the same way, notes §3.6).
+//!    Then **watch writes** (`actuate.write_tracking`): unmarked regions on
+//!    level 1 and up (at most [`MAX_TRACKED_RANGES`] in
+//!    [`MAX_TRACKED_PROCS`] processes) are write-tracked through
+//!    [`Target::sync_write_tracking`]; a top-level region watched long
+//!    enough whose writes would make it thrash once merged
+//!    (`write_verdict`) is held instead of marked, so the COW breaks
+//!    accounting would find after merging are never induced (UKSM's fault
+//!    hook sees them before demotion; we see them before promotion). A
+//!    range leaves tracking in the wake that may mark it, before marking.
 //! 3. **Promote and demote**: every sampling region on the top level is
 //!    marked `MADV_MERGEABLE` in its owner. So is every run of at least
 //!    `actuate.run_min_pages` verified duplicates that the wake followed
@@ -124,7 +133,11 @@ pub const MAX_TRACKED_RANGES: usize = 64;
 pub const MAX_TRACKED_PROCS: usize = 16;
 /// A tracked region is not marked before its writes were watched this
 /// long (a region may reach the top level soon after tracking began).
-pub const WRITE_WATCH_MIN: Nanos = SEC;
+/// About the time a region spends on levels 1 and 2 of the full governor
+/// (500 + 200 ms round times), so a steady climber rarely waits; enough
+/// for UKSM §8.1.2's one write per 10 ms to show 50 writes. pagesift's
+/// choice.
+pub const WRITE_WATCH_MIN: Nanos = SEC / 2;
 /// Writes of tracked regions are read at most this often.
 const WRITE_READ_INTERVAL: Nanos = SEC / 4;
 
