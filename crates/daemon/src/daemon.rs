@@ -72,7 +72,10 @@
 //!    of UKSM's bottom level, the daemon's own bottom-level sampling using
 //!    the other half).
 //! 6. **Sleep** T_s, stretched so that the daemon stays under its CPU cap
-//!    (UKSM's `uksm_sleep_real`, notes §3.6, capped at 1 s).
+//!    (UKSM's `uksm_sleep_real`, notes §3.6, capped at 1 s). While only the
+//!    bottom level holds regions and nothing waits for ksmd, T_s is 1 s
+//!    ([`IDLE_SLEEP`]) and the distiller's budgets grow with it: the same
+//!    samples per second in a tenth of the wake-ups.
 
 use crate::actuate::{Actuator, Advice, BatchOutcome, Marks, ProcKey, coalesce};
 use crate::config::Config;
@@ -103,6 +106,15 @@ pub const SKIP_RETRY: Nanos = 60 * SEC;
 /// Longest time between two refreshes, even when no process came or went
 /// (mappings of live processes change too).
 pub const MAX_REFRESH_INTERVAL: Nanos = 60 * SEC;
+/// T_s while only the bottom level has work and nothing waits (see
+/// [`Daemon::wake`]): UKSM's longest sleep, 1 s (`uksm_sleep_real` is
+/// capped there, notes uksm-implementation.md §3.6). UKSM's rule, sleep ≥
+/// active·(1−r)/r for the largest share r that scanned, keeps its kernel
+/// thread near 100 ms, whose wake-up costs next to nothing; applied to the
+/// daemon's whole wake-up (fixed clock and /proc reads, scheduling, as
+/// much again as its samples at the bottom's 0.2 %) it grows the sleep
+/// wake by wake up to the cap, so pagesift goes there at once.
+pub const IDLE_SLEEP: Nanos = MAX_SLEEP;
 /// Longest hold of a thrashing region.
 pub const MAX_HOLD: Nanos = 3600 * SEC;
 /// How often ksmd's counters are read and its pace revised, unless the
@@ -490,12 +502,41 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         self.actuate(now, &mut summary);
         summary.ksm_share = self.pace(now);
         let active = host::thread_cpu_ns().saturating_sub(cpu0);
+        let base = self.next_sleep(&summary);
+        self.distiller.set_sleep(base);
         let sleep = sleep_for_share(active as f64, self.config.cpu_cap())
-            .max(self.config.sleep())
+            .max(base)
             .min(MAX_SLEEP);
         summary.sleep = sleep;
         self.counters.wakes += 1;
         summary
+    }
+
+    /// T_s before the next wake-up (module header, step 6): the configured
+    /// sleep, or [`IDLE_SLEEP`] while only the bottom level holds regions
+    /// and nothing waits for ksmd or for an injection. The distiller's
+    /// budgets follow T_s, so the bottom level samples as many pages per
+    /// second either way (a bottom round takes its round time, 1 s under
+    /// Full, either way too); only the fixed cost of a wake-up is paid
+    /// less often. Anything that climbs, gets marked or waits for ksmd
+    /// brings the configured sleep back at the end of the wake-up that
+    /// saw it.
+    fn next_sleep(&self, summary: &WakeSummary) -> Nanos {
+        let base = self.config.sleep();
+        let ladder = self.distiller.ladder();
+        let quiet = !self.merging
+            && self.pending_unmarks.is_empty()
+            && summary.promoted.is_empty()
+            && summary.demoted.is_empty()
+            && summary.run_marks.is_empty()
+            && (1..ladder.levels()).all(|l| ladder.level_pages(l) == 0);
+        if !quiet {
+            return base;
+        }
+        // At most one bottom round per wake-up (see `core::distill`): a
+        // longer sleep than the round would sample less per second.
+        let bottom_round = self.distiller.params().levels[0].round_time;
+        IDLE_SLEEP.min(bottom_round).max(base)
     }
 
     /// Whether a status snapshot is due (about once a second).

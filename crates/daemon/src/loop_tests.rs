@@ -693,3 +693,44 @@ fn without_write_tracking_or_with_v_cow_100_the_written_region_is_marked() {
         }
     }
 }
+
+#[test]
+fn the_daemon_wakes_once_a_second_while_only_the_bottom_has_work() {
+    let w = world();
+    let dup = {
+        let mut m = w.borrow_mut();
+        m.spawn(120, "rand", false);
+        m.spawn(121, "dup", false);
+        m.map(120, &distinct(1, 1 << 14), false);
+        m.map(121, &[9; 1024], false)
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let (mut now, mut idle_wakes, mut promoted_at) = (0, 0, None);
+    for k in 0..300 {
+        let s = d.wake(now);
+        let ladder = d.distiller().ladder();
+        let above = (1..ladder.levels()).any(|l| ladder.level_pages(l) > 0);
+        let waiting =
+            d.mode(dup) == Some(Mode::Promoted) && w.borrow().count(dup, PageState::Merged) < 1024;
+        if above || waiting || !s.promoted.is_empty() {
+            // Something climbed or waits for ksmd: the short sleep at once.
+            assert_eq!(s.sleep, WAKE, "wake {k}: above {above}, waiting {waiting}");
+        } else if s.sleep == 1_000_000_000 {
+            idle_wakes += 1;
+        }
+        // The budgets follow the sleep that comes next.
+        assert_eq!(d.distiller().sleep(), s.sleep.clamp(WAKE, 1_000_000_000));
+        if !s.promoted.is_empty() {
+            promoted_at.get_or_insert(k);
+        }
+        now += s.sleep;
+    }
+    assert!(
+        promoted_at.is_some(),
+        "the identical region was never promoted"
+    );
+    assert!(idle_wakes > 10, "only {idle_wakes} one-second sleeps");
+    // Once merged and settled, only the bottom has work again: 1 s sleeps.
+    assert_eq!(d.mode(dup), Some(Mode::Promoted));
+    assert_eq!(d.wake(now).sleep, 1_000_000_000);
+}
