@@ -25,7 +25,9 @@
 
 pub mod experiment;
 pub mod guest;
+pub mod ksmtuned;
 pub mod measure;
+pub mod plot;
 pub mod procs;
 pub mod report;
 pub mod run;
@@ -271,7 +273,17 @@ pub fn preflight(opts: &BenchOptions, experiments: &[Experiment]) -> Result<(), 
             )));
         }
     }
-    let _ = experiments;
+    if experiments
+        .iter()
+        .any(|e| e.systems.contains(&system::System::Ksmtuned))
+        && !Path::new(ksmtuned::KSMTUNED).is_file()
+    {
+        return Err(BenchError::Missing(format!(
+            "{} (Debian package ksmtuned; scripts/setup installs it), needed for the ksmtuned \
+             runs (or leave them out with --systems)",
+            ksmtuned::KSMTUNED
+        )));
+    }
     Ok(())
 }
 
@@ -309,14 +321,6 @@ pub fn run(opts: &BenchOptions) -> Result<Summary, BenchError> {
             )));
         }
     }
-    // ksmtuned support is a separate module that is not in this build yet.
-    let mut skipped = Vec::new();
-    for e in &mut experiments {
-        if e.systems.contains(&system::System::Ksmtuned) {
-            e.systems.retain(|s| *s != system::System::Ksmtuned);
-            skipped.push(e.name.clone());
-        }
-    }
     preflight(opts, &experiments)?;
     let term = TerminationWatch::install(Duration::from_secs(60))?;
     create_dir(&opts.out)?;
@@ -334,7 +338,7 @@ pub fn run(opts: &BenchOptions) -> Result<Summary, BenchError> {
         ksm_wait: Duration::from_secs(300),
         progress: Progress::new(opts.quiet),
     };
-    let result = run_all(&ctx, opts, &experiments, &skipped);
+    let result = run_all(&ctx, opts, &experiments);
     let _ = std::fs::remove_dir_all(&work_dir);
     result
 }
@@ -364,7 +368,6 @@ fn run_all(
     ctx: &Context,
     opts: &BenchOptions,
     experiments: &[Experiment],
-    skipped: &[String],
 ) -> Result<Summary, BenchError> {
     let t0 = Instant::now();
     let started = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
@@ -412,12 +415,6 @@ fn run_all(
             runs,
             plots: Vec::new(),
         };
-        if skipped.contains(&e.name) {
-            for run in r.runs.iter_mut().take(1) {
-                run.notes
-                    .push("ksmtuned was not run: its driver is not in this build".into());
-            }
-        }
         report::write_csv(&opts.out, &r.runs)?;
         r.plots = plots::write(&opts.out, &r)?;
         results.push(r);
@@ -455,11 +452,65 @@ fn run_all(
     Ok(summary)
 }
 
-/// Plots, until the plotting module lands: none.
+/// The experiment's charts, laid out like UKSM's Figure 9.
 mod plots {
     use super::*;
+    use crate::experiment::SavedBy;
+    use crate::sampler::metric;
 
-    pub fn write(_dir: &Path, _r: &ExperimentResult) -> Result<Vec<String>, BenchError> {
-        Ok(Vec::new())
+    /// Writes `plots/<exp>-saved.png` (9a), `-cpu.png` (9b) and
+    /// `-saved-vs-cpu.png` (9c); returns their paths relative to `dir`.
+    pub fn write(dir: &Path, r: &ExperimentResult) -> Result<Vec<String>, BenchError> {
+        let e = &r.experiment;
+        let (saved, what) = match e.saved_by {
+            SavedBy::KsmCounters => (metric::SAVED, "KSM counters"),
+            SavedBy::Pss => (metric::SAVED_PSS, "Σ (RSS − PSS) growth"),
+        };
+        let pick = |m: &str| -> Vec<&series::Series> {
+            r.runs.iter().filter_map(|x| x.series(m)).collect()
+        };
+        let err = |e: plot::PlotError| BenchError::Output(e.to_string());
+        let mut out = Vec::new();
+        let rel = |s: &str| format!("plots/{}-{s}.png", e.name);
+        let p = rel("saved");
+        plot::line_chart(
+            &dir.join(&p),
+            &format!("{}: memory saved ({what})", e.name),
+            "time since start [s]",
+            "saved [MiB]",
+            &pick(saved),
+        )
+        .map_err(err)?;
+        out.push(p);
+        let p = rel("cpu");
+        plot::line_chart(
+            &dir.join(&p),
+            &format!("{}: CPU of the deduplicating system", e.name),
+            "time since start [s]",
+            "CPU [% of one core]",
+            &pick(metric::CPU_PERCENT),
+        )
+        .map_err(err)?;
+        out.push(p);
+        let points: Vec<(String, f64, f64)> = r
+            .runs
+            .iter()
+            .filter(|x| !x.series.is_empty())
+            .map(|x| {
+                let f = report::Figures::of(x);
+                (x.system.clone(), f.cpu_window_s, f.saved_pss_mean_mib)
+            })
+            .collect();
+        let p = rel("saved-vs-cpu");
+        plot::scatter_chart(
+            &dir.join(&p),
+            &format!("{}: saving vs CPU over {:.0} s", e.name, e.window_s),
+            "CPU-seconds over the window",
+            "saved, PSS, mean of 2nd half [MiB]",
+            &points,
+        )
+        .map_err(err)?;
+        out.push(p);
+        Ok(out)
     }
 }
