@@ -124,7 +124,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
             )),
             workloads: vec![identical.clone(), random.clone()],
             target: Some("duplicate_pages"),
-            saved_by: SavedBy::KsmCounters,
+            saved_by: SavedBy::Pss,
             systems: if full {
                 every_system.clone()
             } else {
@@ -146,7 +146,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
             about: static_about("the random one started first"),
             workloads: vec![random.clone(), identical.clone()],
             target: Some("duplicate_pages"),
-            saved_by: SavedBy::KsmCounters,
+            saved_by: SavedBy::Pss,
             systems: few.clone(),
             window_s: window(15.0),
             reference: pagesift,
@@ -161,7 +161,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
             ),
             workloads: vec![holed, random.clone()],
             target: Some("duplicate_pages"),
-            saved_by: SavedBy::KsmCounters,
+            saved_by: SavedBy::Pss,
             systems: few.clone(),
             window_s: window(15.0),
             reference: pagesift,
@@ -231,7 +231,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         about: format!("{sparse} MiB of distinct pages: nothing to merge, all CPU is idle cost"),
         workloads: vec![args(&["random", "--mib", &mib(sparse), "--seed", "5"])],
         target: None,
-        saved_by: SavedBy::KsmCounters,
+        saved_by: SavedBy::Pss,
         systems: if full {
             every_system.clone()
         } else {

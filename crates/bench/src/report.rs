@@ -255,12 +255,13 @@ pub fn markdown(h: &Header, results: &[ExperimentResult], images: bool) -> Strin
         "Every system runs on a fresh copy of the workload, one after the other, with everything \
          unmerged (KSM run=2) in between. t = 0 is when the system starts, after the workload has \
          filled its memory. Sampled every {:.0} ms. CPU is the deduplicating system's: pagesift \
-         daemon + ksmd (+ ksmtuned). *Time to 99 %*: KSM's counters (pages_sharing + \
-         ksm_zero_pages) reach 99 % of the workload's own count of mergeable pages (for \
-         COW-broken and fork-family: the growth of Σ (RSS − PSS), i.e. frames really freed). \
-         *MiB per CPU-s*: memory saved at that moment over the CPU-seconds until then (UKSM \
-         §8.1.1's efficiency). Ratios are system ÷ reference (the first row's pagesift \
-         configuration, same run).\n",
+         daemon + ksmd (+ ksmtuned). *Saved, PSS*: the growth of Σ (RSS − PSS) over the \
+         workload's processes, i.e. frames really freed in the workload (smaps_rollup). *Time to \
+         99 %*: that saving reaches 99 % of the workload's own count of mergeable pages. *Saved, \
+         KSM counters*: (pages_sharing + ksm_zero_pages) × 4 KiB; they are global (another \
+         process's mergeable memory counts too) and lag behind COW breaks. *MiB per CPU-s*: \
+         memory saved at 99 % over the CPU-seconds until then (UKSM §8.1.1's efficiency). Ratios \
+         are system ÷ reference (the pagesift configuration named, same run).\n",
         h.interval_s * 1000.0
     );
     for r in results {
