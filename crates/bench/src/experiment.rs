@@ -10,16 +10,18 @@
 //! | `short-lived` | map N MiB of one content, keep it T, unmap, wait T; T = 2, 1, 0.5, 0.2 s | §8.1.3 |
 //! | `sparse-only` | random memory only: nothing to merge, every CPU-second is idle cost | ksm-baseline.md §6 |
 //! | `fork-family` | a parent and 3 children sharing frames after fork, each child rewriting a quarter of the pages | — |
+//! | `vm-boot` | QEMU/TCG guests started 10 s apart (3 quick, 10 full, 512 MiB each) | §8.2.1, Fig. 10a |
 //!
 //! Whole MiB are always multiples of max_page_sharing × 4 KiB = 1 MiB, so
 //! a size like 1001 MiB would still fill every chain: the not-multiple
 //! variant leaves pages untouched instead (`--hole-every 1000`).
 //!
 //! `--quick` (≤ 10 minutes in all on a 2-core machine): ⅛ of the sizes,
-//! 10–20 s windows, and the systems that show the difference (pagesift
-//! full, KSM at 1000 and 10000, plus quiet and ksmtuned on static-mixed);
-//! KSM at 100 pages and the advisor need minutes to merge anything
-//! (ksm-baseline.md §4.1), so they run in `--full` only. `--full`: the
+//! 8–15 s windows, and the systems that show the difference (pagesift
+//! full, KSM at 1000 or 10000, plus ksmtuned on static-mixed); KSM at 100
+//! pages, the advisor and pagesift's quiet governor need minutes to merge
+//! anything (ksm-baseline.md §4.1; quiet's round is 20 s), so they run in
+//! `--full` only. `--full`: the
 //! issue's sizes (2 GiB + 2 GiB, 2 GiB COW-broken as in §8.1.2, 512 MiB
 //! short-lived as §8.1.3's 500 MB), 120 s windows, and every system.
 
@@ -40,9 +42,21 @@ pub enum Mode {
 pub enum SavedBy {
     /// KSM's counters (ksm-baseline.md's protocol).
     KsmCounters,
-    /// Σ (RSS − PSS) of the workload: physical frames freed, which is
+    /// Σ (Anonymous − Pss_Anon) of the workload: physical frames freed, which is
     /// right when frames were already shared by fork.
     Pss,
+}
+
+/// Guests of the VM-boot experiment (UKSM §8.2.1, scaled): started during
+/// the run, `interval_s` apart from t = 0.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GuestPlan {
+    /// How many.
+    pub count: usize,
+    /// RAM of each, MiB.
+    pub mem_mib: u32,
+    /// Seconds between two starts.
+    pub interval_s: f64,
 }
 
 /// One experiment: the workload processes (started in order), the systems
@@ -59,6 +73,9 @@ pub struct Experiment {
     pub about: String,
     /// `pagesift-workload` arguments of each process, in start order.
     pub workloads: Vec<Vec<String>>,
+    /// QEMU guests started during the run (VM boot), besides or instead of
+    /// `workloads`.
+    pub guests: Option<GuestPlan>,
     /// The report count (summed over the workloads) that is the mergeable
     /// page total; `None`: no time-to-99 % (nothing to merge, or a
     /// workload that never settles).
@@ -122,21 +139,16 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
                 "the identical one started first; {} identical pages, a multiple of max_page_sharing",
                 n * 256
             )),
+            guests: None,
             workloads: vec![identical.clone(), random.clone()],
             target: Some("duplicate_pages"),
             saved_by: SavedBy::Pss,
             systems: if full {
                 every_system.clone()
             } else {
-                vec![
-                    pagesift,
-                    System::pagesift(Governor::Quiet),
-                    ksm(1000),
-                    ksm(10000),
-                    System::Ksmtuned,
-                ]
+                vec![pagesift, ksm(1000), ksm(10000), System::Ksmtuned]
             },
-            window_s: window(20.0),
+            window_s: window(15.0),
             reference: pagesift,
         },
         Experiment {
@@ -144,6 +156,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
             group: "static-mixed-random-first",
             paper: "UKSM §8.1.1",
             about: static_about("the random one started first"),
+            guests: None,
             workloads: vec![random.clone(), identical.clone()],
             target: Some("duplicate_pages"),
             saved_by: SavedBy::Pss,
@@ -159,6 +172,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
                 "the identical one first, with every 1000th page left untouched so that the \
                  identical pages are not a multiple of max_page_sharing",
             ),
+            guests: None,
             workloads: vec![holed, random.clone()],
             target: Some("duplicate_pages"),
             saved_by: SavedBy::Pss,
@@ -182,11 +196,12 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
                 "{cow} MiB of one content, one page rewritten (same content) every 10 ms, \
                  start to end; both systems held to {p} % of one core"
             ),
+            guests: None,
             workloads: vec![args(&["cow-broken", "--mib", &mib(cow), "--seed", "3"])],
             target: Some("duplicate_pages"),
             saved_by: SavedBy::Pss,
             systems: vec![me, System::KsmPaced { share }],
-            window_s: window(15.0),
+            window_s: window(12.0),
             reference: me,
         });
     }
@@ -203,6 +218,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
             about: format!(
                 "forever: map {short} MiB of one content, keep it {t_ms} ms, unmap, wait {t_ms} ms"
             ),
+            guests: None,
             workloads: vec![args(&[
                 "short-lived",
                 "--mib",
@@ -219,7 +235,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
             } else {
                 vec![tuned, ksm(10000)]
             },
-            window_s: if full { 60.0 } else { 10.0 },
+            window_s: if full { 60.0 } else { 8.0 },
             reference: tuned,
         });
     }
@@ -229,6 +245,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         group: "sparse-only",
         paper: "ksm-baseline.md §6",
         about: format!("{sparse} MiB of distinct pages: nothing to merge, all CPU is idle cost"),
+        guests: None,
         workloads: vec![args(&["random", "--mib", &mib(sparse), "--seed", "5"])],
         target: None,
         saved_by: SavedBy::Pss,
@@ -237,7 +254,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         } else {
             vec![pagesift, ksm(1000)]
         },
-        window_s: window(15.0),
+        window_s: window(10.0),
         reference: pagesift,
     });
     let fam = scale(1024);
@@ -249,6 +266,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
             "a parent fills {fam} MiB (30 % of 16-page runs duplicated, the rest random), forks 3 \
              children, each rewrites a quarter of the pages; saved = frames freed (PSS)"
         ),
+        guests: None,
         workloads: vec![args(&[
             "fork-family",
             "--mib",
@@ -263,7 +281,40 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         target: Some("family.duplicate_pages"),
         saved_by: SavedBy::Pss,
         systems: few,
-        window_s: window(15.0),
+        window_s: window(12.0),
+        reference: pagesift,
+    });
+    // UKSM §8.2.1 boots 25 VMs of 512 MB 10 s apart; scaled to this
+    // machine (guest.rs measured the sizes).
+    let guests = GuestPlan {
+        count: if full {
+            crate::guest::FULL_GUESTS
+        } else {
+            crate::guest::QUICK_GUESTS - 1
+        },
+        mem_mib: crate::guest::DEFAULT_MEM_MIB,
+        interval_s: crate::guest::START_INTERVAL.as_secs_f64(),
+    };
+    v.push(Experiment {
+        name: "vm-boot".into(),
+        group: "vm-boot",
+        paper: "UKSM §8.2.1",
+        about: format!(
+            "{} QEMU/TCG guests of {} MiB booting Debian's kernel with a busybox initramfs that \
+             unpacks the same files into tmpfs, started {:.0} s apart from t = 0 (mem-merge=on \
+             for KSM, off for pagesift); saved = Σ (Anonymous − Pss_Anon) of the QEMUs",
+            guests.count, guests.mem_mib, guests.interval_s
+        ),
+        workloads: Vec::new(),
+        guests: Some(guests),
+        target: None,
+        saved_by: SavedBy::Pss,
+        systems: if full {
+            vec![pagesift, ksm(100), ksm(1000), System::Ksmtuned]
+        } else {
+            vec![pagesift, ksm(1000)]
+        },
+        window_s: (guests.count - 1) as f64 * guests.interval_s + if full { 120.0 } else { 30.0 },
         reference: pagesift,
     });
     v

@@ -177,6 +177,30 @@ pub struct Context {
     pub ksm_wait: Duration,
     /// Progress output.
     pub progress: Progress,
+    /// Where the guest image is built (and guests' serial logs go).
+    pub guest_dir: PathBuf,
+    /// The guest image, built on first use.
+    pub guest_image: std::cell::OnceCell<guest::GuestImage>,
+}
+
+impl Context {
+    /// The guest image, built the first time it is asked for.
+    pub fn guest_image(&self) -> Result<&guest::GuestImage, BenchError> {
+        if let Some(i) = self.guest_image.get() {
+            return Ok(i);
+        }
+        self.progress.note(&format!(
+            "building the guest image in {}",
+            self.guest_dir.display()
+        ));
+        let image = guest::GuestImage::build(&self.guest_dir).map_err(|e| match e {
+            guest::GuestError::Missing { .. } | guest::GuestError::Unsuitable(_) => {
+                BenchError::Missing(e.to_string())
+            }
+            e => BenchError::System(e.to_string()),
+        })?;
+        Ok(self.guest_image.get_or_init(|| image))
+    }
 }
 
 /// Options of `pagesift bench`.
@@ -284,6 +308,9 @@ pub fn preflight(opts: &BenchOptions, experiments: &[Experiment]) -> Result<(), 
             ksmtuned::KSMTUNED
         )));
     }
+    if experiments.iter().any(|e| e.guests.is_some()) {
+        guest::HostTools::find().map_err(|e| BenchError::Missing(e.to_string()))?;
+    }
     Ok(())
 }
 
@@ -337,6 +364,8 @@ pub fn run(opts: &BenchOptions) -> Result<Summary, BenchError> {
         interval: opts.interval,
         ksm_wait: Duration::from_secs(300),
         progress: Progress::new(opts.quiet),
+        guest_dir: opts.out.join("guests"),
+        guest_image: std::cell::OnceCell::new(),
     };
     let result = run_all(&ctx, opts, &experiments);
     let _ = std::fs::remove_dir_all(&work_dir);
@@ -464,7 +493,7 @@ mod plots {
         let e = &r.experiment;
         let (saved, what) = match e.saved_by {
             SavedBy::KsmCounters => (metric::SAVED, "KSM counters"),
-            SavedBy::Pss => (metric::SAVED_PSS, "Σ (RSS − PSS) growth"),
+            SavedBy::Pss => (metric::SAVED_PSS, "Σ (Anonymous − Pss_Anon) growth"),
         };
         let pick = |m: &str| -> Vec<&series::Series> {
             r.runs.iter().filter_map(|x| x.series(m)).collect()

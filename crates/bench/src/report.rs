@@ -33,7 +33,7 @@ pub struct Figures {
     pub mib_per_cpu_s: Option<f64>,
     /// KSM's counters at the end of the window, MiB.
     pub saved_end_mib: f64,
-    /// Σ (RSS − PSS) growth, mean over the second half of the window, MiB.
+    /// Σ (Anonymous − Pss_Anon) growth, mean over the second half of the window, MiB.
     pub saved_pss_mean_mib: f64,
     /// Its largest value, MiB.
     pub saved_pss_max_mib: f64,
@@ -114,7 +114,10 @@ pub fn rows(runs: &[RunResult], reference: &str) -> Vec<Row> {
         .iter()
         .position(|r| r.system == reference)
         .map(|i| figs[i].clone());
-    let nz = |v: f64| (v != 0.0).then_some(v);
+    // A reference below these is noise (a saving of -0.0 MiB, an idle
+    // CPU reading of one tick): a ratio to it would mean nothing.
+    let nz = |v: f64| (v >= 0.05).then_some(v);
+    let some_mib = |v: f64| (v >= 1.0).then_some(v);
     runs.iter()
         .zip(figs)
         .map(|(r, f)| Row {
@@ -127,7 +130,7 @@ pub fn rows(runs: &[RunResult], reference: &str) -> Vec<Row> {
             efficiency_ratio: ratio(f.mib_per_cpu_s, rf.as_ref().and_then(|x| x.mib_per_cpu_s)),
             saved_ratio: ratio(
                 Some(f.saved_pss_mean_mib),
-                rf.as_ref().and_then(|x| nz(x.saved_pss_mean_mib)),
+                rf.as_ref().and_then(|x| some_mib(x.saved_pss_mean_mib)),
             ),
             figures: f,
             notes: r.notes.clone(),
@@ -255,7 +258,7 @@ pub fn markdown(h: &Header, results: &[ExperimentResult], images: bool) -> Strin
         "Every system runs on a fresh copy of the workload, one after the other, with everything \
          unmerged (KSM run=2) in between. t = 0 is when the system starts, after the workload has \
          filled its memory. Sampled every {:.0} ms. CPU is the deduplicating system's: pagesift \
-         daemon + ksmd (+ ksmtuned). *Saved, PSS*: the growth of Σ (RSS − PSS) over the \
+         daemon + ksmd (+ ksmtuned). *Saved, PSS*: the growth of Σ (Anonymous − Pss_Anon) over the \
          workload's processes, i.e. frames really freed in the workload (smaps_rollup). *Time to \
          99 %*: that saving reaches 99 % of the workload's own count of mergeable pages. *Saved, \
          KSM counters*: (pages_sharing + ksm_zero_pages) × 4 KiB; they are global (another \
@@ -276,12 +279,15 @@ pub fn markdown(h: &Header, results: &[ExperimentResult], images: bool) -> Strin
         if let Some(t) = r.runs.iter().find_map(|x| x.target_pages) {
             let _ = writeln!(s, " Mergeable: {t} pages ({:.1} MiB).", t as f64 * PAGE_MIB);
         }
-        let fill: Vec<String> = r
-            .runs
-            .iter()
-            .map(|x| format!("{:.1}", x.fill_seconds))
-            .collect();
-        let _ = writeln!(s, " Workload fill time per run [s]: {}.\n", fill.join(", "));
+        if !e.workloads.is_empty() {
+            let fill: Vec<String> = r
+                .runs
+                .iter()
+                .map(|x| format!("{:.1}", x.fill_seconds))
+                .collect();
+            let _ = writeln!(s, " Workload fill time per run [s]: {}.", fill.join(", "));
+        }
+        s.push('\n');
         let rws = rows(&r.runs, &reference);
         s.push_str(&table(&rws, e.window_s));
         for row in &rws {

@@ -27,6 +27,7 @@
 //! they drop.
 
 use crate::experiment::{Experiment, SavedBy};
+use crate::guest::{Guest, GuestError, GuestOptions};
 use crate::ksmtuned::{Ksmtuned, KsmtunedOptions};
 use crate::procs::{Spawned, Workload};
 use crate::sampler::{Sampler, metric};
@@ -174,7 +175,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
             system.workload_mergeable(),
         )?);
     }
-    let fill_seconds = loads.iter().map(|w| w.fill_seconds).sum();
+    let fill_seconds: f64 = loads.iter().map(|w| w.fill_seconds).sum::<f64>() + 0.0;
     let target_pages = exp
         .target
         .map(|k| loads.iter().map(|w| w.count(k)).sum::<u64>());
@@ -186,7 +187,17 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         System::Pagesift { governor, .. } => {
             let stem = format!("{}-{}", exp.name, sanitize(&name));
             let config = ctx.work_dir.join(format!("{stem}.toml"));
-            std::fs::write(&config, system.config_toml().unwrap_or_default())
+            let mut text = system.config_toml().unwrap_or_default();
+            if exp.guests.is_some() {
+                // Guests start after the daemon: eligible by executable.
+                let qemu = &ctx.guest_image()?.tools().qemu;
+                let qemu = std::fs::canonicalize(qemu).unwrap_or_else(|_| qemu.clone());
+                text.push_str(&format!(
+                    "\n[eligible]\nexes = [{:?}]\n",
+                    qemu.display().to_string()
+                ));
+            }
+            std::fs::write(&config, text)
                 .map_err(|e| BenchError::Output(format!("{}: {e}", config.display())))?;
             let socket = ctx
                 .work_dir
@@ -246,8 +257,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
             // as if it had been running when the workload arrived.
             let t = Ksmtuned::start(KsmtunedOptions::default())
                 .map_err(|e| BenchError::Missing(e.to_string()))?;
-            t.retune()
-                .map_err(|e| BenchError::System(e.to_string()))?;
+            t.retune().map_err(|e| BenchError::System(e.to_string()))?;
             notes.push(
                 "ksmtuned with Debian's settings (60 s interval, pages_to_scan +300 per \
                  interval up to 1250) and memory counted as tight; first adjustment at t = 0"
@@ -262,6 +272,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         }
     }
     let mut sampler = Sampler::start(&name, groups, daemon.as_ref().map(|(d, _)| d.pid()))?;
+    let mut guests: Vec<Guest> = Vec::new();
     // Step 5.
     let mut next = Instant::now();
     let mut last_tick = (Instant::now(), 0u64);
@@ -271,6 +282,26 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         let t = sampler.elapsed();
         if t >= exp.window_s {
             break;
+        }
+        if let Some(plan) = exp.guests {
+            while guests.len() < plan.count && t >= guests.len() as f64 * plan.interval_s {
+                let g = Guest::start(
+                    ctx.guest_image()?,
+                    GuestOptions {
+                        name: format!("{}-{}", sanitize(&name), guests.len()),
+                        mem_mib: plan.mem_mib,
+                        // QEMU's default for KSM; pagesift decides itself.
+                        mem_merge: system.workload_mergeable(),
+                    },
+                )
+                .map_err(guest_error)?;
+                sampler.add_group(g.pid());
+                guests.push(g);
+            }
+            for g in &mut guests {
+                g.poll_ready()
+                    .map_err(|e| BenchError::System(e.to_string()))?;
+            }
         }
         if ctx.term.requested() {
             return Err(BenchError::Interrupted);
@@ -328,6 +359,17 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
     if let Some(t) = tuned.take() {
         t.stop();
     }
+    if !guests.is_empty() {
+        let boots: Vec<String> = guests
+            .iter()
+            .map(|g| {
+                g.boot_time()
+                    .map_or("not ready".into(), |d| format!("{:.1}", d.as_secs_f64()))
+            })
+            .collect();
+        notes.push(format!("guests ready after [s]: {}", boots.join(", ")));
+    }
+    drop(guests);
     let series = sampler.finish();
     drop(loads);
     drop(guard);
@@ -342,6 +384,15 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         window_s: exp.window_s,
         notes,
     })
+}
+
+fn guest_error(e: GuestError) -> BenchError {
+    match e {
+        GuestError::Missing { .. } | GuestError::Unsuitable(_) => {
+            BenchError::Missing(e.to_string())
+        }
+        e => BenchError::System(e.to_string()),
+    }
 }
 
 /// A system name as a file-name part (`ksm-paced@2%` → `ksm-paced-2pct`).

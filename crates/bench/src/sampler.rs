@@ -4,11 +4,13 @@
 //! - KSM's counters: memory saved = (`pages_sharing` + `ksm_zero_pages`)
 //!   × 4 KiB (mainline-ksm.md §1.2), and `pages_to_scan` (which the
 //!   advisor, ksmtuned or a pacer move);
-//! - the workload's footprint: Σ PSS and Σ (RSS − PSS) over every process
-//!   of the workload's process groups (children included) from
-//!   `smaps_rollup`. The growth of Σ (RSS − PSS) since t = 0 is the memory
-//!   physically saved, which KSM's lazy counters miss after COW breaks
-//!   (ksm-baseline.md §7);
+//! - the workload's footprint: Σ PSS and Σ (Anonymous − Pss_Anon) over
+//!   every process of the workload's process groups (children included)
+//!   from `smaps_rollup`. The growth of Σ (Anonymous − Pss_Anon) since
+//!   t = 0 is the anonymous memory physically saved (ksm-baseline.md §7
+//!   measures W2 the same way), which KSM's lazy counters miss after COW
+//!   breaks; file pages (shared libraries of several QEMUs) stay out of
+//!   it;
 //! - CPU: ksmd's (`schedstat`), the pagesift daemon's (`/proc/PID/stat`,
 //!   all threads, from its start, so its start-up counts), and ksmtuned's
 //!   (the caller passes it in), plus their sum;
@@ -29,7 +31,7 @@ const PAGE: f64 = pagesift_linux::PAGE_SIZE as f64;
 pub mod metric {
     /// KSM's counters: (pages_sharing + ksm_zero_pages) × 4 KiB, MiB.
     pub const SAVED: &str = "saved_mib";
-    /// Σ (RSS − PSS) of the workload since t = 0, MiB.
+    /// Σ (Anonymous − Pss_Anon) of the workload since t = 0, MiB.
     pub const SAVED_PSS: &str = "saved_pss_mib";
     /// Σ PSS of the workload, MiB.
     pub const PSS: &str = "pss_mib";
@@ -105,6 +107,12 @@ impl Sampler {
         })
     }
 
+    /// Watches one more process group (a guest started during the run).
+    pub fn add_group(&mut self, pgid: u32) {
+        self.groups.push(pgid);
+        self.members_at = None;
+    }
+
     /// When t = 0 was.
     pub fn t0(&self) -> Instant {
         self.t0
@@ -145,7 +153,7 @@ impl Sampler {
             // A member that exits meanwhile simply stops counting.
             if let Ok(r) = procstat::memory_rollup(pid) {
                 pss_kib += r.pss_kib;
-                shared_kib += r.rss_kib.saturating_sub(r.pss_kib);
+                shared_kib += r.anonymous_kib.saturating_sub(r.pss_anon_kib);
             }
         }
         let base = *self.base_shared_kib.get_or_insert(shared_kib as f64);

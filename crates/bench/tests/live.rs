@@ -71,6 +71,7 @@ fn a_short_run_measures_both_systems_and_leaves_nothing_behind() {
         group: "static-mixed",
         paper: "UKSM §8.1.1",
         about: "64 MiB identical + 64 MiB random".into(),
+        guests: None,
         workloads: vec![
             ["static-dup", "--mib", "64", "--seed", "1"]
                 .map(String::from)

@@ -40,6 +40,10 @@ pub struct MemoryRollup {
     pub pss_kib: u64,
     /// Anonymous memory.
     pub anonymous_kib: u64,
+    /// The anonymous part of PSS: `anonymous_kib − pss_anon_kib` is the
+    /// anonymous memory shared with other mappings (KSM merges, or frames
+    /// shared since a fork).
+    pub pss_anon_kib: u64,
     /// Pages mapped to KSM pages (`KSM:` line, 6.x kernels; 0 if absent).
     pub ksm_kib: u64,
 }
@@ -73,6 +77,7 @@ pub fn memory_rollup(pid: u32) -> Result<MemoryRollup, LinuxError> {
         r.rss_kib += get("Rss");
         r.pss_kib += get("Pss");
         r.anonymous_kib += get("Anonymous");
+        r.pss_anon_kib += get("Pss_Anon");
         r.ksm_kib += get("KSM");
     }
     Ok(r)
@@ -219,6 +224,10 @@ mod tests {
         assert!(r.rss_kib >= 8 << 10, "{r:?}");
         assert!(r.pss_kib > 0 && r.pss_kib <= r.rss_kib, "{r:?}");
         assert!(r.anonymous_kib >= 8 << 10, "{r:?}");
+        assert!(
+            r.pss_anon_kib > 0 && r.pss_anon_kib <= r.anonymous_kib,
+            "{r:?}"
+        );
         let mut x = 0u64;
         for i in 0..50_000_000u64 {
             x = x.wrapping_mul(31).wrapping_add(i);
