@@ -132,28 +132,24 @@ impl Progress {
 
     /// A line that stays.
     pub fn note(&self, msg: &str) {
-        if self.quiet {
-            return;
-        }
-        let mut e = std::io::stderr().lock();
-        let _ = if self.tty {
-            writeln!(e, "\r\x1b[2K{} {msg}", self.elapsed())
-        } else {
-            writeln!(e, "{} {msg}", self.elapsed())
-        };
+        self.print(msg, true);
     }
 
     /// A status line (overwritten by the next on a terminal).
     pub fn status(&self, msg: &str) {
+        self.print(msg, false);
+    }
+
+    fn print(&self, msg: &str, stays: bool) {
         if self.quiet {
             return;
         }
+        // On a terminal: clear the status line first; a status line ends
+        // without a newline so the next one overwrites it.
+        let clear = if self.tty { "\r\x1b[2K" } else { "" };
+        let end = if self.tty && !stays { "" } else { "\n" };
         let mut e = std::io::stderr().lock();
-        let _ = if self.tty {
-            write!(e, "\r\x1b[2K{} {msg}", self.elapsed())
-        } else {
-            writeln!(e, "{} {msg}", self.elapsed())
-        };
+        let _ = write!(e, "{clear}{} {msg}{end}", self.elapsed());
         let _ = e.flush();
     }
 }
@@ -362,7 +358,7 @@ pub fn run(opts: &BenchOptions) -> Result<Summary, BenchError> {
         log_dir,
         term,
         interval: opts.interval,
-        ksm_wait: Duration::from_secs(300),
+        ksm_wait: Duration::from_secs(900),
         progress: Progress::new(opts.quiet),
         guest_dir: opts.out.join("guests"),
         guest_image: std::cell::OnceCell::new(),
@@ -370,6 +366,23 @@ pub fn run(opts: &BenchOptions) -> Result<Summary, BenchError> {
     let result = run_all(&ctx, opts, &experiments);
     let _ = std::fs::remove_dir_all(&work_dir);
     result
+}
+
+/// The docs section an invocation writes: `bench-quick`, `bench-full`,
+/// or with `--only`/`--systems` e.g. `bench-full-static-mixed`.
+pub fn docs_key(opts: &BenchOptions) -> String {
+    let mut key = match opts.mode {
+        Mode::Quick => "bench-quick".to_string(),
+        Mode::Full => "bench-full".to_string(),
+    };
+    for part in opts.only.iter().chain(&opts.systems) {
+        key.push('-');
+        key.extend(
+            part.chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '-'),
+        );
+    }
+    key
 }
 
 fn header(opts: &BenchOptions, started: String, t0: Instant, before: [f64; 3]) -> Header {
@@ -467,11 +480,13 @@ fn run_all(
     if let Some(doc) = &opts.write_docs {
         let old = std::fs::read_to_string(doc)
             .map_err(|e| BenchError::Output(format!("{}: {e}", doc.display())))?;
+        let key = docs_key(opts);
         let section = format!(
-            "## pagesift bench: UKSM §8.1's experiments against the kernel's KSM\n\n{}",
+            "## pagesift bench ({}): UKSM §8.1–8.2's experiments against the kernel's KSM\n\n{}",
+            key.trim_start_matches("bench-"),
             report::markdown(&summary.header, &results, false)
         );
-        write_file(doc, &report::splice_docs(&old, &section))?;
+        write_file(doc, &report::splice_docs(&old, &key, &section))?;
     }
     ctx.progress.note(&format!(
         "done in {:.0} s: {}",
@@ -541,5 +556,21 @@ mod plots {
         .map_err(err)?;
         out.push(p);
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_invocation_kind_has_its_docs_section() {
+        let mut o = BenchOptions::new("out".into(), "p".into(), "w".into());
+        assert_eq!(docs_key(&o), "bench-quick");
+        o.mode = Mode::Full;
+        o.only = vec!["static-mixed".into()];
+        assert_eq!(docs_key(&o), "bench-full-static-mixed");
+        o.systems = vec!["ksm-paced@2%".into()];
+        assert_eq!(docs_key(&o), "bench-full-static-mixed-ksm-paced2");
     }
 }

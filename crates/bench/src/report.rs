@@ -337,18 +337,20 @@ pub fn write_series(path: &Path, s: &Series) -> Result<(), BenchError> {
         .map_err(|e| BenchError::Output(format!("{}: {e}", path.display())))
 }
 
-/// Marker lines of the generated section of docs/benchmarks.md.
-pub const DOCS_BEGIN: &str = "<!-- BEGIN bench -->";
-/// End marker.
-pub const DOCS_END: &str = "<!-- END bench -->";
-
-/// `doc` with the text between the bench markers replaced by `section`
-/// (appended with markers when they are missing).
-pub fn splice_docs(doc: &str, section: &str) -> String {
-    let block = format!("{DOCS_BEGIN}\n{}\n{DOCS_END}", section.trim_end());
-    match (doc.find(DOCS_BEGIN), doc.find(DOCS_END)) {
+/// `doc` with the text between `<!-- BEGIN key -->` and `<!-- END key -->`
+/// replaced by `section` (appended with its markers when they are
+/// missing). Each kind of invocation (`bench-quick`,
+/// `bench-full-static-mixed`, ...) has its own section, so the quick report
+/// and the full static-mixed table live side by side.
+pub fn splice_docs(doc: &str, key: &str, section: &str) -> String {
+    let (begin, end) = (
+        format!("<!-- BEGIN {key} -->"),
+        format!("<!-- END {key} -->"),
+    );
+    let block = format!("{begin}\n{}\n{end}", section.trim_end());
+    match (doc.find(&begin), doc.find(&end)) {
         (Some(a), Some(b)) if a < b => {
-            format!("{}{}{}", &doc[..a], block, &doc[b + DOCS_END.len()..])
+            format!("{}{}{}", &doc[..a], block, &doc[b + end.len()..])
         }
         _ => format!("{}\n\n{}\n", doc.trim_end(), block),
     }
@@ -432,14 +434,18 @@ mod tests {
     #[test]
     fn the_docs_section_is_replaced_between_markers_only() {
         let doc = "# b\n\nkeep\n<!-- BEGIN bench -->\nold\n<!-- END bench -->\ntail\n";
-        let d = splice_docs(doc, "new\n");
+        let d = splice_docs(doc, "bench", "new\n");
         assert_eq!(
             d,
             "# b\n\nkeep\n<!-- BEGIN bench -->\nnew\n<!-- END bench -->\ntail\n"
         );
-        let added = splice_docs("# b\n", "x");
+        let added = splice_docs("# b\n", "bench", "x");
         assert!(added.ends_with("<!-- BEGIN bench -->\nx\n<!-- END bench -->\n"));
-        assert_eq!(splice_docs(&added, "x"), added);
+        assert_eq!(splice_docs(&added, "bench", "x"), added);
+        // Another key leaves this section alone.
+        let two = splice_docs(&added, "bench-full", "y");
+        assert!(two.contains("<!-- BEGIN bench -->\nx\n<!-- END bench -->"));
+        assert!(two.ends_with("<!-- BEGIN bench-full -->\ny\n<!-- END bench-full -->\n"));
     }
 
     #[test]

@@ -35,7 +35,7 @@ use crate::series::Series;
 use crate::system::System;
 use crate::{BenchError, Context};
 use pagesift_core::pacing::{KsmdTick, Pacer, PacingConfig, PacingDemand};
-use pagesift_linux::ksm::{AdvisorMode, GuardOptions, Knob, KsmGuard, Run};
+use pagesift_linux::ksm::{AdvisorMode, GuardOptions, Knob, KsmError, KsmGuard, Run};
 use pagesift_linux::sys::DeathSignal;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -75,10 +75,23 @@ const UNMERGE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Takes KSM's lock, unmerges everything and stops ksmd (step 1).
 pub fn clean_slate(ctx: &Context) -> Result<KsmGuard, BenchError> {
-    let guard = KsmGuard::acquire_with(GuardOptions {
-        wait: Some(ctx.ksm_wait),
-        ..GuardOptions::default()
-    })?;
+    let acquire = |wait| {
+        KsmGuard::acquire_with(GuardOptions {
+            wait: Some(wait),
+            ..GuardOptions::default()
+        })
+    };
+    let guard = match acquire(Duration::from_secs(3)) {
+        Err(KsmError::LockTimeout { holder, .. }) => {
+            // Another KSM user (a test, a daemon) holds it: say so, wait.
+            ctx.progress.note(&format!(
+                "waiting for KSM's lock, held by pid {holder} (up to {:?})",
+                ctx.ksm_wait
+            ));
+            acquire(ctx.ksm_wait)?
+        }
+        r => r?,
+    };
     guard.set_run(Run::Unmerge)?;
     let end = Instant::now() + UNMERGE_TIMEOUT;
     loop {
