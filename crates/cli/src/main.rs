@@ -120,10 +120,10 @@ enum Command {
     /// Exit codes: 0 done, 1 runtime error (missing capability, no such
     /// pid), 2 usage error.
     Scan(ScanArgs),
-    /// Run UKSM §8.1's experiments with pagesift, the kernel's KSM and
-    /// ksmtuned side by side; write CSV series, plots and a report. Needs
-    /// root; restores KSM's settings and stops every process it started,
-    /// also on Ctrl-C.
+    /// Run UKSM §8.1's experiments and a scaled VM boot (§8.2.1) with
+    /// pagesift, the kernel's KSM and ksmtuned side by side; write CSV
+    /// series, plots and a report. Needs root; restores KSM's settings and
+    /// stops every process it started, also on Ctrl-C.
     Bench(BenchArgs),
 }
 
@@ -135,7 +135,7 @@ struct BenchArgs {
     #[arg(long, conflicts_with = "full")]
     quick: bool,
     /// The sizes (2 GiB + 2 GiB static-mixed, ...), 120 s windows,
-    /// every system.
+    /// more systems (all ten on static-mixed and sparse-only).
     #[arg(long)]
     full: bool,
     /// Only these experiments (names or groups, comma-separated).
@@ -150,7 +150,8 @@ struct BenchArgs {
     /// Print the results as JSON on stdout.
     #[arg(long)]
     json: bool,
-    /// Also write the report into this file between its bench markers.
+    /// Also write the report into this file (default docs/benchmarks.md)
+    /// between the markers of this invocation's section.
     #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = "docs/benchmarks.md")]
     write_docs: Option<PathBuf>,
 }
