@@ -177,9 +177,16 @@ pub struct Context {
     pub guest_dir: PathBuf,
     /// The guest image, built on first use.
     pub guest_image: std::cell::OnceCell<guest::GuestImage>,
+    /// Time spent waiting for KSM's lock so far.
+    pub lock_wait: std::cell::Cell<Duration>,
 }
 
 impl Context {
+    /// Counts time spent waiting for KSM's lock (another KSM user).
+    pub fn add_lock_wait(&self, d: Duration) {
+        self.lock_wait.set(self.lock_wait.get() + d);
+    }
+
     /// The guest image, built the first time it is asked for.
     pub fn guest_image(&self) -> Result<&guest::GuestImage, BenchError> {
         if let Some(i) = self.guest_image.get() {
@@ -362,6 +369,7 @@ pub fn run(opts: &BenchOptions) -> Result<Summary, BenchError> {
         progress: Progress::new(opts.quiet),
         guest_dir: opts.out.join("guests"),
         guest_image: std::cell::OnceCell::new(),
+        lock_wait: std::cell::Cell::new(Duration::ZERO),
     };
     let result = run_all(&ctx, opts, &experiments);
     let _ = std::fs::remove_dir_all(&work_dir);
@@ -385,7 +393,13 @@ pub fn docs_key(opts: &BenchOptions) -> String {
     key
 }
 
-fn header(opts: &BenchOptions, started: String, t0: Instant, before: [f64; 3]) -> Header {
+fn header(
+    opts: &BenchOptions,
+    started: String,
+    t0: Instant,
+    before: [f64; 3],
+    lock_wait: Duration,
+) -> Header {
     let m = pagesift_linux::procstat::machine();
     Header {
         command: opts.command_line.clone(),
@@ -396,6 +410,7 @@ fn header(opts: &BenchOptions, started: String, t0: Instant, before: [f64; 3]) -
         .into(),
         started,
         wall_s: t0.elapsed().as_secs_f64(),
+        lock_wait_s: lock_wait.as_secs_f64(),
         cpu_model: m.cpu_model,
         cpus: m.cpus,
         ram_gib: m.mem_total_kib as f64 / (1024.0 * 1024.0),
@@ -418,7 +433,7 @@ fn run_all(
     let mut done = 0;
     let mut results: Vec<ExperimentResult> = Vec::new();
     let mut summary = Summary {
-        header: header(opts, started.clone(), t0, before),
+        header: header(opts, started.clone(), t0, before, ctx.lock_wait.get()),
         experiments: Vec::new(),
         out: opts.out.clone(),
     };
@@ -460,7 +475,7 @@ fn run_all(
         report::write_csv(&opts.out, &r.runs)?;
         r.plots = plots::write(&opts.out, &r)?;
         results.push(r);
-        summary.header = header(opts, started.clone(), t0, before);
+        summary.header = header(opts, started.clone(), t0, before, ctx.lock_wait.get());
         let text = format!(
             "# pagesift bench report\n\n{}",
             report::markdown(&summary.header, &results, true)
@@ -489,8 +504,9 @@ fn run_all(
         write_file(doc, &report::splice_docs(&old, &key, &section))?;
     }
     ctx.progress.note(&format!(
-        "done in {:.0} s: {}",
+        "done in {:.0} s ({:.0} s of it waiting for other KSM users): {}",
         t0.elapsed().as_secs_f64(),
+        ctx.lock_wait.get().as_secs_f64(),
         opts.out.join("report.md").display()
     ));
     Ok(summary)

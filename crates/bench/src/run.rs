@@ -81,6 +81,7 @@ pub fn clean_slate(ctx: &Context) -> Result<KsmGuard, BenchError> {
             ..GuardOptions::default()
         })
     };
+    let asked = Instant::now();
     let guard = match acquire(Duration::from_secs(3)) {
         Err(KsmError::LockTimeout { holder, .. }) => {
             // Another KSM user (a test, a daemon) holds it: say so, wait.
@@ -92,6 +93,7 @@ pub fn clean_slate(ctx: &Context) -> Result<KsmGuard, BenchError> {
         }
         r => r?,
     };
+    ctx.add_lock_wait(asked.elapsed());
     guard.set_run(Run::Unmerge)?;
     let end = Instant::now() + UNMERGE_TIMEOUT;
     loop {
@@ -261,6 +263,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
+            ctx.add_lock_wait(waiting_since.elapsed());
             daemon = Some((d, log_path));
         }
         System::Ksmtuned => {

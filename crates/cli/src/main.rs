@@ -2,6 +2,8 @@
 //! the algorithms live in `pagesift-core`, the system access in
 //! `pagesift-linux`.
 
+mod demo;
+
 use clap::{Args, Parser, Subcommand};
 use pagesift_core::governor::Governor;
 use pagesift_core::sim::{Kind, SimConfig, Simulation};
@@ -24,6 +26,23 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// A guided run on a built-in workload: starts two processes, one with
+    /// 512 MiB of identical pages and one with 512 MiB of random pages, runs
+    /// the daemon on them alone, shows memory saved and CPU used live, then
+    /// a summary; stops them and restores KSM's settings. Needs root and a
+    /// kernel with KSM.
+    ///
+    /// Exit codes: 0 done, 1 something missing (named) or a check failed,
+    /// 2 usage error, 130 interrupted (after cleaning up).
+    Demo(demo::DemoArgs),
+    /// The built-in workloads (`pagesift-workload`'s command line), for
+    /// `pagesift demo`.
+    #[command(hide = true, disable_help_flag = true)]
+    Workload {
+        /// The workload's arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
     /// Run the distilling algorithms on a simulated machine with the four
     /// region kinds of the UKSM paper (static, sparse, COW-broken,
     /// short-lived) and show how their regions move through the levels.
@@ -216,6 +235,14 @@ struct ScanArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Demo(args) => demo::run(args),
+        Command::Workload { args } => {
+            // Named for `ps` and the daemon's status ("pagesift" otherwise).
+            let _ = rustix::thread::set_name(c"pagesift-wkld");
+            pagesift_workload::main_from(
+                std::iter::once(OsString::from("pagesift workload")).chain(args),
+            )
+        }
         Command::Simulate {
             seed,
             seconds,

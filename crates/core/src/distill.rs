@@ -30,6 +30,23 @@
 //! a fault hook. It is what demotes a region whose duplicates do not stay
 //! duplicates.
 //!
+//! **Runs.** A region poor in duplicates never climbs, yet it may hold a
+//! run of pages that some other place holds too (a library loaded twice, a
+//! guest's copy of a file). Such copies are usually copies of whole runs:
+//! if page `p` equals page `q`, page `p + k` tends to equal `q + k`. So when
+//! a sample of a region that the ladder has judged at least once, and
+//! found below V_dup, is a verified duplicate, the distiller follows the
+//! run from it: it compares `p ± k` with `q ± k` in full (or checks that
+//! they are zero, for a run of zero pages), up to [`RUN_EXTEND_PAGES`] in
+//! each direction, stopping at the first page that differs, is not
+//! present (never read: that would fault it in) or is outside either
+//! region. Every page read is charged to the level's budget. A region
+//! follows at most one run per round of its level, and never from inside
+//! a run it reported that recently. Runs of at least two pages are
+//! reported ([`DupRun`]) with where their twin run starts; the caller
+//! decides whether a run is worth making mergeable (issue 4, "Promote":
+//! "or a run of verified duplicate pages appears inside a region").
+//!
 //! Levels are walked top-down, so a region that climbs at the end of a
 //! level's round waits for the next wake-up to be sampled on its new level
 //! instead of racing up several levels at once.
@@ -50,6 +67,39 @@ use std::collections::{HashMap, VecDeque};
 
 /// Probes kept per region for COW detection.
 const PROBES_PER_REGION: usize = 16;
+
+/// Most pages a run is followed from a duplicate sample, in each
+/// direction: 64 pages (256 KiB) a side bound the cost of one follow to
+/// about 256 page reads, a few hundred µs. pagesift's choice; a longer run
+/// is found again from a sample further along it.
+pub const RUN_EXTEND_PAGES: u32 = 64;
+
+/// Runs remembered per region, so that a sample inside a run reported
+/// within the last round does not follow it again.
+const RUNS_PER_REGION: usize = 8;
+
+/// A run of consecutive pages of one region, each verified equal (full
+/// comparison) to the page at the same offset of its twin run, or each a
+/// zero page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DupRun {
+    /// The region holding the run.
+    pub region: RegionId,
+    /// Its first page.
+    pub first: u32,
+    /// Its length in pages (at least 2).
+    pub pages: u32,
+    /// Where the twin run starts (page `first + k` equals `twin.page + k`);
+    /// `None` for a run of zero pages, which merge among themselves.
+    pub twin: Option<PageRef>,
+}
+
+impl DupRun {
+    /// One past the last page.
+    pub fn end(&self) -> u32 {
+        self.first + self.pages
+    }
+}
 
 /// Everything a [`Distiller`] needs to start.
 #[derive(Clone, Debug)]
@@ -92,6 +142,12 @@ pub struct WakeReport {
     pub merged: u64,
     /// COW breaks detected through probes.
     pub cow_breaks: u64,
+    /// Runs of verified duplicates followed from this wake's samples (see
+    /// the module header), in the order found.
+    pub runs: Vec<DupRun>,
+    /// Pages read while following runs (charged to the levels' budgets,
+    /// included in `sampled`).
+    pub run_pages_read: u64,
     /// Hash hits that a full comparison rejected.
     pub false_collisions: u64,
     /// Ladder moves made at the end of level rounds.
@@ -115,6 +171,10 @@ struct Probe {
 struct Tracked {
     pages: u32,
     probes: VecDeque<Probe>,
+    /// When a run was last followed in this region.
+    run_at: Option<Nanos>,
+    /// Runs reported lately: (first, end, when).
+    runs: VecDeque<(u32, u32, Nanos)>,
 }
 
 /// Sample buffers, kept apart from the rest so a verification closure can
@@ -231,6 +291,7 @@ impl Distiller {
                 Some(t) if t.pages != r.pages => {
                     t.pages = r.pages;
                     t.probes.retain(|p| p.page < r.pages);
+                    t.runs.retain(|&(_, end, _)| end <= r.pages);
                     self.ladder.resize(r.id, r.pages);
                 }
                 Some(_) => {}
@@ -239,7 +300,7 @@ impl Distiller {
                         r.id,
                         Tracked {
                             pages: r.pages,
-                            probes: VecDeque::new(),
+                            ..Tracked::default()
                         },
                     );
                     self.ladder.insert(r.id, r.pages, now);
@@ -303,7 +364,10 @@ impl Distiller {
                     break;
                 };
                 report.sampled[level] += 1;
-                self.sample(src, page, now, lb.round_time, &mut report);
+                let read_before = report.run_pages_read;
+                let left = budget[level] - report.sampled[level];
+                self.sample(src, page, now, lb.round_time, left, &mut report);
+                report.sampled[level] += report.run_pages_read - read_before;
             }
             if self.ladder.round_finished(level) {
                 report.moves.extend(self.ladder.end_round(level, now));
@@ -347,6 +411,7 @@ impl Distiller {
         page: PageRef,
         now: Nanos,
         probe_age: Nanos,
+        run_budget: u64,
         report: &mut WakeReport,
     ) {
         let state = match src.page_state(page) {
@@ -382,26 +447,32 @@ impl Distiller {
                     return;
                 };
                 self.controller.on_hashed(1);
+                let mut twin = None;
                 if hash == self.zero_hash && self.scratch.page.iter().all(|&w| w == 0) {
                     // KSM merges zero pages into the zero page (use_zero_pages)
                     // or with each other: a duplicate either way.
                     sample.duplicate = true;
-                } else if self
-                    .find(IndexSet::Stable, src, hash, page, report)
-                    .is_some()
-                {
+                } else if let Some(t) = self.find(IndexSet::Stable, src, hash, page, report) {
                     sample.duplicate = true;
-                } else if let Some(twin) = self.find(IndexSet::Unstable, src, hash, page, report) {
+                    twin = Some(t);
+                } else if let Some(t) = self.find(IndexSet::Unstable, src, hash, page, report) {
+                    twin = Some(t);
                     sample.duplicate = true;
-                    self.index.insert_stable(hash, twin);
+                    self.index.insert_stable(hash, t);
                     self.ladder.record(
-                        twin,
+                        t,
                         Sample {
                             duplicate: true,
                             merged: false,
                             cow_broken: false,
                         },
                     );
+                }
+                if sample.duplicate
+                    && let Some(run) =
+                        self.follow_run(src, page, twin, now, probe_age, run_budget, report)
+                {
+                    report.runs.push(run);
                 }
             }
         }
@@ -452,6 +523,98 @@ impl Distiller {
         broken
     }
 
+    /// Follows the run of verified duplicates through `page` (whose words
+    /// are in `scratch.page`), whose twin is `twin` (`None`: a zero page),
+    /// if its region may follow one now (see the module header), reading at
+    /// most `budget` pages. Returns the run if it is at least two pages
+    /// long.
+    #[allow(clippy::too_many_arguments)]
+    fn follow_run(
+        &mut self,
+        src: &mut impl MemorySource,
+        page: PageRef,
+        twin: Option<PageRef>,
+        now: Nanos,
+        round_time: Nanos,
+        budget: u64,
+        report: &mut WakeReport,
+    ) -> Option<DupRun> {
+        let stats = self.ladder.region_stats(page.region)?;
+        // Rich regions climb on their own; unjudged ones may yet.
+        if stats.judged == 0 || stats.last_dup_ratio >= self.config.ladder.v_dup {
+            return None;
+        }
+        let t = self.regions.get_mut(&page.region)?;
+        let fresh = |at: Nanos| now.saturating_sub(at) < round_time;
+        t.runs.retain(|&(_, _, at)| fresh(at));
+        if t.run_at.is_some_and(fresh)
+            || t.runs.iter().any(|&(a, b, _)| (a..b).contains(&page.page))
+        {
+            return None;
+        }
+        t.run_at = Some(now);
+        let pages = t.pages;
+        let twin_pages = match twin {
+            Some(q) => self.regions.get(&q.region)?.pages,
+            None => 0,
+        };
+        // How far the run goes in one direction: pages p + dir·k, twin
+        // pages q + dir·k, k = 1, 2, … (each step reads at most two pages).
+        let read_limit = report.run_pages_read + budget;
+        let mut reach = |dir: i64| -> u32 {
+            let mut k = 0u32;
+            while k < RUN_EXTEND_PAGES && report.run_pages_read + 2 <= read_limit {
+                let step = dir * (k as i64 + 1);
+                let p = page.page as i64 + step;
+                if p < 0 || p >= pages as i64 {
+                    break;
+                }
+                let here = PageRef {
+                    region: page.region,
+                    page: p as u32,
+                };
+                let there = match twin {
+                    Some(q) => {
+                        let qp = q.page as i64 + step;
+                        if qp < 0 || qp >= twin_pages as i64 {
+                            break;
+                        }
+                        Some(PageRef {
+                            region: q.region,
+                            page: qp as u32,
+                        })
+                    }
+                    None => None,
+                };
+                if !same_content(src, &mut self.scratch, here, there, report) {
+                    break;
+                }
+                k += 1;
+            }
+            k
+        };
+        let back = reach(-1);
+        let ahead = reach(1);
+        let run = DupRun {
+            region: page.region,
+            first: page.page - back,
+            pages: back + ahead + 1,
+            twin: twin.map(|q| PageRef {
+                region: q.region,
+                page: q.page - back,
+            }),
+        };
+        if run.pages < 2 {
+            return None;
+        }
+        let t = self.regions.get_mut(&page.region)?;
+        if t.runs.len() == RUNS_PER_REGION {
+            t.runs.pop_front();
+        }
+        t.runs.push_back((run.first, run.end(), now));
+        Some(run)
+    }
+
     fn read_and_hash(&mut self, src: &mut impl MemorySource, page: PageRef) -> Option<u32> {
         src.read_page(page, &mut self.scratch.page).ok()?;
         Some(
@@ -482,6 +645,41 @@ impl Distiller {
             IndexSet::Unstable => index.find_or_insert_unstable(hash, page, same),
         }
     }
+}
+
+/// Whether `here` holds what `there` holds (`None`: zeros), by full
+/// comparison. Only present (or merged/zero) pages are read: a page that
+/// is not present ends a run without being faulted in. Every page read
+/// counts in `report.run_pages_read`.
+fn same_content(
+    src: &mut impl MemorySource,
+    scratch: &mut Scratch,
+    here: PageRef,
+    there: Option<PageRef>,
+    report: &mut WakeReport,
+) -> bool {
+    let readable = |s: &Result<PageState, SourceError>| {
+        matches!(s, Ok(PageState::Present | PageState::Merged))
+    };
+    let here_state = src.page_state(here);
+    let Some(there) = there else {
+        return match here_state {
+            Ok(PageState::Zero) => true,
+            s if readable(&s) => {
+                report.run_pages_read += 1;
+                src.read_page(here, &mut scratch.page).is_ok()
+                    && scratch.page.iter().all(|&w| w == 0)
+            }
+            _ => false,
+        };
+    };
+    if !readable(&here_state) || !readable(&src.page_state(there)) {
+        return false;
+    }
+    report.run_pages_read += 2;
+    src.read_page(here, &mut scratch.page).is_ok()
+        && src.read_page(there, &mut scratch.other).is_ok()
+        && *scratch.page == *scratch.other
 }
 
 /// The full comparison behind every hash hit. `scratch.page` holds the
@@ -626,6 +824,109 @@ mod tests {
         d.sync_regions(&src, now);
         assert_eq!(d.ladder().level_of(a), None);
         assert_eq!(d.index().stable_len() + d.index().unstable_len(), 0);
+    }
+
+    /// Every run a report holds, checked against the simulation's ground
+    /// truth: inside both regions, at least two pages, page by page equal
+    /// to its twin.
+    fn check_runs(src: &InMemorySource, reports: &[WakeReport]) -> Vec<DupRun> {
+        let mut runs = Vec::new();
+        for run in reports.iter().flat_map(|r| &r.runs) {
+            assert!(run.pages >= 2 && run.pages <= 2 * RUN_EXTEND_PAGES + 1);
+            let twin = run.twin.expect("no zero runs in these tests");
+            for k in 0..run.pages {
+                let here = src.content(PageRef {
+                    region: run.region,
+                    page: run.first + k,
+                });
+                let there = src.content(PageRef {
+                    region: twin.region,
+                    page: twin.page + k,
+                });
+                assert!(here.is_ok() && here == there, "{run:?} differs at {k}");
+            }
+            runs.push(*run);
+        }
+        runs
+    }
+
+    #[test]
+    fn a_run_inside_a_poor_region_is_followed_to_its_ends() {
+        let mut src = InMemorySource::new();
+        // A: 512 distinct pages, of which 100..132 repeat B's first 32.
+        let mut a_contents: Vec<u64> = (10_000..10_512).collect();
+        a_contents[100..132].copy_from_slice(&(5000..5032).collect::<Vec<u64>>());
+        let a = src.map(1, &a_contents);
+        let mut b_contents: Vec<u64> = (5000..5032).collect();
+        b_contents.extend(20_000..20_032);
+        let b = src.map(2, &b_contents);
+        let mut d = distiller();
+        let mut now = 0;
+        let mut reports = Vec::new();
+        for _ in 0..12 {
+            reports.extend(one_global_round(&mut d, &mut src, &mut now));
+        }
+        // A is poor (6 % duplicates): it never climbs, but its run is found.
+        assert_eq!(d.ladder().level_of(a), Some(0));
+        let runs = check_runs(&src, &reports);
+        let whole = DupRun {
+            region: a,
+            first: 100,
+            pages: 32,
+            twin: Some(PageRef { region: b, page: 0 }),
+        };
+        assert!(runs.contains(&whole), "{runs:?}");
+        // B is rich (50 %): it climbs on its own and follows no run.
+        assert!(runs.iter().all(|r| r.region == a), "{runs:?}");
+        let read: u64 = reports.iter().map(|r| r.run_pages_read).sum();
+        assert!(read >= 62, "the run's pages were compared: {read}");
+        // At most one follow per region per bottom round.
+        let follows = runs.len() as u64;
+        assert!(follows <= d.global_rounds(), "{follows} follows");
+    }
+
+    #[test]
+    fn a_region_rich_in_duplicates_follows_no_run() {
+        let mut src = InMemorySource::new();
+        let rich = src.map(1, &[7; 256]);
+        src.map(2, &(1000..1256).collect::<Vec<u64>>());
+        let mut d = distiller();
+        let mut now = 0;
+        for _ in 0..6 {
+            let reports = one_global_round(&mut d, &mut src, &mut now);
+            assert!(reports.iter().all(|r| r.runs.is_empty()));
+            assert_eq!(reports.iter().map(|r| r.run_pages_read).sum::<u64>(), 0);
+        }
+        assert!(d.ladder().level_of(rich) > Some(0), "it climbed instead");
+    }
+
+    proptest::proptest! {
+        /// Whatever the layout, every reported run is real.
+        #[test]
+        fn reported_runs_are_verified_page_by_page(
+            a in proptest::collection::vec(1u64..40, 64..256),
+            b in proptest::collection::vec(1u64..40, 16..64),
+            spread in 1u64..5_000,
+        ) {
+            let mut src = InMemorySource::new();
+            // Mostly distinct pages, with the small alphabet appearing in
+            // stretches so that runs exist.
+            let spread_out = |v: &[u64], base: u64| -> Vec<u64> {
+                v.iter()
+                    .enumerate()
+                    .map(|(i, &c)| if c % 3 == 0 { base + i as u64 * spread } else { c })
+                    .collect()
+            };
+            src.map(1, &spread_out(&a, 1_000_000));
+            src.map(2, &spread_out(&b, 9_000_000));
+            let mut d = distiller();
+            let mut now = 0;
+            let mut reports = Vec::new();
+            for _ in 0..4 {
+                reports.extend(one_global_round(&mut d, &mut src, &mut now));
+            }
+            check_runs(&src, &reports);
+        }
     }
 
     #[test]

@@ -217,6 +217,16 @@ pub struct ActuateSection {
     /// Unmark (MADV_UNMERGEABLE) every range pagesift marked when it exits,
     /// which unmerges their pages. Off: merged pages stay merged.
     pub unmerge_on_exit: bool,
+    /// A run of at least this many verified duplicate pages inside a
+    /// region that does not climb is made mergeable on its own (issue 4,
+    /// "Promote"), with its twin run. 0 turns run promotion off.
+    /// pagesift's choice: 16 pages (64 KiB) save more than the two VMA
+    /// splits a side cost (about 200 bytes each).
+    pub run_min_pages: u32,
+    /// Pages added on each side of a run when it is marked: the run was
+    /// followed at most 64 pages each way from a sample, so it may go on;
+    /// ksmd merges what does and skips the rest.
+    pub run_pad_pages: u32,
 }
 
 impl Default for ActuateSection {
@@ -228,6 +238,8 @@ impl Default for ActuateSection {
             min_merged_for_demotion: 16,
             recheck_s: 30,
             unmerge_on_exit: false,
+            run_min_pages: 16,
+            run_pad_pages: 64,
         }
     }
 }
@@ -464,6 +476,12 @@ impl Config {
                     "must be above 0 and at most 1, got {}",
                     a.max_map_count_fraction
                 ),
+            );
+        }
+        if a.run_pad_pages > 1 << 20 {
+            return bad(
+                "actuate.run_pad_pages",
+                format!("must be at most 1048576 (4 GiB), got {}", a.run_pad_pages),
             );
         }
         if a.recheck_s == 0 {

@@ -17,7 +17,17 @@
 //!    wake, per sampled page, feeds `observe_cost` (UKSM measures its
 //!    scanner the same way, notes §3.6).
 //! 3. **Promote and demote**: every sampling region on the top level is
-//!    marked `MADV_MERGEABLE` in its owner; every promoted region found
+//!    marked `MADV_MERGEABLE` in its owner. So is every run of at least
+//!    `actuate.run_min_pages` verified duplicates that the wake followed
+//!    inside a region too poor to climb (`DupRun`, see `core::distill`),
+//!    together with its twin run: padded by `actuate.run_pad_pages` on
+//!    each side, widened to [`RUN_ALIGN_PAGES`], clamped to its region,
+//!    overlapping runs of one region joined, and only while the process
+//!    stays within its VMA-split budget (runs that do not fit wait for the
+//!    next round; they never cost the process its whole-region marks). On
+//!    Linux the marked run becomes a VMA of its own, hence a region of its
+//!    own at the next refresh, which is then accounted like any promoted
+//!    region. Every promoted region found
 //!    thrashing by accounting is marked `MADV_UNMERGEABLE` and held. All
 //!    calls for one process go in one injection batch per wake-up, adjacent
 //!    ranges coalesced. Marking part of a VMA splits it: the splits are
@@ -30,9 +40,16 @@
 //!    ones every `actuate.recheck_s`. Per region, a bit per
 //!    page remembers pages seen merged (KSM page or zero page); such a page
 //!    later present but not merged is a COW break. After a whole pass the
-//!    region's COW-broken ratio (breaks in this pass over pages merged in
-//!    the previous one) is compared with V_cow: above it, the region is
-//!    unmarked. A region is *settled* once a pass that started three ksmd
+//!    region's COW-broken ratio is compared with V_cow: above it, the region
+//!    is unmarked. The ratio is UKSM's (§5.2, notes §3.4: COW faults on
+//!    merged pages in a round over pages merged in that round): breaks seen
+//!    in this pass over pages newly seen merged in it. A static region has
+//!    no breaks; one that ksmd merges while the owner keeps writing it
+//!    (UKSM §8.1.2's COW-broken workload) settles at about one re-merge per
+//!    break, a ratio near 1, however small the written share of the region
+//!    is, which is what UKSM filters. At least [`MIN_BREAKS_FOR_DEMOTION`]
+//!    breaks are needed (a one-off write is no thrashing), and V_cow = 100 %
+//!    turns demotion off. A region is *settled* once a pass that started three ksmd
 //!    full scans after it was marked has ended: by then ksmd has visited
 //!    each of its pages at least twice, enough to merge every page that can
 //!    be (KSM merges a page on its second visit, ksm-baseline.md §4.5), so
@@ -56,7 +73,7 @@ use crate::status::{
     DaemonStatus, KsmStatus, LevelStatus, MAX_LISTED, RegionStatus, Skipped, Status, Totals,
 };
 use crate::target::{Span, Target, View};
-use pagesift_core::distill::{Distiller, DistillerConfig};
+use pagesift_core::distill::{Distiller, DistillerConfig, DupRun};
 use pagesift_core::governor::{MAX_SLEEP, sleep_for_share};
 use pagesift_core::source::{PageState, SourceError};
 use pagesift_core::{Nanos, RegionId};
@@ -87,6 +104,27 @@ const PACE_INTERVAL: Nanos = SEC;
 const ACCOUNT_BASE_SHARE: f64 = 0.02;
 /// Pages inspected per accounting call.
 const ACCOUNT_CHUNK: usize = 512;
+/// Fewest COW breaks in one accounting pass that can unmark a region: a
+/// few writes to merged pages are normal life, not thrashing. pagesift's
+/// choice (the same 16 as `actuate.min_merged_for_demotion`).
+pub const MIN_BREAKS_FOR_DEMOTION: u64 = 16;
+/// Marked runs are widened to multiples of this many pages (64 KiB), so
+/// that runs found near each other mark overlapping ranges that join into
+/// one VMA instead of splitting it again and again. pagesift's choice.
+pub const RUN_ALIGN_PAGES: u64 = 16;
+/// Most runs marked in one process per wake-up: bounds the VMA splits one
+/// wake can add (two per run at most) well below any split budget.
+pub const MAX_RUN_MARKS_PER_WAKE: usize = 16;
+const PAGE: u64 = 4096;
+
+/// One `madvise` the loop wants, and for which region.
+#[derive(Clone, Copy, Debug)]
+struct Item {
+    id: RegionId,
+    advice: Advice,
+    /// The whole region (promotion or demotion), or a run inside it.
+    whole: bool,
+}
 
 /// What pagesift does with a region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +146,8 @@ pub enum Mode {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct PassCounts {
     merged: u64,
+    /// Merged now, not seen merged by the previous look at the page.
+    fresh: u64,
     present: u64,
     cow: u64,
 }
@@ -203,6 +243,7 @@ struct Counters {
     unmarks: u64,
     batches: u64,
     vma_splits: u64,
+    run_marks: u64,
     sampled: u64,
     wakes: u64,
 }
@@ -218,6 +259,9 @@ pub struct WakeSummary {
     pub promoted: Vec<RegionId>,
     /// Regions unmarked for thrashing.
     pub demoted: Vec<RegionId>,
+    /// Runs of duplicates marked mergeable inside regions that did not
+    /// climb: (pid, range).
+    pub run_marks: Vec<(u32, Advice)>,
     /// Injection batches run (one per process at most).
     pub batches: u64,
     /// ksmd share asked for.
@@ -245,6 +289,8 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     skipped: BTreeMap<u32, SkipEntry>,
     inject_skips: BTreeMap<u32, SkipEntry>,
     pending_unmarks: Vec<RegionId>,
+    /// Duplicate runs the last wake followed, for `actuate`.
+    runs: Vec<DupRun>,
     need_sync: bool,
     force_refresh: bool,
     pending_change: bool,
@@ -299,6 +345,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             skipped: BTreeMap::new(),
             inject_skips: BTreeMap::new(),
             pending_unmarks: Vec::new(),
+            runs: Vec::new(),
             need_sync: true,
             force_refresh: false,
             pending_change: false,
@@ -599,9 +646,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     self.need_sync = true;
                 }
                 (Mode::Sampling, false) if ours && mergeable => {
-                    // Marked in an earlier life of this book (ids rebuilt).
+                    // Marked in an earlier life of this book (ids rebuilt),
+                    // or a marked run that became a VMA of its own: out of
+                    // the ladder until ksmd has merged it.
                     book.mode = Mode::Promoted;
                     book.start_merging(full_scans, now);
+                    self.hidden.insert(r.id);
                 }
                 _ => {}
             }
@@ -659,7 +709,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             hidden: &self.hidden,
         };
         let c0 = host::thread_cpu_ns();
-        let report = self.distiller.wake(&mut view, now);
+        let mut report = self.distiller.wake(&mut view, now);
+        self.runs = std::mem::take(&mut report.runs);
         let cpu = host::thread_cpu_ns().saturating_sub(c0);
         let sampled: u64 = report.sampled.iter().sum();
         if sampled > 0 {
@@ -674,7 +725,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
 
     fn actuate(&mut self, now: Nanos, summary: &mut WakeSummary) {
         let top = self.distiller.ladder().levels() - 1;
-        let mut batches: BTreeMap<u32, Vec<(RegionId, Advice)>> = BTreeMap::new();
+        let mut batches: BTreeMap<u32, Vec<Item>> = BTreeMap::new();
         for id in self.distiller.ladder().regions_at(top) {
             let Some(b) = self.books.get_mut(&id) else {
                 continue;
@@ -697,14 +748,18 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             {
                 continue;
             }
-            batches.entry(pid).or_default().push((
+            batches.entry(pid).or_default().push(Item {
                 id,
-                Advice {
+                advice: Advice {
                     start: b.span.start,
                     len: b.span.end() - b.span.start,
                     mergeable: true,
                 },
-            ));
+                whole: true,
+            });
+        }
+        for (pid, item) in self.run_items(now, &batches) {
+            batches.entry(pid).or_default().push(item);
         }
         for id in std::mem::take(&mut self.pending_unmarks) {
             let Some(b) = self.books.get(&id) else {
@@ -715,46 +770,160 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             {
                 continue; // never unmark what pagesift did not mark
             }
-            batches.entry(b.span.proc.pid).or_default().push((
+            batches.entry(b.span.proc.pid).or_default().push(Item {
                 id,
-                Advice {
+                advice: Advice {
                     start: b.span.start,
                     len: b.span.end() - b.span.start,
                     mergeable: false,
                 },
-            ));
+                whole: true,
+            });
         }
         for (pid, items) in batches {
             self.run_batch(pid, items, now, summary);
         }
     }
 
-    fn run_batch(
-        &mut self,
-        pid: u32,
-        items: Vec<(RegionId, Advice)>,
-        now: Nanos,
-        summary: &mut WakeSummary,
-    ) {
+    /// VMA splits that marking `[start, end)` of region `id` adds: one on
+    /// each side that falls inside its VMA.
+    fn splits(&self, id: RegionId, start: u64, end: u64) -> u64 {
+        self.books.get(&id).map_or(0, |b| {
+            u64::from(b.span.vma_start < start) + u64::from(b.span.vma_end > end)
+        })
+    }
+
+    /// Whether pagesift may inject into `pid` now.
+    fn injectable(&self, pid: u32, now: Nanos) -> bool {
+        let waiting = self
+            .inject_skips
+            .get(&pid)
+            .is_some_and(|s| s.retry_at.is_some_and(|t| now < t));
+        !self.self_managed.contains(&pid) && !waiting
+    }
+
+    /// The `MADV_MERGEABLE` calls for the runs of the last wake (see the
+    /// module header, step 3), per process, within each process's
+    /// VMA-split budget after the calls already in `batches`.
+    fn run_items(&mut self, now: Nanos, batches: &BTreeMap<u32, Vec<Item>>) -> Vec<(u32, Item)> {
+        let runs = std::mem::take(&mut self.runs);
+        let min = self.config.actuate.run_min_pages;
+        if min == 0 {
+            return Vec::new();
+        }
+        let pad = self.config.actuate.run_pad_pages as u64;
+        let align = RUN_ALIGN_PAGES * PAGE;
+        // Both sides of every long enough run, as page ranges of regions.
+        let mut sides: Vec<(RegionId, u64, u64)> = Vec::new();
+        for run in runs.iter().filter(|r| r.pages >= min) {
+            sides.push((run.region, run.first as u64, run.end() as u64));
+            if let Some(t) = run.twin {
+                sides.push((t.region, t.page as u64, t.page as u64 + run.pages as u64));
+            }
+        }
+        // Padded, aligned, clamped address ranges of sampling regions.
+        let mut ranges: BTreeMap<u32, Vec<(RegionId, u64, u64)>> = BTreeMap::new();
+        for (id, first, end) in sides {
+            let Some(b) = self.books.get(&id) else {
+                continue;
+            };
+            let pid = b.span.proc.pid;
+            let whole_now = batches
+                .get(&pid)
+                .is_some_and(|v| v.iter().any(|i| i.id == id && i.whole));
+            if b.mode != Mode::Sampling || whole_now || !self.injectable(pid, now) {
+                continue;
+            }
+            let s = (b.span.start + first.saturating_sub(pad) * PAGE) / align * align;
+            let e = (b.span.start + (end + pad) * PAGE).div_ceil(align) * align;
+            let (s, e) = (s.max(b.span.start), e.min(b.span.end()));
+            if s < e && !self.marks.covers(b.span.proc, s, e) {
+                ranges.entry(pid).or_default().push((id, s, e));
+            }
+        }
+        let limit = (self.target.max_map_count() as f64
+            * self.config.actuate.max_map_count_fraction) as u64;
+        let mut out = Vec::new();
+        for (pid, mut rs) in ranges {
+            // Join overlapping or touching ranges of one region.
+            rs.sort_by_key(|&(id, s, _)| (id, s));
+            let mut joined: Vec<(RegionId, u64, u64)> = Vec::with_capacity(rs.len());
+            for (id, s, e) in rs {
+                match joined.last_mut() {
+                    Some(l) if l.0 == id && s <= l.2 => l.2 = l.2.max(e),
+                    _ => joined.push((id, s, e)),
+                }
+            }
+            // The split budget left after this wake's whole-region marks.
+            let mut used = self
+                .target
+                .vma_count(pid)
+                .unwrap_or(u64::MAX)
+                .saturating_add(
+                    batches
+                        .get(&pid)
+                        .into_iter()
+                        .flatten()
+                        .filter(|i| i.advice.mergeable)
+                        .map(|i| self.splits(i.id, i.advice.start, i.advice.end()))
+                        .sum(),
+                );
+            let mut taken = 0;
+            for (id, s, e) in joined {
+                let n = self.splits(id, s, e);
+                if taken == MAX_RUN_MARKS_PER_WAKE || used.saturating_add(n) > limit {
+                    debug!(
+                        pid,
+                        start = s,
+                        len = e - s,
+                        used,
+                        limit,
+                        "a duplicate run waits: VMA budget"
+                    );
+                    continue;
+                }
+                used += n;
+                taken += 1;
+                out.push((
+                    pid,
+                    Item {
+                        id,
+                        advice: Advice {
+                            start: s,
+                            len: e - s,
+                            mergeable: true,
+                        },
+                        whole: false,
+                    },
+                ));
+            }
+        }
+        out
+    }
+
+    fn run_batch(&mut self, pid: u32, items: Vec<Item>, now: Nanos, summary: &mut WakeSummary) {
         let Some(&key) = self.allowed.get(&pid) else {
             return;
         };
-        let calls = coalesce(items.iter().map(|(_, a)| *a).collect());
+        let calls = coalesce(items.iter().map(|i| i.advice).collect());
         // VMA splits: a marked range that starts or ends inside its VMA.
         let splits_of = |c: &Advice| -> u64 {
-            let first = items.iter().find(|(_, a)| a.start == c.start);
-            let last = items.iter().find(|(_, a)| a.end() == c.end());
+            let first = items.iter().find(|i| i.advice.start == c.start);
+            let last = items.iter().find(|i| i.advice.end() == c.end());
             let mut n = 0;
-            if let Some((id, _)) = first
+            if let Some(i) = first
                 && self
                     .books
-                    .get(id)
+                    .get(&i.id)
                     .is_some_and(|b| b.span.vma_start < c.start)
             {
                 n += 1;
             }
-            if let Some((id, _)) = last
-                && self.books.get(id).is_some_and(|b| b.span.vma_end > c.end())
+            if let Some(i) = last
+                && self
+                    .books
+                    .get(&i.id)
+                    .is_some_and(|b| b.span.vma_end > c.end())
             {
                 n += 1;
             }
@@ -789,15 +958,29 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             BatchOutcome::Done(results) => {
                 self.inject_skips.remove(&pid);
                 for ((call, res), split) in calls.iter().zip(results).zip(splits) {
-                    let covered: Vec<RegionId> = items
+                    let inside: Vec<Item> = items
                         .iter()
-                        .filter(|(_, a)| {
-                            a.mergeable == call.mergeable
-                                && a.start >= call.start
-                                && a.end() <= call.end()
+                        .filter(|i| {
+                            i.advice.mergeable == call.mergeable
+                                && i.advice.start >= call.start
+                                && i.advice.end() <= call.end()
                         })
-                        .map(|(id, _)| *id)
+                        .copied()
                         .collect();
+                    for i in inside.iter().filter(|i| !i.whole) {
+                        if res.is_ok() {
+                            self.counters.run_marks += 1;
+                            summary.run_marks.push((pid, i.advice));
+                            info!(
+                                pid,
+                                start = i.advice.start,
+                                pages = i.advice.len / PAGE,
+                                "promoted a run of duplicates: marked mergeable"
+                            );
+                        }
+                    }
+                    let covered: Vec<RegionId> =
+                        inside.iter().filter(|i| i.whole).map(|i| i.id).collect();
                     match res {
                         Ok(()) if call.mergeable => {
                             self.marks.add(key, call.start, call.end());
@@ -978,6 +1161,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     match s {
                         PageState::Merged | PageState::Zero => {
                             b.pass.merged += 1;
+                            b.pass.fresh += u64::from(b.seen_merged[w] & bit == 0);
                             b.seen_merged[w] |= bit;
                         }
                         PageState::Present => {
@@ -1031,9 +1215,11 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     }
                     b.pass_started_scan = full_scans;
                     if b.mode == Mode::Promoted
+                        && v_cow < 1.0
                         && b.passes >= 2
                         && prev_merged >= min_merged.max(1)
-                        && b.last.cow as f64 / prev_merged as f64 > v_cow
+                        && b.last.cow >= MIN_BREAKS_FOR_DEMOTION
+                        && b.last.cow as f64 / b.last.fresh.max(1) as f64 > v_cow
                     {
                         self.pending_unmarks.push(id);
                     }
@@ -1191,6 +1377,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             unmarks: self.counters.unmarks,
             batches: self.counters.batches,
             vma_splits: self.counters.vma_splits,
+            run_marks: self.counters.run_marks,
             sampled_pages: self.counters.sampled,
             wakes: self.counters.wakes,
             global_rounds: self.distiller.global_rounds(),

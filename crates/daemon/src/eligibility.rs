@@ -3,7 +3,9 @@
 //! ## The rule
 //! A process is eligible when
 //! 1. it is not pagesift itself (by pid, and by executable: another
-//!    pagesift instance is not merged either);
+//!    pagesift instance is not merged either, unless `--pid` names it,
+//!    which is how `pagesift demo` has its own workload processes, run
+//!    from the pagesift binary, merged);
 //! 2. it matches the allow side: `--pid` lists when given (then they alone
 //!    decide), else `[eligible] all = true`, else every *kind* of
 //!    `[eligible]` that has entries (cgroups AND uids AND exes AND comms,
@@ -97,6 +99,7 @@ impl Policy {
         }
         if let (Some(own), Some(exe)) = (&self.own_exe, &p.exe)
             && own == exe
+            && !self.pids.contains(&p.pid)
         {
             return Err("another pagesift process".into());
         }
@@ -218,6 +221,20 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("pagesift"), "{e}");
         assert!(p.judge(&facts(7, "x", 0, "/", "/bin/x")).is_ok());
+        // Named by --pid, another pagesift process may be merged (the
+        // demo's workloads run from the pagesift binary); itself never.
+        let named = policy("", &[1, 7]);
+        assert!(
+            named
+                .judge(&facts(7, "pagesift", 0, "/", "/usr/sbin/pagesift"))
+                .is_ok()
+        );
+        assert!(
+            named
+                .judge(&facts(8, "pagesift", 0, "/", "/usr/sbin/pagesift"))
+                .is_err()
+        );
+        assert!(named.judge(&facts(1, "x", 0, "/", "/bin/x")).is_err());
     }
 
     #[test]

@@ -487,3 +487,131 @@ fn the_daemon_stays_under_its_cpu_cap_by_sleeping_longer() {
         );
     }
 }
+
+/// Two poor processes sharing one run of 48 pages (a library loaded in
+/// both, say), and a random one.
+fn run_world() -> (Shared, RegionId, RegionId, RegionId) {
+    let w = world();
+    let (a, b, rand) = {
+        let mut m = w.borrow_mut();
+        m.spawn(30, "vm", false);
+        m.spawn(31, "lib", false);
+        m.spawn(32, "rand", false);
+        let shared = distinct(500_000, 48);
+        let mut a = distinct(100_000, 2048);
+        a[512..560].copy_from_slice(&shared);
+        let mut b = distinct(200_000, 2048);
+        b[1000..1048].copy_from_slice(&shared);
+        (
+            m.map(30, &a, false),
+            m.map(31, &b, false),
+            m.map(32, &distinct(300_000, 1024), false),
+        )
+    };
+    (w, a, b, rand)
+}
+
+#[test]
+fn a_run_of_duplicates_inside_poor_regions_is_marked_on_both_sides_and_merged() {
+    let (w, a, b, rand) = run_world();
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    let s = run(&mut d, &mut now, 1500);
+    let m = w.borrow();
+    // Neither region climbed to be marked whole: 2 % duplicates.
+    assert!(!m.spans[&a].mergeable && !m.spans[&b].mergeable);
+    assert_eq!(d.mode(a), Some(Mode::Sampling));
+    // The run was marked in both processes: padded by 64 pages, aligned to
+    // 16, inside the region; nothing else was.
+    let marks: Vec<(u32, u64, u64)> = s
+        .iter()
+        .flat_map(|s| s.run_marks.iter().map(|(pid, a)| (*pid, a.start, a.end())))
+        .collect();
+    let page = |id: RegionId, p: u64| m.spans[&id].start + p * 4096;
+    for (pid, id, first) in [(30, a, 512), (31, b, 1000)] {
+        let (start, end) = (page(id, first), page(id, first + 48));
+        let mine: Vec<_> = marks.iter().filter(|x| x.0 == pid).collect();
+        assert!(!mine.is_empty(), "no run marked in {pid}: {marks:?}");
+        for &&(_, s, e) in &mine {
+            assert!(
+                s <= start && end <= e,
+                "{pid}: {s:#x}..{e:#x} misses the run"
+            );
+            assert!(s >= page(id, first - 64 - 16) && e <= page(id, first + 48 + 64 + 16));
+            assert_eq!((s - m.spans[&id].start) % (16 * 4096), 0, "aligned");
+        }
+        // Every page of the run is merged; pages never marked are not.
+        for p in 0..2048u32 {
+            let state = m
+                .mem
+                .state(PageRef {
+                    region: id,
+                    page: p,
+                })
+                .unwrap();
+            let in_run = (first as u32..first as u32 + 48).contains(&p);
+            assert_eq!(
+                state == PageState::Merged,
+                in_run,
+                "{pid} page {p}: {state:?}"
+            );
+            if !m.page_mergeable(id, p) {
+                assert_eq!(state, PageState::Present);
+            }
+        }
+    }
+    // Once marked, a run is not marked again.
+    assert_eq!(marks.len(), 2, "{marks:?}");
+    assert!(m.batches.iter().all(|(pid, _)| *pid != 32));
+    assert!((0..1024).all(|p| !m.page_mergeable(rand, p)));
+    drop(m);
+    let st = d.status(now);
+    assert_eq!(st.totals.run_marks, 2);
+    assert_eq!(st.totals.promoted_regions, 0);
+    assert_eq!(st.totals.vma_splits, 4, "two splits a side");
+}
+
+#[test]
+fn runs_stay_within_the_vma_budget_and_never_cost_the_whole_region_marks() {
+    let (w, a, b, _) = run_world();
+    let whole = {
+        let mut m = w.borrow_mut();
+        // Process 30 is one VMA short of its budget (half of 65530): a run
+        // would add two, a whole VMA none.
+        m.vma_counts.insert(30, 65_530 / 2 - 1);
+        m.map(30, &[9; 512], false)
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    let s = run(&mut d, &mut now, 1500);
+    let m = w.borrow();
+    let marked: Vec<u32> = s
+        .iter()
+        .flat_map(|s| s.run_marks.iter().map(|(pid, _)| *pid))
+        .collect();
+    assert!(!marked.contains(&30), "{marked:?}");
+    assert!(marked.contains(&31), "the twin side still fits: {marked:?}");
+    assert!(
+        m.spans[&whole].mergeable,
+        "the whole region was still marked"
+    );
+    assert_eq!(d.mode(whole), Some(Mode::Promoted));
+    assert!((512..560).all(|p| !m.page_mergeable(a, p)));
+    assert!((1000..1048).all(|p| m.page_mergeable(b, p)));
+    drop(m);
+    assert!(d.status(now).skipped.is_empty(), "nobody skipped for a run");
+}
+
+#[test]
+fn run_promotion_can_be_turned_off() {
+    let (w, _, _, _) = run_world();
+    let mut d = daemon(
+        &w,
+        "[actuate]\nrun_min_pages = 0\n[eligible]\nall = true\n",
+        &[],
+    );
+    let mut now = 0;
+    let s = run(&mut d, &mut now, 1500);
+    assert!(s.iter().all(|s| s.run_marks.is_empty()));
+    assert!(w.borrow().batches.is_empty());
+}

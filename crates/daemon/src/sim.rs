@@ -2,7 +2,9 @@
 //! an [`InMemorySource`], an actuator that flips `VM_MERGEABLE` on the
 //! ranges it is given, and a ksmd that, on every pacing call, makes one
 //! full pass merging every page of a mergeable region that has a twin in
-//! some mergeable region.
+//! some mergeable region. A range inside one region (a duplicate run) is
+//! kept as a *partial* mark of that region instead of splitting it: its
+//! pages are mergeable, the region's span is not.
 
 use crate::actuate::{Actuator, Advice, BatchOutcome, ProcKey};
 use crate::eligibility::ProcessFacts;
@@ -33,6 +35,8 @@ pub struct World {
     pub attempts: HashMap<u32, u32>,
     next_addr: u64,
     pub gone: Vec<u32>,
+    /// Mergeable ranges inside regions: (pid, start, end).
+    pub partial: Vec<(u32, u64, u64)>,
 }
 
 /// A shared handle on the world.
@@ -153,34 +157,39 @@ impl World {
             .count() as u64
     }
 
+    /// Whether page `page` of region `id` is in a mergeable range.
+    pub fn page_mergeable(&self, id: RegionId, page: u32) -> bool {
+        let s = &self.spans[&id];
+        let addr = s.start + page as u64 * 4096;
+        s.mergeable
+            || self
+                .partial
+                .iter()
+                .any(|&(pid, a, b)| pid == s.proc.pid && a <= addr && addr < b)
+    }
+
     /// One ksmd pass.
     fn ksmd_pass(&mut self) {
-        let mergeable: Vec<(RegionId, u32)> = self
+        let pages: Vec<PageRef> = self
             .spans
             .iter()
-            .filter(|(_, s)| s.mergeable)
-            .map(|(id, s)| (*id, s.pages))
+            .flat_map(|(id, s)| (0..s.pages).map(|page| PageRef { region: *id, page }))
+            .filter(|p| self.page_mergeable(p.region, p.page))
             .collect();
         let mut counts: HashMap<u64, u64> = HashMap::new();
-        for &(id, pages) in &mergeable {
-            for page in 0..pages {
-                let p = PageRef { region: id, page };
-                if matches!(
-                    self.mem.state(p),
-                    Ok(PageState::Present | PageState::Merged)
-                ) {
-                    *counts.entry(self.mem.content(p).unwrap()).or_default() += 1;
-                }
+        for &p in &pages {
+            if matches!(
+                self.mem.state(p),
+                Ok(PageState::Present | PageState::Merged)
+            ) {
+                *counts.entry(self.mem.content(p).unwrap()).or_default() += 1;
             }
         }
-        for &(id, pages) in &mergeable {
-            for page in 0..pages {
-                let p = PageRef { region: id, page };
-                if self.mem.state(p) == Ok(PageState::Present)
-                    && counts[&self.mem.content(p).unwrap()] >= 2
-                {
-                    self.mem.merge(p).unwrap();
-                }
+        for &p in &pages {
+            if self.mem.state(p) == Ok(PageState::Present)
+                && counts[&self.mem.content(p).unwrap()] >= 2
+            {
+                self.mem.merge(p).unwrap();
             }
         }
         self.full_scans += 1;
@@ -291,6 +300,21 @@ impl Actuator for SimActuator {
                         }
                     }
                 }
+            }
+            let inside = w
+                .spans
+                .values()
+                .any(|s| s.proc.pid == pid && s.start <= a.start && a.end() <= s.end());
+            if hit.is_empty() && inside {
+                // Part of one region: a partial mark.
+                if a.mergeable {
+                    w.partial.push((pid, a.start, a.end()));
+                } else {
+                    w.partial
+                        .retain(|&(p, s, e)| p != pid || e <= a.start || a.end() <= s);
+                }
+                out.push(Ok(()));
+                continue;
             }
             out.push(if hit.is_empty() { Err(12) } else { Ok(()) });
         }

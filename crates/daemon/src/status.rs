@@ -95,6 +95,10 @@ pub struct Totals {
     pub cow_breaks: u64,
     /// MADV_MERGEABLE calls that succeeded.
     pub marks: u64,
+    /// Of the marks, those of duplicate runs inside regions that did not
+    /// climb (the rest are whole regions that reached the top level).
+    #[serde(default)]
+    pub run_marks: u64,
     /// MADV_UNMERGEABLE calls that succeeded.
     pub unmarks: u64,
     /// Injection batches (one attach each).

@@ -12,6 +12,7 @@
 //! dropped silently.
 //!
 //! ## Regions
+//! [`process_regions`] (the daemon's and the sampled scan's discovery):
 //! `/proc/PID/smaps` is read once and parsed by `procfs`; the `VmFlags`
 //! line of each VMA is kept as raw tokens because `procfs` drops flags it
 //! does not know (such as `dp`, `VM_DROPPABLE`). A VMA is kept when KSM's
@@ -27,6 +28,18 @@
 //! in a private file mapping only the pages that were written (COWed, and
 //! so anonymous) are merge candidates; the others are page cache, which KSM
 //! never merges. The per-page distinction comes from pagemap's "file" bit.
+//!
+//! [`MapsDiscovery`] (the exact scan's) reaches the same classification
+//! from `/proc/PID/maps` and per-VMA checks, without the per-page RSS/PSS
+//! walk the kernel does for every smaps read, and reads smaps only for
+//! processes where those cannot decide (module `maps`).
+
+mod maps;
+
+pub use maps::{
+    FileKind, HUGETLBFS_MAGIC, MapsDiscovery, MapsVerdict, PAGE_CACHE_FS, PROBE_PAGES, RegionsFrom,
+    SmapsReason, classify_maps,
+};
 
 use crate::error::LinuxError;
 use procfs::FromBufRead;
@@ -191,7 +204,7 @@ pub fn list_processes(filter: &ProcessFilter) -> Result<Vec<ProcessInfo>, LinuxE
 }
 
 /// How a kept VMA's pages can be merge candidates.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RegionKind {
     /// Private anonymous memory (heap, stacks, anonymous mmaps): every
     /// present page is a candidate.
@@ -290,8 +303,9 @@ pub struct Region {
     pub path: Option<PathBuf>,
     /// Already `VM_MERGEABLE` (`mg`).
     pub mergeable: bool,
-    /// `MADV_HUGEPAGE` was advised (`hg`).
-    pub thp_advised: bool,
+    /// `MADV_HUGEPAGE` was advised (`hg`); `None` when discovery did not
+    /// read smaps ([`MapsDiscovery`]).
+    pub thp_advised: Option<bool>,
 }
 
 impl Region {
@@ -331,7 +345,7 @@ pub fn process_regions(pid: u32) -> Result<ProcessRegions, LinuxError> {
     let p = Process::new(pid as i32).map_err(|_| LinuxError::NoSuchProcess(pid))?;
     let mut text = String::new();
     p.open_relative("smaps")
-        .map_err(|e| proc_error(pid, e))?
+        .map_err(|e| proc_error(pid, e, "smaps"))?
         .read_to_string(&mut text)
         .map_err(|e| {
             LinuxError::from_process_op(
@@ -345,17 +359,35 @@ pub fn process_regions(pid: u32) -> Result<ProcessRegions, LinuxError> {
     parse_smaps(&text)
 }
 
-fn proc_error(pid: u32, e: procfs::ProcError) -> LinuxError {
+/// A procfs error on `/proc/PID/<file>` as a [`LinuxError`].
+fn proc_error(pid: u32, e: procfs::ProcError, file: &'static str) -> LinuxError {
     match e {
         procfs::ProcError::NotFound(_) => LinuxError::NoSuchProcess(pid),
         procfs::ProcError::PermissionDenied(_) => LinuxError::from_process_op(
             pid,
             std::io::Error::from_raw_os_error(crate::error::libc_errno::EACCES),
-            "opening /proc/PID/smaps",
+            if file == "maps" {
+                "opening /proc/PID/maps"
+            } else {
+                "opening /proc/PID/smaps"
+            },
             crate::Capability::SysPtrace,
             crate::error::WHY_PTRACE,
         ),
-        other => LinuxError::Parse(format!("/proc/{pid}/smaps: {other}")),
+        other => LinuxError::Parse(format!("/proc/{pid}/{file}: {other}")),
+    }
+}
+
+/// The name a kept region is reported under: the mapped file, or the
+/// pseudo-path (`[heap]`, `[stack]`, `anon:NAME`), or none.
+fn region_path(path: &MMapPath) -> Option<PathBuf> {
+    match path {
+        MMapPath::Path(p) => Some(p.clone()),
+        MMapPath::Heap => Some("[heap]".into()),
+        MMapPath::Stack => Some("[stack]".into()),
+        MMapPath::TStack(t) => Some(format!("[stack:{t}]").into()),
+        MMapPath::Other(s) => Some(s.into()),
+        _ => None,
     }
 }
 
@@ -384,16 +416,9 @@ pub fn parse_smaps(text: &str) -> Result<ProcessRegions, LinuxError> {
                 start,
                 end,
                 kind,
-                path: match &m.pathname {
-                    MMapPath::Path(p) => Some(p.clone()),
-                    MMapPath::Heap => Some("[heap]".into()),
-                    MMapPath::Stack => Some("[stack]".into()),
-                    MMapPath::TStack(t) => Some(format!("[stack:{t}]").into()),
-                    MMapPath::Other(s) => Some(s.into()),
-                    _ => None,
-                },
+                path: region_path(&m.pathname),
                 mergeable: f.has("mg"),
-                thp_advised: f.has("hg"),
+                thp_advised: Some(f.has("hg")),
             }),
             Err(reason) => out.rejected.push(RejectedRegion { start, end, reason }),
         }

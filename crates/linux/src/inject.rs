@@ -129,6 +129,36 @@ mod nr {
     pub const IO_URING_ENTER: i64 = 426;
     pub const EPOLL_PWAIT2: i64 = 441;
     pub const FUTEX_WAITV: i64 = 449;
+    pub const CLOSE: i64 = 3;
+    pub const IOCTL: i64 = 16;
+    pub const USERFAULTFD: i64 = 323;
+}
+
+/// userfaultfd ABI (`include/uapi/linux/userfaultfd.h`), for write
+/// tracking ([`crate::uffd`], mechanisms.md §9).
+pub mod uffd_abi {
+    /// `UFFD_API`.
+    pub const API: u64 = 0xAA;
+    /// `UFFDIO_API = _IOWR(0xAA, 0x3F, struct uffdio_api)` (24 bytes).
+    pub const UFFDIO_API: u64 = 0xc018_aa3f;
+    /// `UFFDIO_REGISTER = _IOWR(0xAA, 0x00, struct uffdio_register)` (32 bytes).
+    pub const UFFDIO_REGISTER: u64 = 0xc020_aa00;
+    /// `UFFDIO_UNREGISTER = _IOR(0xAA, 0x01, struct uffdio_range)` (16 bytes).
+    pub const UFFDIO_UNREGISTER: u64 = 0x8010_aa01;
+    /// `UFFDIO_REGISTER_MODE_WP`.
+    pub const MODE_WP: u64 = 1 << 1;
+    /// `UFFD_FEATURE_WP_UNPOPULATED`: never-touched pages are armed too.
+    pub const FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
+    /// `UFFD_FEATURE_WP_ASYNC`: the kernel resolves write-protect faults
+    /// itself (it just unprotects the page), so nobody has to read the fd.
+    pub const FEATURE_WP_ASYNC: u64 = 1 << 15;
+    /// `UFFD_USER_MODE_ONLY`: lets an unprivileged target create the fd
+    /// with `vm.unprivileged_userfaultfd = 0`. Kernel-mode faults would get
+    /// SIGBUS/EFAULT instead of a message, but in WP async mode no fault is
+    /// ever handed to the fd (`do_wp_page` unprotects the page itself), and
+    /// only WP mode is registered; the tests check `read()` into a tracked
+    /// page.
+    pub const USER_MODE_ONLY: u64 = 1;
 }
 
 /// `PR_SET_MEMORY_MERGE` / `PR_GET_MEMORY_MERGE` (`include/uapi/linux/prctl.h`,
@@ -164,6 +194,25 @@ pub enum Advice {
     Unmergeable,
 }
 
+/// A file-descriptor argument of an injected call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fd {
+    /// This descriptor number of the target.
+    Number(i32),
+    /// The descriptor returned by call `n` (an earlier call of the same
+    /// batch). If that call failed, this one is not run and its result is
+    /// `-ECANCELED`.
+    ResultOf(usize),
+    /// This descriptor number, but only if call `n` of the same batch
+    /// succeeded (else `-ECANCELED`, not run): "close it if it proved to be
+    /// a userfaultfd".
+    NumberIfOk(i32, usize),
+}
+
+/// `ECANCELED`: the result of a call not run because the call it depends
+/// on failed.
+pub const ECANCELED: i64 = 125;
+
 /// A call pagesift may inject. Deliberately not "any syscall": only these
 /// are ever run inside another process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -188,10 +237,99 @@ pub enum Syscall {
     /// `getpid()`: does nothing; returns the target's pid. A probe, and the
     /// baseline for measuring injection cost.
     Getpid,
+    /// `userfaultfd(O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY)`: a new
+    /// userfaultfd in the target; returns the descriptor.
+    Userfaultfd,
+    /// `ioctl(fd, UFFDIO_API, {UFFD_API, features})`. The struct is written
+    /// into scratch memory below the stopped thread's stack red zone.
+    UffdApi {
+        /// The userfaultfd.
+        fd: Fd,
+        /// `UFFD_FEATURE_*` bits requested.
+        features: u64,
+    },
+    /// `ioctl(fd, UFFDIO_REGISTER, {addr, len, mode})`. `-EBUSY` when the
+    /// range is already registered with another userfaultfd.
+    UffdRegister {
+        /// The userfaultfd.
+        fd: Fd,
+        /// First address (page-aligned).
+        addr: u64,
+        /// Length in bytes (page-aligned).
+        len: u64,
+        /// `UFFDIO_REGISTER_MODE_*` bits.
+        mode: u64,
+    },
+    /// `ioctl(fd, UFFDIO_UNREGISTER, {addr, len})`: ends the registration
+    /// and drops the range's write-protect bits.
+    UffdUnregister {
+        /// The userfaultfd.
+        fd: Fd,
+        /// First address (page-aligned).
+        addr: u64,
+        /// Length in bytes (page-aligned).
+        len: u64,
+    },
+    /// `close(fd)`. Only for descriptors pagesift opened in the target.
+    Close(Fd),
 }
 
 impl Syscall {
+    #[cfg(test)]
     fn number_and_args(&self) -> (i64, [u64; 6]) {
+        let (n, a, _) = self.encode(&[], 0).expect("no dependency");
+        (n, a)
+    }
+
+    /// The syscall number, its arguments and the bytes to write at
+    /// `scratch` first (the ioctl structs). `results` are the earlier calls'
+    /// results; `Err(-ECANCELED)` when a call this one depends on failed.
+    fn encode(&self, results: &[i64], scratch: u64) -> Result<(i64, [u64; 6], Vec<u8>), i64> {
+        let fd = |f: Fd| -> Result<u64, i64> {
+            let ok = |i: usize| results.get(i).is_some_and(|&r| r >= 0);
+            match f {
+                Fd::Number(n) => Ok(n as u64),
+                Fd::ResultOf(i) if ok(i) => Ok(results[i] as u64),
+                Fd::NumberIfOk(n, i) if ok(i) => Ok(n as u64),
+                _ => Err(-ECANCELED),
+            }
+        };
+        let words = |w: &[u64]| w.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        use uffd_abi::*;
+        Ok(match *self {
+            Syscall::Userfaultfd => {
+                let flags = libc::O_CLOEXEC as u64 | libc::O_NONBLOCK as u64 | USER_MODE_ONLY;
+                (nr::USERFAULTFD, [flags, 0, 0, 0, 0, 0], vec![])
+            }
+            Syscall::UffdApi { fd: f, features } => (
+                nr::IOCTL,
+                [fd(f)?, UFFDIO_API, scratch, 0, 0, 0],
+                words(&[API, features, 0]),
+            ),
+            Syscall::UffdRegister {
+                fd: f,
+                addr,
+                len,
+                mode,
+            } => (
+                nr::IOCTL,
+                [fd(f)?, UFFDIO_REGISTER, scratch, 0, 0, 0],
+                words(&[addr, len, mode, 0]),
+            ),
+            Syscall::UffdUnregister { fd: f, addr, len } => (
+                nr::IOCTL,
+                [fd(f)?, UFFDIO_UNREGISTER, scratch, 0, 0, 0],
+                words(&[addr, len]),
+            ),
+            Syscall::Close(f) => (nr::CLOSE, [fd(f)?, 0, 0, 0, 0, 0], vec![]),
+            _ => {
+                let (n, a) = self.plain();
+                (n, a, vec![])
+            }
+        })
+    }
+
+    fn plain(&self) -> (i64, [u64; 6]) {
         match *self {
             Syscall::Madvise { addr, len, advice } => {
                 let a = match advice {
@@ -205,16 +343,47 @@ impl Syscall {
             }
             Syscall::GetMemoryMerge => (nr::PRCTL, [PR_GET_MEMORY_MERGE, 0, 0, 0, 0, 0]),
             Syscall::Getpid => (nr::GETPID, [0; 6]),
+            _ => unreachable!("encoded by `encode`"),
         }
+    }
+
+    /// Whether the call needs scratch memory in the target.
+    fn needs_scratch(&self) -> bool {
+        matches!(
+            self,
+            Syscall::UffdApi { .. } | Syscall::UffdRegister { .. } | Syscall::UffdUnregister { .. }
+        )
     }
 
     /// Whether the call can split VMAs (a `madvise` on part of a VMA).
     pub fn may_split(&self) -> bool {
-        matches!(self, Syscall::Madvise { .. })
+        matches!(
+            self,
+            Syscall::Madvise { .. } | Syscall::UffdRegister { .. } | Syscall::UffdUnregister { .. }
+        )
     }
 
-    fn validate(&self) -> Result<(), String> {
-        if let Syscall::Madvise { addr, len, .. } = *self {
+    fn validate(&self, index: usize) -> Result<(), String> {
+        let dep = match *self {
+            Syscall::UffdApi { fd, .. }
+            | Syscall::UffdRegister { fd, .. }
+            | Syscall::UffdUnregister { fd, .. }
+            | Syscall::Close(fd) => match fd {
+                Fd::ResultOf(i) | Fd::NumberIfOk(_, i) => Some(i),
+                Fd::Number(_) => None,
+            },
+            _ => None,
+        };
+        if dep.is_some_and(|i| i >= index) {
+            return Err(format!("call {index} depends on a later call"));
+        }
+        let range = match *self {
+            Syscall::Madvise { addr, len, .. }
+            | Syscall::UffdRegister { addr, len, .. }
+            | Syscall::UffdUnregister { addr, len, .. } => Some((addr, len)),
+            _ => None,
+        };
+        if let Some((addr, len)) = range {
             let page = crate::PAGE_SIZE;
             if addr % page != 0 || len % page != 0 {
                 return Err(format!(
@@ -391,6 +560,9 @@ pub enum SkipReason {
     Not64Bit,
     /// No `syscall` instruction was found in its executable memory.
     NoSyscallInstruction,
+    /// The stopped thread's stack below the red zone is not readable, so
+    /// there is no scratch memory for the call's argument struct.
+    NoScratch,
     /// The batch could push the process's VMA count past the allowed
     /// fraction of `vm.max_map_count`.
     MapCountNearLimit {
@@ -425,6 +597,7 @@ impl fmt::Display for SkipReason {
             ),
             SkipReason::Not64Bit => write!(f, "not a 64-bit process"),
             SkipReason::NoSyscallInstruction => write!(f, "no syscall instruction found"),
+            SkipReason::NoScratch => write!(f, "no scratch memory below the stack"),
             SkipReason::MapCountNearLimit {
                 count,
                 projected,
@@ -1149,6 +1322,34 @@ struct Session {
     signals: Vec<(i32, libc::siginfo_t)>,
     /// The stop the thread is in.
     last: Stop,
+    /// Scratch memory borrowed below the thread's stack red zone, with the
+    /// bytes that were there (put back before the detach).
+    scratch: Option<(u64, Vec<u8>)>,
+}
+
+/// Bytes of scratch memory for the userfaultfd ioctl structs (the largest,
+/// `uffdio_register`, is 32), taken below the 128-byte red zone of the
+/// x86-64 ABI, which a leaf function may use without moving `rsp`.
+const SCRATCH_LEN: usize = 64;
+const RED_ZONE: u64 = 128;
+
+/// Writes `buf` into `pid` at `addr` (`process_vm_writev`).
+fn write_remote(pid: u32, addr: u64, buf: &[u8]) -> io::Result<()> {
+    use nix::sys::uio::{RemoteIoVec, process_vm_writev};
+    let len = buf.len();
+    let n = process_vm_writev(
+        nix::unistd::Pid::from_raw(pid as i32),
+        &[io::IoSlice::new(buf)],
+        &[RemoteIoVec {
+            base: addr as usize,
+            len,
+        }],
+    )?;
+    if n == len {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(libc_errno::EIO))
+    }
 }
 
 impl Session {
@@ -1179,15 +1380,37 @@ impl Session {
         Ok(())
     }
 
-    /// Runs one call from the `syscall` at `insn`; returns its result.
+    /// Borrows scratch memory below the stopped thread's red zone, keeping
+    /// its bytes; false if that stack memory is not readable.
+    fn borrow_scratch(&mut self) -> bool {
+        let rsp = self.saved.expect("registers saved").rsp;
+        let addr = (rsp.wrapping_sub(RED_ZONE + SCRATCH_LEN as u64)) & !15;
+        let mut old = vec![0u8; SCRATCH_LEN];
+        if read_remote(self.pid, addr, &mut old).is_err() {
+            return false;
+        }
+        self.scratch = Some((addr, old));
+        true
+    }
+
+    /// Runs call `call` of a batch from the `syscall` at `insn`, given the
+    /// earlier calls' `results`; returns its result.
     fn execute(
         &mut self,
         insn: u64,
         call: &Syscall,
+        results: &[i64],
         config: &InjectConfig,
     ) -> Result<i64, StepError> {
         let saved = self.saved.expect("registers saved before executing");
-        let (number, args) = call.number_and_args();
+        let scratch = self.scratch.as_ref().map_or(0, |s| s.0);
+        let (number, args, bytes) = match call.encode(results, scratch) {
+            Ok(e) => e,
+            Err(r) => return Ok(r),
+        };
+        if !bytes.is_empty() {
+            write_remote(self.pid, scratch, &bytes).map_err(os("process_vm_writev"))?;
+        }
         let mut frame = saved;
         frame.rip = insn;
         frame.rax = number as u64;
@@ -1294,6 +1517,9 @@ impl Session {
     /// Restores the saved registers (if changed) and detaches, delivering
     /// the kept signals again.
     fn release(&mut self) -> io::Result<usize> {
+        if let Some((addr, old)) = self.scratch.take() {
+            write_remote(self.pid, addr, &old)?;
+        }
         if let Some(saved) = &self.saved {
             ptrace::set_regs(self.tid, saved)?;
         }
@@ -1502,6 +1728,7 @@ impl Tracer {
             tid,
             reap_exit: !(tid == pid && stat.ppid == crate::own_pid()),
             saved: None,
+            scratch: None,
             signals: Vec::new(),
             last: Stop::Event { sig: 0, event: 0 },
         };
@@ -1568,10 +1795,16 @@ impl Tracer {
             };
         };
         s.saved = Some(saved);
+        if job.calls.iter().any(Syscall::needs_scratch) && !s.borrow_scratch() {
+            return match s.release() {
+                Ok(_) => Ok(Outcome::Skipped(SkipReason::NoScratch)),
+                Err(e) => self.fail(&mut s, os("PTRACE_DETACH")(e), vec![], exiting),
+            };
+        }
 
         let mut results = Vec::with_capacity(job.calls.len());
         for call in &job.calls {
-            match s.execute(insn, call, cfg) {
+            match s.execute(insn, call, &results, cfg) {
                 Ok(r) => results.push(r),
                 Err(StepError::Aborted) => {
                     return match s.release() {
@@ -1791,7 +2024,7 @@ impl Injector {
             return Err(InjectError::Unsupported);
         }
         for (index, c) in calls.iter().enumerate() {
-            c.validate()
+            c.validate(index)
                 .map_err(|reason| InjectError::InvalidCall { index, reason })?;
         }
         if pid == crate::own_pid() {
@@ -1932,11 +2165,11 @@ mod tests {
             len,
             advice: Advice::Mergeable,
         };
-        assert!(mk(0x1000, 0x1000).validate().is_ok());
-        assert!(mk(0x1001, 0x1000).validate().is_err());
-        assert!(mk(0x1000, 0x10).validate().is_err());
-        assert!(mk(0x1000, 0).validate().is_err());
-        assert!(mk(u64::MAX - 0xfff, 0x2000).validate().is_err());
+        assert!(mk(0x1000, 0x1000).validate(0).is_ok());
+        assert!(mk(0x1001, 0x1000).validate(0).is_err());
+        assert!(mk(0x1000, 0x10).validate(0).is_err());
+        assert!(mk(0x1000, 0).validate(0).is_err());
+        assert!(mk(u64::MAX - 0xfff, 0x2000).validate(0).is_err());
         let mut inj = Injector::new(InjectConfig::default());
         let err = inj.run(1, &[Syscall::Getpid, mk(3, 4096)]).unwrap_err();
         assert!(

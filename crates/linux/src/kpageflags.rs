@@ -3,7 +3,10 @@
 //! One 64-bit word per PFN (Documentation/admin-guide/mm/pagemap.rst). The
 //! bits pagesift uses, verified on this machine (mechanisms.md §4): ANON 12,
 //! COMPOUND_HEAD 15, COMPOUND_TAIL 16, HUGE (hugetlb) 17, NOPAGE 20, KSM 21,
-//! THP 22, ZERO_PAGE 24 (set for the zero page and the huge zero page).
+//! THP 22, ZERO_PAGE 24 (set for the zero page and the huge zero page); and
+//! SWAPBACKED 14 (pagemap.rst), which the discovery test
+//! `maps_discovery_agrees_with_smaps` checks on ordinary and
+//! `MAP_DROPPABLE` anonymous pages.
 //!
 //! The file is indexed by PFN, so single 8-byte reads cost 290–390 ns each;
 //! [`KPageFlags::read_many`] sorts the PFNs and reads clustered ones with
@@ -27,6 +30,11 @@ impl KpfFlags {
     /// An anonymous page.
     pub fn anon(self) -> bool {
         self.bit(12)
+    }
+    /// Swap-backed: set on every anonymous page except `MADV_FREE`d
+    /// (lazily freed) ones and those of `MAP_DROPPABLE` mappings.
+    pub fn swapbacked(self) -> bool {
+        self.bit(14)
     }
     /// First page of a compound page.
     pub fn compound_head(self) -> bool {

@@ -55,6 +55,10 @@
 //!    MADV_UNMERGEABLE)` or `prctl(PR_SET_MEMORY_MERGE)` itself, restoring
 //!    it exactly afterwards (mechanisms.md §1).
 //!
+//! 6. **Track writes** ([`uffd`]): userfaultfd write-protect in async
+//!    mode, registered by injection and queried with `PAGEMAP_SCAN`, tells
+//!    which candidate pages were written, without merging them first.
+//!
 //! All `unsafe` code is in [`sys`] and [`ptrace`], each block with a
 //! `// SAFETY:` comment.
 
@@ -74,6 +78,8 @@ pub mod ptrace;
 pub mod read;
 pub mod source;
 pub mod sys;
+#[cfg(target_arch = "x86_64")]
+pub mod uffd;
 
 pub use caps::Capability;
 pub use discover::{ProcessFilter, ProcessInfo, Region, RegionKind};

@@ -167,6 +167,39 @@ impl Pagemap {
         Ok(())
     }
 
+    /// The first pages in `[start, end)` whose `PAGE_IS_*` categories
+    /// include all of `required` and none of `excluded`: up to `max_pages`
+    /// pages, in runs (one `PAGEMAP_SCAN` that stops at the limit, so a
+    /// dense region is not walked to its end).
+    pub fn first_pages(
+        &self,
+        start: u64,
+        end: u64,
+        required: u64,
+        excluded: u64,
+        max_pages: u64,
+    ) -> Result<Vec<PageRun>, LinuxError> {
+        let query = ScanQuery {
+            required,
+            excluded,
+            returned: required,
+            max_pages,
+        };
+        let mut buf = vec![PageRegion::default(); max_pages.clamp(1, 64) as usize];
+        let (n, _) =
+            sys::pagemap_scan(self.file.as_fd(), start, end, query, &mut buf).map_err(|e| {
+                LinuxError::from_process_op(
+                    self.pid,
+                    e,
+                    "PAGEMAP_SCAN on /proc/PID/pagemap",
+                    Capability::SysPtrace,
+                    WHY_PTRACE,
+                )
+            })?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
     /// The runs of present pages in `[start, end)`, with their `PAGE_IS_*`
     /// categories (FILE, PFNZERO, HUGE) via `PAGEMAP_SCAN`. Runs are split
     /// where categories change.
@@ -175,6 +208,7 @@ impl Pagemap {
             required: category::PRESENT,
             excluded: 0,
             returned: category::PRESENT | category::FILE | category::PFNZERO | category::HUGE,
+            max_pages: 0,
         };
         let mut out = Vec::new();
         let mut buf = vec![PageRegion::default(); 512];

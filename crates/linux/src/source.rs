@@ -133,6 +133,9 @@ pub struct LinuxSource {
     order: Vec<usize>,
     addrs: Vec<u64>,
     unpinned: Vec<bool>,
+    /// Write tracking of candidate ranges; answers `take_written`.
+    #[cfg(target_arch = "x86_64")]
+    writes: crate::uffd::WriteTracker,
 }
 
 impl LinuxSource {
@@ -162,6 +165,8 @@ impl LinuxSource {
             order: Vec::new(),
             addrs: Vec::new(),
             unpinned: Vec::new(),
+            #[cfg(target_arch = "x86_64")]
+            writes: crate::uffd::WriteTracker::new(),
         };
         s.discover(true)?;
         Ok(s)
@@ -300,7 +305,7 @@ impl LinuxSource {
                             pid,
                             start,
                             pages,
-                            kind: r.kind.clone(),
+                            kind: r.kind,
                             path: r.path.clone(),
                             mergeable: r.mergeable,
                             vma_start: r.start,
@@ -378,6 +383,13 @@ impl LinuxSource {
             .inspector
             .inspect(addr, out);
         res.map_err(|e| self.fail(region, pid, e))
+    }
+
+    /// The write tracker behind [`MemorySource::take_written`]: the caller
+    /// registers and unregisters ranges with it (it needs an injector).
+    #[cfg(target_arch = "x86_64")]
+    pub fn write_tracker(&mut self) -> &mut crate::uffd::WriteTracker {
+        &mut self.writes
     }
 
     /// The process and address of a page.
@@ -551,6 +563,22 @@ fn open_proc(info: ProcessInfo) -> Result<Proc, LinuxError> {
 }
 
 impl MemorySource for LinuxSource {
+    /// Answered by the [`write_tracker`](LinuxSource::write_tracker) for
+    /// pages of tracked ranges (written since last asked; re-arms); `None`
+    /// elsewhere.
+    fn take_written(&mut self, page: PageRef) -> Option<bool> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (pid, addr) = self.page_address(page)?;
+            self.writes.take_written(pid, addr)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = page;
+            None
+        }
+    }
+
     fn regions(&self) -> Vec<RegionInfo> {
         self.regions
             .values()

@@ -4,14 +4,24 @@
 //! - [`pagemap_scan`]: the `PAGEMAP_SCAN` ioctl on `/proc/PID/pagemap`
 //!   (Linux 6.7+), which reports runs of pages by category (present,
 //!   zero-PFN, file, THP) without faulting anything in (mechanisms.md §4).
+//! - [`pagemap_scan_written`]: the same ioctl with `PM_SCAN_WP_MATCHING`,
+//!   which reports pages written since they were last write-protected by
+//!   userfaultfd and protects them again (write tracking, [`crate::uffd`]).
+//! - [`same_file`]: `kcmp(KCMP_FILE)`, which rustix does not wrap.
 //! - [`AnonMapping`]: a private anonymous mapping, used by
 //!   `pagesift-workload` to build reproducible memory patterns.
 //! - [`fork_single_threaded`]: `fork(2)`, refused unless the caller has
 //!   exactly one thread (the only case in which the child may run arbitrary
 //!   code), used by the workload's fork family.
 //!
+//! - [`advise_huge_pages`]: `MADV_HUGEPAGE` on a large buffer of this
+//!   process (the exact scan's group tables), fewer first-touch faults.
+//! - [`KindMapping`]: shared, droppable, hugetlb and file mappings, for
+//!   the discovery tests that check how each kind of VMA is classified.
 //! - [`prctl`]: `PR_SET_MEMORY_MERGE` for `pagesift exec` and for test
 //!   children made mergeable before exec (mainline-ksm.md §2.2).
+//! - [`die_with_parent_before_exec`]: `PR_SET_PDEATHSIG` in a child before
+//!   exec, so that `pagesift bench`'s workloads and daemons die with it.
 //!
 //! Everything else (process_vm_readv, capget, kill) has safe wrappers
 //! in `nix`/`rustix` and is called directly by the modules that need it.
@@ -70,6 +80,8 @@ pub struct ScanQuery {
     /// `PAGE_IS_*` bits reported in [`PageRegion::categories`]; runs are
     /// split where these differ.
     pub returned: u64,
+    /// Stop after this many matching pages (0: no limit).
+    pub max_pages: u64,
 }
 
 /// Runs `PAGEMAP_SCAN` over `[start, end)` of the process whose pagemap is
@@ -83,15 +95,62 @@ pub fn pagemap_scan(
     query: ScanQuery,
     out: &mut [PageRegion],
 ) -> io::Result<(usize, u64)> {
+    scan(fd, start, end, query, out, 0)
+}
+
+/// `PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC` (`<linux/fs.h>`).
+const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
+const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
+/// `PAGE_IS_WRITTEN` (`<linux/fs.h>`): not write-protected by
+/// userfaultfd, i.e. written (or never armed) since the last arming.
+pub const PAGE_IS_WRITTEN: u64 = 1 << 1;
+
+/// Reports the runs of pages in `[start, end)` written since they were last
+/// write-protected, and write-protects them again, in one `PAGEMAP_SCAN`
+/// (`PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC`, mechanisms.md §9). The
+/// range must be registered with userfaultfd in write-protect *async* mode
+/// by its owner (else `EPERM`): the kernel then resolves the target's next
+/// write fault itself, so arming never blocks the target. Returns the runs
+/// written into `out` and where the walk stopped (`< end`: call again).
+pub fn pagemap_scan_written(
+    fd: BorrowedFd<'_>,
+    start: u64,
+    end: u64,
+    out: &mut [PageRegion],
+) -> io::Result<(usize, u64)> {
+    let query = ScanQuery {
+        required: PAGE_IS_WRITTEN,
+        excluded: 0,
+        returned: PAGE_IS_WRITTEN,
+        max_pages: 0,
+    };
+    scan(
+        fd,
+        start,
+        end,
+        query,
+        out,
+        PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
+    )
+}
+
+fn scan(
+    fd: BorrowedFd<'_>,
+    start: u64,
+    end: u64,
+    query: ScanQuery,
+    out: &mut [PageRegion],
+    flags: u64,
+) -> io::Result<(usize, u64)> {
     let mut arg = PmScanArg {
         size: std::mem::size_of::<PmScanArg>() as u64,
-        flags: 0,
+        flags,
         start,
         end,
         walk_end: 0,
         vec: out.as_mut_ptr() as u64,
         vec_len: out.len() as u64,
-        max_pages: 0,
+        max_pages: query.max_pages,
         // A page matches when ((categories ^ inverted) & mask) == mask.
         category_inverted: query.excluded,
         category_mask: query.required | query.excluded,
@@ -101,11 +160,62 @@ pub fn pagemap_scan(
     // SAFETY: `arg` is a properly laid-out `pm_scan_arg` whose `size` field
     // tells the kernel its size; `vec`/`vec_len` describe `out`, a live,
     // exclusively borrowed buffer of `repr(C)` `page_region`s that the
-    // kernel writes at most `vec_len` entries into. `flags` is 0, so no
-    // write-protect operation is requested and the target is not modified.
+    // kernel writes at most `vec_len` entries into. `flags` is 0 or, from
+    // [`pagemap_scan_written`], the write-protect flags that only change
+    // the uffd-wp bit of pages of a range its owner registered in async
+    // mode (the kernel refuses otherwise): the target's memory is unchanged.
     let n =
         unsafe { raw::pagemap_scan_ioctl(fd.as_raw_fd(), &mut arg) }.map_err(io::Error::from)?;
     Ok((n as usize, arg.walk_end))
+}
+
+/// `kcmp(pid1, pid2, KCMP_FILE, fd1, fd2) == 0`: whether descriptor `fd1` of
+/// `pid1` and `fd2` of `pid2` are the same open file. Used to make sure a
+/// descriptor number in another process still is the file we opened there
+/// before we ask that process to close it.
+pub fn same_file(pid1: u32, fd1: i32, pid2: u32, fd2: i32) -> io::Result<bool> {
+    const KCMP_FILE: libc::c_long = 0;
+    // SAFETY: kcmp takes only integers and reads nothing from our memory.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pid1 as libc::c_long,
+            pid2 as libc::c_long,
+            KCMP_FILE,
+            fd1 as libc::c_long,
+            fd2 as libc::c_long,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r == 0)
+    }
+}
+
+/// Asks the kernel to back the 2 MiB-aligned pages inside
+/// `[addr, addr + len)` of this process with transparent huge pages
+/// (`MADV_HUGEPAGE`), so that a large buffer touched for the first time
+/// takes one page fault per 2 MiB instead of one per 4 KiB. Contents and
+/// access are unchanged, so any range is safe to advise; a range that is
+/// not mapped gives an error. Returns whether some part was advised.
+pub fn advise_huge_pages(addr: usize, len: usize) -> io::Result<bool> {
+    let start = addr.next_multiple_of(HUGE_PAGE);
+    let end = (addr + len) / HUGE_PAGE * HUGE_PAGE;
+    if end <= start {
+        return Ok(false);
+    }
+    // SAFETY: MADV_HUGEPAGE only changes how the kernel backs the range
+    // (page size), never its contents or protection: no Rust object can
+    // observe it.
+    unsafe {
+        rustix::mm::madvise(
+            start as *mut _,
+            end - start,
+            rustix::mm::Advice::LinuxHugepage,
+        )
+    }?;
+    Ok(true)
 }
 
 /// Whether a mapping should be backed by transparent huge pages.
@@ -258,6 +368,89 @@ impl Drop for AnonMapping {
     }
 }
 
+/// The kind of VMA a [`KindMapping`] makes.
+#[derive(Debug, Clone, Copy)]
+pub enum MappingKind<'a> {
+    /// `MAP_SHARED | MAP_ANONYMOUS` (shmem).
+    SharedAnonymous,
+    /// `MAP_DROPPABLE | MAP_ANONYMOUS` (Linux 6.11+).
+    Droppable,
+    /// `MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB` (needs free huge pages).
+    HugetlbAnonymous,
+    /// `MAP_PRIVATE` of this file, opened read-write.
+    PrivateFile(BorrowedFd<'a>),
+    /// `MAP_SHARED` of this file, opened read-write.
+    SharedFile(BorrowedFd<'a>),
+    /// `MAP_PRIVATE | MAP_ANONYMOUS`, then `MADV_MERGEABLE`.
+    Mergeable,
+}
+
+/// A read-write mapping of one [`MappingKind`], every page written once
+/// (so present) at creation, unmapped on drop. For tests of discovery.
+#[derive(Debug)]
+pub struct KindMapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl KindMapping {
+    /// Maps `len` bytes (whole pages) of `kind` and writes `fill` into
+    /// every byte.
+    pub fn new(len: usize, kind: MappingKind<'_>, fill: u8) -> io::Result<KindMapping> {
+        use rustix::mm::{MapFlags, ProtFlags, mmap, mmap_anonymous};
+        let rw = ProtFlags::READ | ProtFlags::WRITE;
+        let anon = |flags| {
+            // SAFETY: a fresh mapping at an address the kernel chooses cannot
+            // alias any existing Rust object.
+            unsafe { mmap_anonymous(std::ptr::null_mut(), len, rw, flags) }
+        };
+        let file = |fd: BorrowedFd<'_>, flags| {
+            // SAFETY: as above; the file is only mapped, not borrowed beyond
+            // the call (the mapping keeps its own reference).
+            unsafe { mmap(std::ptr::null_mut(), len, rw, flags, fd, 0) }
+        };
+        let raw = match kind {
+            MappingKind::SharedAnonymous => anon(MapFlags::SHARED),
+            // MAP_DROPPABLE is a mapping type of its own, like MAP_PRIVATE.
+            MappingKind::Droppable => anon(MapFlags::DROPPABLE),
+            MappingKind::HugetlbAnonymous => anon(MapFlags::PRIVATE | MapFlags::HUGETLB),
+            MappingKind::PrivateFile(fd) => file(fd, MapFlags::PRIVATE),
+            MappingKind::SharedFile(fd) => file(fd, MapFlags::SHARED),
+            MappingKind::Mergeable => anon(MapFlags::PRIVATE),
+        }?;
+        let m = KindMapping {
+            ptr: NonNull::new(raw.cast()).expect("mmap never returns null on success"),
+            len,
+        };
+        if let MappingKind::Mergeable = kind {
+            // SAFETY: the range is our fresh mapping; the advice only lets
+            // ksmd merge identical pages copy-on-write.
+            unsafe { rustix::mm::madvise(raw, len, rustix::mm::Advice::LinuxMergeable) }?;
+        }
+        // SAFETY: `ptr..ptr+len` is a live read-write mapping owned by `m`
+        // and nothing else refers to it.
+        unsafe { std::ptr::write_bytes(m.ptr.as_ptr(), fill, len) };
+        Ok(m)
+    }
+
+    /// The mapping's first address.
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Its end address (exclusive).
+    pub fn end(&self) -> u64 {
+        self.addr() + self.len as u64
+    }
+}
+
+impl Drop for KindMapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is ours and no borrow of it outlives `self`.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
 /// Which side of a fork we are on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Forked {
@@ -384,5 +577,24 @@ pub fn die_with_parent_before_exec(cmd: &mut Command, sig: DeathSignal) -> &mut 
         cmd.pre_exec(move || {
             rustix::process::set_parent_process_death_signal(Some(sig)).map_err(io::Error::from)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn huge_page_advice_covers_only_whole_huge_pages_and_keeps_contents() {
+        let mut m = AnonMapping::new(6 << 20, HugePages::Never).unwrap();
+        m.as_mut_slice()[..4096].fill(9);
+        let (a, len) = (m.addr() as usize, m.len());
+        // Less than one aligned 2 MiB page: nothing to advise.
+        assert!(!advise_huge_pages(a + 4096, HUGE_PAGE).unwrap());
+        assert!(advise_huge_pages(a, len).unwrap());
+        assert!(m.as_slice()[..4096].iter().all(|&b| b == 9));
+        assert!(m.as_slice()[4096..8192].iter().all(|&b| b == 0));
+        // An unmapped range is an error, not undefined behaviour.
+        assert!(advise_huge_pages(HUGE_PAGE, HUGE_PAGE).is_err());
     }
 }

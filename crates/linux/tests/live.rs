@@ -888,3 +888,172 @@ fn long_regions_are_sliced() {
         );
     }
 }
+
+/// The helper process of [`maps_discovery_agrees_with_smaps`] (run by it,
+/// ignored otherwise): maps one VMA of each kind discovery must tell
+/// apart, prints their addresses and obeys commands from stdin.
+#[test]
+#[ignore = "helper process of maps_discovery_agrees_with_smaps"]
+fn vma_zoo_child() {
+    use pagesift_linux::sys::{AnonMapping, HugePages, KindMapping, MappingKind};
+    use std::io::BufRead;
+    use std::os::fd::AsFd;
+    if std::env::var_os("PAGESIFT_VMA_ZOO").is_none() {
+        return;
+    }
+    const LEN: usize = 16 << 12;
+    let mut anon = AnonMapping::new(LEN, HugePages::Never).unwrap();
+    anon.as_mut_slice().fill(7);
+    let path = std::env::temp_dir().join(format!("pagesift-vma-zoo-{}", std::process::id()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    file.set_len(LEN as u64).unwrap();
+    let zero = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/zero")
+        .unwrap();
+    let private = KindMapping::new(LEN, MappingKind::PrivateFile(file.as_fd()), 1).unwrap();
+    let shared_file = KindMapping::new(LEN, MappingKind::SharedFile(file.as_fd()), 2).unwrap();
+    let dev_zero = KindMapping::new(LEN, MappingKind::PrivateFile(zero.as_fd()), 3).unwrap();
+    let shared = KindMapping::new(LEN, MappingKind::SharedAnonymous, 4).unwrap();
+    let mut droppable = Some(KindMapping::new(LEN, MappingKind::Droppable, 5).unwrap());
+    // Only where huge pages are reserved (vm.nr_hugepages).
+    let hugetlb = KindMapping::new(2 << 20, MappingKind::HugetlbAnonymous, 6).ok();
+    let addr = |m: &Option<KindMapping>| m.as_ref().map_or(0, |m| m.addr());
+    println!(
+        "ZOO anon={} private={} shared_file={} dev_zero={} shared={} droppable={} hugetlb={}",
+        anon.addr(),
+        private.addr(),
+        shared_file.addr(),
+        dev_zero.addr(),
+        shared.addr(),
+        addr(&droppable),
+        addr(&hugetlb)
+    );
+    let mut mergeable = None;
+    for line in std::io::stdin().lock().lines() {
+        match line.unwrap().as_str() {
+            "unmap-droppable" => drop(droppable.take()),
+            "mergeable" => {
+                mergeable = Some(KindMapping::new(LEN, MappingKind::Mergeable, 8).unwrap())
+            }
+            _ => break,
+        }
+        println!("ZOO done {}", addr(&mergeable));
+    }
+}
+
+/// `MapsDiscovery` (maps plus per-VMA checks) classifies every VMA of a
+/// process with shared, private-file, `/dev/zero`, droppable and (where
+/// huge pages are reserved) hugetlb mappings exactly as smaps does, and
+/// falls back to smaps where it must: for a droppable VMA, and for a
+/// process with a `VM_MERGEABLE` VMA.
+#[test]
+fn maps_discovery_agrees_with_smaps() {
+    use pagesift_linux::discover::{
+        Ineligible, MapsDiscovery, ProcessRegions, RegionsFrom, SmapsReason,
+    };
+    use std::io::{BufRead, Write};
+    require_root();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "vma_zoo_child", "--ignored", "--nocapture"])
+        .env("PAGESIFT_VMA_ZOO", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let child = Kill(child);
+    let pid = child.0.id();
+    let mut zoo_line = || loop {
+        let mut l = String::new();
+        assert_ne!(out.read_line(&mut l).unwrap(), 0, "the zoo child died");
+        if let Some(rest) = l.strip_prefix("ZOO ") {
+            return rest.trim().to_string();
+        }
+    };
+    let addrs: HashMap<String, u64> = zoo_line()
+        .split(' ')
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap();
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect();
+    let pagemap = Pagemap::open(pid).unwrap();
+    let mut kpf = KPageFlags::open().unwrap();
+    let mut fast = MapsDiscovery::new();
+    let same = |a: &ProcessRegions, b: &ProcessRegions| {
+        let key = |r: &pagesift_linux::discover::Region| {
+            (r.start, r.end, r.kind, r.path.clone(), r.mergeable)
+        };
+        assert_eq!(
+            a.eligible.iter().map(key).collect::<Vec<_>>(),
+            b.eligible.iter().map(key).collect::<Vec<_>>()
+        );
+        assert_eq!(a.rejected, b.rejected);
+    };
+    let reason =
+        |r: &ProcessRegions, at: u64| r.rejected.iter().find(|x| x.start == at).map(|x| x.reason);
+    let kept = |r: &ProcessRegions, at: u64| r.eligible.iter().find(|x| x.start == at).cloned();
+
+    // 1. With a droppable VMA maps cannot decide: smaps, same answer.
+    let (r, from) = fast.process_regions(pid, &pagemap, &mut kpf).unwrap();
+    assert_eq!(from, RegionsFrom::Smaps(SmapsReason::MaybeDroppable));
+    same(&r, &discover::process_regions(pid).unwrap());
+    assert_eq!(reason(&r, addrs["droppable"]), Some(Ineligible::Droppable));
+
+    // 2. Without it, maps decides everything, exactly as smaps does.
+    writeln!(stdin, "unmap-droppable").unwrap();
+    zoo_line();
+    let (r, from) = fast.process_regions(pid, &pagemap, &mut kpf).unwrap();
+    assert_eq!(from, RegionsFrom::Maps);
+    let smaps = discover::process_regions(pid).unwrap();
+    same(&r, &smaps);
+    assert!(
+        r.eligible
+            .iter()
+            .all(|x| !x.mergeable && x.thp_advised.is_none())
+    );
+    assert_eq!(kept(&r, addrs["anon"]).unwrap().kind, RegionKind::Anonymous);
+    assert_eq!(
+        kept(&r, addrs["private"]).unwrap().kind,
+        RegionKind::PrivateFile
+    );
+    assert_eq!(
+        kept(&r, addrs["dev_zero"]).unwrap().kind,
+        RegionKind::PrivateFile
+    );
+    assert_eq!(reason(&r, addrs["shared"]), Some(Ineligible::Shared));
+    assert_eq!(reason(&r, addrs["shared_file"]), Some(Ineligible::Shared));
+    if addrs["hugetlb"] != 0 {
+        assert_eq!(reason(&r, addrs["hugetlb"]), Some(Ineligible::Hugetlb));
+    } else {
+        eprintln!("no huge pages reserved (vm.nr_hugepages): hugetlb not checked");
+    }
+    // The vDSO and vvar are rejected (special mappings).
+    assert!(r.rejected.len() >= 2);
+
+    // 3. A VM_MERGEABLE VMA needs smaps' `mg` flags.
+    writeln!(stdin, "mergeable").unwrap();
+    let at: u64 = zoo_line().strip_prefix("done ").unwrap().parse().unwrap();
+    let (r, from) = fast.process_regions(pid, &pagemap, &mut kpf).unwrap();
+    assert_eq!(from, RegionsFrom::Smaps(SmapsReason::Mergeable));
+    assert!(kept(&r, at).unwrap().mergeable);
+    same(&r, &discover::process_regions(pid).unwrap());
+    drop(child);
+}

@@ -150,20 +150,21 @@ fn main() {
             let per_page = |ns: u64| ns as f64 / s.frames as f64;
             let t = &s.time;
             println!(
-                "  {threads} thread(s): {:.0} ns/page in all; smaps {:.0}, pagemap+kpageflags {:.0}, reads {:.0}, hash {:.0} + group {:.0}{}",
+                "  {threads} thread(s): {:.0} ns/page in all; discovery {:.0}, pagemap+kpageflags {:.0}, reads {:.0}, hash {:.0} + group {:.0}{}; {} process(es) discovered through smaps",
                 per_page(s.scan_ns),
-                per_page(t.smaps_ns),
+                per_page(t.discover_ns),
                 per_page(t.inspect_ns),
                 per_page(t.read_ns),
                 per_page(t.hash_ns),
                 per_page(t.group_ns - t.hash_ns),
-                if threads == 2 { " (second thread)" } else { "" }
+                if threads == 2 { " (second thread)" } else { "" },
+                s.from_smaps
             );
             println!(
-                "PHASES kind={} threads={threads} total={:.0} smaps={:.0} inspect={:.0} reads={:.0} hash={:.0} group={:.0}",
+                "PHASES kind={} threads={threads} total={:.0} discovery={:.0} inspect={:.0} reads={:.0} hash={:.0} group={:.0}",
                 a.kind,
                 per_page(s.scan_ns),
-                per_page(t.smaps_ns),
+                per_page(t.discover_ns),
                 per_page(t.inspect_ns),
                 per_page(t.read_ns),
                 per_page(t.hash_ns),

@@ -7,7 +7,9 @@
 //! 1. **Discover** (`pagesift_linux::discover`). The processes the filter
 //!    selects (`--pid`, `--comm`, `--uid`, `--cgroup`; never pagesift
 //!    itself), in ascending pid order, and their merge-eligible VMAs
-//!    (mainline-ksm.md §2.3).
+//!    (mainline-ksm.md §2.3), from `/proc/PID/maps` plus per-VMA checks
+//!    (`MapsDiscovery`): smaps, whose every read makes the kernel walk all
+//!    present pages for RSS/PSS, only for processes maps cannot decide.
 //! 2. **Look without touching.** Each VMA is walked in chunks of
 //!    [`CHUNK_PAGES`] pagemap entries (one `pread` each, mechanisms.md §4:
 //!    ≈35 ns per page). A chunk with no present page in a VMA that goes on
@@ -85,7 +87,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pagesift_core::census::{Census, RegionClass, RegionIx, classify};
 use pagesift_core::ladder::LadderConfig;
 use pagesift_core::{PAGE_SIZE, PageWords};
-use pagesift_linux::discover::{self, ProcessFilter, ProcessInfo, RegionKind};
+use pagesift_linux::discover::{
+    self, MapsDiscovery, ProcessFilter, ProcessInfo, RegionKind, RegionsFrom,
+};
 use pagesift_linux::kpageflags::{KPageFlags, KpfFlags};
 use pagesift_linux::pagemap::{Pagemap, PagemapEntry};
 use pagesift_linux::{LinuxError, PageBuffer, RemoteReader};
@@ -170,8 +174,11 @@ pub struct ExactStats {
     pub group: GroupStats,
     /// Frames read again by the rescan.
     pub rescanned: u64,
+    /// Processes whose VMAs came from smaps because maps could not decide
+    /// (`pagesift_linux::discover::MapsDiscovery`).
+    pub from_smaps: u64,
     /// Where the first pass spent its time, in nanoseconds of wall time
-    /// on the thread that did it: reading smaps (discovery of VMAs),
+    /// on the thread that did it: discovery of VMAs (maps, smaps),
     /// pagemap and kpageflags, reading pages, and hashing plus grouping
     /// (on the second thread when there are two).
     pub time: PhaseTimes,
@@ -180,8 +187,9 @@ pub struct ExactStats {
 /// Time per phase of the first pass (nanoseconds).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PhaseTimes {
-    /// `/proc/PID/smaps` (VMAs and their flags).
-    pub smaps_ns: u64,
+    /// Discovery of VMAs and their flags (maps, the per-VMA checks, and
+    /// smaps where those cannot decide).
+    pub discover_ns: u64,
     /// pagemap and kpageflags.
     pub inspect_ns: u64,
     /// Page reads (both paths).
@@ -280,6 +288,7 @@ pub fn run_with_stats(opts: &ExactOptions) -> Result<(Report, ExactStats), ScanE
         distinct: census.distinct(),
         shared_pages: scanner.shared_pages,
         vanished: scanner.vanished,
+        from_smaps: scanner.from_smaps,
         group,
         time: PhaseTimes {
             group_ns,
@@ -549,6 +558,7 @@ impl Hasher {
                         .map(|it| self.grouper.hash_of(&pages[it.buf as usize])),
                 );
                 self.hash_ns += t.elapsed().as_nanos() as u64;
+                self.grouper.prefetch(&self.hashes);
                 for (it, &hash) in b.items.iter().zip(&self.hashes) {
                     let loc = Loc {
                         region: b.region,
@@ -932,6 +942,9 @@ struct RegionEntry {
 /// The reading side: discovery, pagemap, kpageflags, reads.
 struct Scanner {
     kpf: KPageFlags,
+    discovery: MapsDiscovery,
+    /// Processes discovered through smaps.
+    from_smaps: u64,
     bar: ProgressBar,
     last_draw: Instant,
     procs: Vec<ProcEntry>,
@@ -961,6 +974,8 @@ impl Scanner {
     fn new(kpf: KPageFlags, bar: ProgressBar) -> Scanner {
         Scanner {
             kpf,
+            discovery: MapsDiscovery::new(),
+            from_smaps: 0,
             bar,
             last_draw: Instant::now(),
             procs: Vec::new(),
@@ -1026,9 +1041,14 @@ impl Scanner {
         // very process (both files pin its mm).
         let theirs = Handles::open(pid)?;
         let t = Instant::now();
-        let maps = discover::process_regions(pid);
-        self.time.smaps_ns += t.elapsed().as_nanos() as u64;
-        let maps = maps?;
+        let maps = self
+            .discovery
+            .process_regions(pid, &mine.pagemap, &mut self.kpf);
+        self.time.discover_ns += t.elapsed().as_nanos() as u64;
+        let (maps, from) = maps?;
+        if from != RegionsFrom::Maps {
+            self.from_smaps += 1;
+        }
         if maps.eligible.is_empty() {
             // A zombie (exited, not yet reaped) has no VMAs left but its
             // files still open: it is gone, not empty.

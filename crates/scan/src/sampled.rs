@@ -73,7 +73,6 @@ use std::fmt;
 use std::hash::BuildHasherDefault;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
-use xxhash_rust::xxh3::xxh3_64;
 
 /// The default budget: 2 s of wall time (issue 3).
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(2);
@@ -463,11 +462,6 @@ fn census(src: &LinuxSource) -> Result<(Vec<RegionCensus>, Vec<u32>), ScanError>
     Ok((out, gone))
 }
 
-/// A page's bytes, for xxh3.
-fn bytemuck_words(page: &PageWords) -> &[u8] {
-    bytemuck::cast_slice(page.as_slice())
-}
-
 /// Hashes a PFN for the census's set of shared frames (a multiply-shift
 /// hash: PFNs are integers, SipHash would cost more than the pagemap
 /// read per page).
@@ -595,7 +589,7 @@ impl Reader {
         // Real memory has many pages that differ only outside the words a
         // partial hash reads (mostly-zero pages): they share a bucket. A
         // full-page xxh3 rejects those candidates without re-reading them.
-        let strong = xxh3_64(bytemuck_words(page));
+        let strong = crate::exact::page_hash(page);
         let found = index.find_stable(hash, |cand| {
             let Some(&g) = rep_group.get(&cand) else {
                 return false;

@@ -138,13 +138,19 @@ impl Workload {
         (r["start"].as_u64().unwrap(), r["pages"].as_u64().unwrap())
     }
 
-    /// The workload's checksum of the memory it accessed.
-    pub fn checksum(&mut self) -> String {
-        writeln!(self.stdin, "checksum").expect("workload stdin");
+    /// Sends one stdin command (`checksum`, `rewrite FIRST COUNT`) and
+    /// returns the workload's JSON answer.
+    pub fn ask(&mut self, command: &str) -> Value {
+        writeln!(self.stdin, "{command}").expect("workload stdin");
         self.stdin.flush().unwrap();
         let mut line = String::new();
         self.stdout.read_line(&mut line).expect("workload stdout");
-        let v: Value = serde_json::from_str(&line).expect("checksum reply");
+        serde_json::from_str(&line).expect("a JSON reply")
+    }
+
+    /// The workload's checksum of the memory it accessed.
+    pub fn checksum(&mut self) -> String {
+        let v = self.ask("checksum");
         v["checksum"].as_str().expect("checksum string").to_string()
     }
 

@@ -1,0 +1,248 @@
+//! Live tests of write tracking ([`pagesift_linux::uffd::WriteTracker`]):
+//! real targets (`examples/inject_target.rs`), a real userfaultfd
+//! registered inside them by injection, real `PAGEMAP_SCAN` re-arming.
+//!
+//! Every test checks that the target was not harmed (its own checksum and
+//! syscall checks, a clean exit) and that no userfaultfd is left in it.
+//! Writes are made with `process_vm_writev` of the bytes already there:
+//! the page is written (its write-protection fault is taken, in kernel
+//! mode, which is the harder case for `UFFD_USER_MODE_ONLY`) while its
+//! content, and so the target's checksum, stays the same. Root is needed.
+
+mod common;
+#[path = "common/inject_target.rs"]
+mod inject_target;
+
+use inject_target::Target;
+use pagesift_linux::inject::{InjectConfig, Injector, Outcome};
+use pagesift_linux::uffd::{TrackOutcome, WriteTracker, count_userfaultfds};
+use std::io::{IoSlice, IoSliceMut};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+const PAGE: u64 = 4096;
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "the write-tracking tests need root (ptrace of other processes)"
+    );
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Writes page `addr` of `pid` with the bytes it already holds.
+fn rewrite_page(pid: u32, addr: u64) {
+    use nix::sys::uio::{RemoteIoVec, process_vm_readv, process_vm_writev};
+    let p = nix::unistd::Pid::from_raw(pid as i32);
+    let remote = [RemoteIoVec {
+        base: addr as usize,
+        len: PAGE as usize,
+    }];
+    let mut buf = vec![0u8; PAGE as usize];
+    assert_eq!(
+        process_vm_readv(p, &mut [IoSliceMut::new(&mut buf)], &remote).unwrap(),
+        PAGE as usize
+    );
+    assert_eq!(
+        process_vm_writev(p, &[IoSlice::new(&buf)], &remote).unwrap(),
+        PAGE as usize
+    );
+}
+
+fn tracking(o: TrackOutcome) -> Vec<(u64, u64)> {
+    match o {
+        TrackOutcome::Tracking(r) => r,
+        other => panic!("expected tracking, got {other:?}"),
+    }
+}
+
+#[test]
+fn writes_are_seen_exactly_and_unregistering_leaves_no_fd() {
+    let _g = serial();
+    let t = Target::start("sleep", &["--ms", "20"]);
+    let (pid, addr, len) = (t.pid(), t.addr(), t.len());
+    let end = addr + len;
+    let mut inj = Injector::new(InjectConfig::default());
+    let mut wt = WriteTracker::new();
+    assert_eq!(count_userfaultfds(pid), 0);
+    let got = tracking(wt.track(&mut inj, pid, &[(addr, end)]).unwrap());
+    assert_eq!(got, vec![(addr, end)]);
+    assert_eq!(wt.tracked_ranges(), 1);
+    assert_eq!(count_userfaultfds(pid), 1, "one userfaultfd in the target");
+    // Armed: nothing written since.
+    assert_eq!(wt.written_pages(pid, addr, end), Some(0));
+    // Write N pages: exactly N reported, then 0 once re-armed.
+    let n = 7.min(len / PAGE);
+    let pages: Vec<u64> = (0..n).map(|i| addr + i * 3 % (len / PAGE) * PAGE).collect();
+    for &p in &pages {
+        rewrite_page(pid, p);
+    }
+    assert_eq!(wt.written_pages(pid, addr, end), Some(pages.len() as u64));
+    assert_eq!(wt.written_pages(pid, addr, end), Some(0));
+    // Per page: written once → true, then false.
+    rewrite_page(pid, pages[1]);
+    assert_eq!(wt.take_written(pid, pages[1]), Some(true));
+    assert_eq!(wt.take_written(pid, pages[1]), Some(false));
+    assert_eq!(wt.take_written(pid, pages[2]), Some(false));
+    // Outside the tracked range: no answer.
+    assert_eq!(wt.take_written(pid, end), None);
+    // Unregister + close in the target.
+    let o = wt.untrack_process(&mut inj, pid).unwrap();
+    let d = o.done().expect("untracked by injection");
+    assert!(d.results.iter().all(|&r| r == 0), "{:?}", d.results);
+    assert_eq!(wt.tracked_ranges(), 0);
+    assert_eq!(count_userfaultfds(pid), 0, "no userfaultfd left");
+    assert_eq!(wt.take_written(pid, pages[0]), None);
+    // The page is writable as before (no write-protect left behind).
+    rewrite_page(pid, pages[0]);
+    let report = t.finish();
+    assert!(report["iterations"].as_u64().unwrap() > 0, "{report}");
+}
+
+/// Tracks and untracks over and over while the target's thread is blocked
+/// in `mode`'s syscall; the target checks that every call completed.
+fn hammer_track(mode: &str, args: &[&str]) {
+    let mut t = Target::start(mode, args);
+    let (pid, addr, len) = (t.pid(), t.addr(), t.len());
+    let mut inj = Injector::new(InjectConfig::default());
+    let mut wt = WriteTracker::new();
+    let mut rounds = 0u64;
+    let mut sent = 0u64;
+    let stop = Instant::now() + Duration::from_millis(1000);
+    while Instant::now() < stop {
+        if mode == "read" {
+            t.send(&sent.to_le_bytes());
+            sent += 1;
+        }
+        tracking(wt.track(&mut inj, pid, &[(addr, addr + len)]).unwrap());
+        rewrite_page(pid, addr);
+        assert_eq!(wt.written_pages(pid, addr, addr + len), Some(1));
+        wt.untrack_process(&mut inj, pid).unwrap();
+        rounds += 1;
+    }
+    assert_eq!(count_userfaultfds(pid), 0);
+    let report = t.finish();
+    if mode == "read" {
+        assert_eq!(report["iterations"].as_u64(), Some(sent), "{report}");
+    } else {
+        assert!(report["iterations"].as_u64().unwrap() >= 20, "{report}");
+    }
+    eprintln!("{mode}: {rounds} track/untrack rounds, {report}");
+}
+
+#[test]
+fn blocked_threads_see_no_error() {
+    let _g = serial();
+    hammer_track("sleep", &["--ms", "20"]);
+    hammer_track("futex", &["--ms", "20"]);
+    hammer_track("read", &[]);
+}
+
+#[test]
+fn a_range_with_another_userfaultfd_is_skipped() {
+    let _g = serial();
+    let t = Target::start("sleep", &["--ms", "20"]);
+    let (pid, addr, len) = (t.pid(), t.addr(), t.len());
+    let mut inj = Injector::new(InjectConfig::default());
+    // The first tracker stands for an application's own userfaultfd.
+    let mut first = WriteTracker::new();
+    tracking(first.track(&mut inj, pid, &[(addr, addr + len)]).unwrap());
+    let mut second = WriteTracker::new();
+    match second.track(&mut inj, pid, &[(addr, addr + len)]).unwrap() {
+        TrackOutcome::Skipped(why) => assert!(why.contains("already uses userfaultfd"), "{why}"),
+        other => panic!("expected a skip, got {other:?}"),
+    }
+    assert_eq!(second.tracked_ranges(), 0);
+    assert_eq!(
+        count_userfaultfds(pid),
+        1,
+        "the skipped attempt closed its fd"
+    );
+    first.untrack_process(&mut inj, pid).unwrap();
+    assert_eq!(count_userfaultfds(pid), 0);
+    t.finish();
+}
+
+#[test]
+fn a_target_that_exits_mid_tracking_is_fine() {
+    let _g = serial();
+    let mut t = Target::start("sleep", &["--ms", "20"]);
+    let (pid, addr, len) = (t.pid(), t.addr(), t.len());
+    let mut inj = Injector::new(InjectConfig::default());
+    let mut wt = WriteTracker::new();
+    tracking(wt.track(&mut inj, pid, &[(addr, addr + len)]).unwrap());
+    t.child.kill().unwrap();
+    t.child.wait().unwrap();
+    assert_eq!(wt.take_written(pid, addr), None);
+    let o = wt.untrack_process(&mut inj, pid).unwrap();
+    assert!(matches!(o, Outcome::Gone(_)), "{o:?}");
+    assert_eq!(wt.tracked_ranges(), 0);
+    // Tracking a pid that no longer exists is Gone too.
+    let again = wt.track(&mut inj, pid, &[(addr, addr + len)]).unwrap();
+    assert_eq!(again, TrackOutcome::Gone);
+}
+
+#[test]
+fn linux_source_answers_take_written_for_tracked_ranges_only() {
+    use pagesift_core::PageRef;
+    use pagesift_core::source::MemorySource;
+    use pagesift_linux::{LinuxSource, ProcessFilter, SourceConfig};
+    let _g = serial();
+    let t = Target::start("sleep", &["--ms", "20"]);
+    let (pid, addr, len) = (t.pid(), t.addr(), t.len());
+    let mut src = LinuxSource::new(ProcessFilter::pids([pid]), SourceConfig::default()).unwrap();
+    let region = src
+        .linux_regions()
+        .find(|r| r.pid == pid && r.start <= addr && addr < r.start + r.pages as u64 * PAGE)
+        .expect("the target's region")
+        .clone();
+    let page = ((addr - region.start) / PAGE) as u32;
+    let at = PageRef {
+        region: region.id,
+        page,
+    };
+    // Not tracked yet: no answer.
+    assert_eq!(src.take_written(at), None);
+    let mut inj = Injector::new(InjectConfig::default());
+    tracking(
+        src.write_tracker()
+            .track(&mut inj, pid, &[(addr, addr + len)])
+            .unwrap(),
+    );
+    assert_eq!(src.take_written(at), Some(false));
+    rewrite_page(pid, addr);
+    assert_eq!(src.take_written(at), Some(true));
+    assert_eq!(src.take_written(at), Some(false));
+    src.write_tracker().untrack_process(&mut inj, pid).unwrap();
+    assert_eq!(src.take_written(at), None);
+    assert_eq!(count_userfaultfds(pid), 0);
+    t.finish();
+}
+
+/// The target's own user-mode writes to armed pages are resolved by the
+/// kernel (async mode) and counted exactly; the target keeps running.
+#[test]
+fn a_targets_own_writes_are_counted_and_it_keeps_running() {
+    let _g = serial();
+    let mut w = common::Workload::start(&["static-dup", "--mib", "8"]);
+    let (pid, (start, pages)) = (w.pid(), w.region());
+    let end = start + pages * PAGE;
+    let mut inj = Injector::new(InjectConfig::default());
+    let mut wt = WriteTracker::new();
+    tracking(wt.track(&mut inj, pid, &[(start, end)]).unwrap());
+    assert_eq!(wt.written_pages(pid, start, end), Some(0));
+    let before = w.checksum();
+    let r = w.ask("rewrite 0 25");
+    assert_eq!(r["rewritten"].as_u64(), Some(25), "{r}");
+    assert_eq!(wt.written_pages(pid, start, end), Some(25));
+    assert_eq!(wt.written_pages(pid, start, end), Some(0));
+    // Rewritten again while armed: same content, still counted as written.
+    w.ask("rewrite 0 25");
+    assert_eq!(wt.written_pages(pid, start, end), Some(25));
+    wt.untrack_process(&mut inj, pid).unwrap();
+    assert_eq!(count_userfaultfds(pid), 0);
+    let after = w.checksum();
+    assert_ne!(before, after, "the rewrite changed the pages it wrote");
+    assert_eq!(w.checksum(), after, "and nothing else changes them");
+}

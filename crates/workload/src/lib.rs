@@ -1,0 +1,560 @@
+//! `pagesift-workload`: reproducible memory patterns for pagesift's tests
+//! and benchmarks.
+//!
+//! The library is the whole program: [`main_from`] parses a command line
+//! and runs the workload. Two front ends call it: the `pagesift-workload`
+//! binary (tests and benchmarks) and `pagesift`'s hidden `workload`
+//! subcommand, which `pagesift demo` starts, since `cargo run -p pagesift`
+//! builds only the `pagesift` binary.
+//!
+//! Each workload maps private anonymous memory, fills it deterministically
+//! from `--seed`, prints **one JSON line** on stdout (its pid, its regions,
+//! and the exact page counts it created: pages, present pages, zero-page
+//! mappings, untouched pages, distinct contents, duplicate pages =
+//! present − distinct), then stays alive until killed or `--seconds` pass,
+//! so that tests can inspect it. It never calls `madvise(MADV_MERGEABLE)`:
+//! whether its memory gets merged is pagesift's decision.
+//!
+//! While alive it answers commands on stdin, one per line, with one JSON
+//! line each: `checksum` gives an xxh3 of every page it accessed (so a test
+//! can check that a scan left its memory unchanged); `rewrite FIRST COUNT`
+//! writes new, distinct content (`DIRTY_BASE + page`) into those pages, as
+//! a program that modifies its data would (breaking any merge of them),
+//! and answers with the new checksum, so a test can compare it with an
+//! unmerged twin workload given the same command.
+//!
+//! Workloads (UKSM §8.1 for the last three's originals):
+//! - `static-dup`: N MiB of identical pages, or of K distinct contents.
+//! - `random`: N MiB of distinct pages.
+//! - `mixed`: runs of duplicated pages inside random data, at a ratio.
+//! - `cow-broken` (§8.1.2): identical pages; one full page is rewritten
+//!   with the same content every 10 ms, walking the region start to end,
+//!   over and over.
+//! - `short-lived` (§8.1.3): forever: map N MiB of same-content pages,
+//!   sleep T, unmap, sleep T.
+//! - `fork-family`: the parent fills memory, forks K children, and each
+//!   child rewrites a fraction of the pages (the same new content per page
+//!   in every child), so the family has shared frames, private copies and
+//!   cross-process duplicates.
+//!
+//! `--hole-every`, `--zero-every` and `--untouched-mib` leave pages
+//! non-present or mapped to the zero page, so that tests can check a scan
+//! never faults anything in.
+
+mod content;
+mod layout;
+mod memory;
+
+use clap::{Args, Parser, Subcommand};
+use content::{PAGE, PageMaker};
+use layout::{Counts, FamilyCounts, MixedParams, Shape, Slot};
+use memory::Memory;
+use pagesift_linux::sys::{Forked, HugePages};
+use serde::Serialize;
+use std::io::{BufRead, Read, Write};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Reproducible memory patterns for pagesift.
+#[derive(Parser, Debug)]
+#[command(name = "pagesift-workload", version, about, long_about = None)]
+struct Cli {
+    /// Die (SIGKILL) when the process that started this one dies, so that a
+    /// killed parent leaves no workload behind.
+    #[arg(long, global = true)]
+    die_with_parent: bool,
+    #[command(subcommand)]
+    workload: Workload,
+}
+
+#[derive(Subcommand, Debug)]
+enum Workload {
+    /// N MiB of identical pages (or of K distinct contents, page i holding
+    /// content i mod K).
+    StaticDup {
+        #[command(flatten)]
+        shape: ShapeArgs,
+        /// Distinct contents.
+        #[arg(long, default_value_t = 1)]
+        contents: u64,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// N MiB of distinct pages.
+    Random {
+        #[command(flatten)]
+        shape: ShapeArgs,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Duplicated runs inside random data.
+    Mixed {
+        #[command(flatten)]
+        shape: ShapeArgs,
+        #[command(flatten)]
+        mix: MixArgs,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// UKSM §8.1.2: identical pages, one page rewritten with the same
+    /// content every interval, start to end, repeatedly.
+    CowBroken {
+        /// Size of the region in MiB.
+        #[arg(long)]
+        mib: u64,
+        /// Milliseconds between two page rewrites.
+        #[arg(long, default_value_t = 10)]
+        interval_ms: u64,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// UKSM §8.1.3: repeat { map N MiB of same-content pages, sleep T,
+    /// unmap, sleep T }.
+    ShortLived {
+        /// Size of the region in MiB.
+        #[arg(long)]
+        mib: u64,
+        /// T, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        period_ms: u64,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// The parent fills memory (as `mixed`), forks K children, each child
+    /// rewrites a fraction of the pages.
+    ForkFamily {
+        #[command(flatten)]
+        shape: ShapeArgs,
+        #[command(flatten)]
+        mix: MixArgs,
+        /// Children.
+        #[arg(long, default_value_t = 3)]
+        children: usize,
+        /// Fraction of the parent's written pages each child rewrites.
+        #[arg(long, default_value_t = 0.25)]
+        dirty_fraction: f64,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+#[derive(Args, Debug, Clone, Copy)]
+struct ShapeArgs {
+    /// Size of the filled part of the region, in MiB.
+    #[arg(long)]
+    mib: u64,
+    /// Leave every H-th page of the filled part untouched (not present).
+    #[arg(long, default_value_t = 0)]
+    hole_every: usize,
+    /// Only read every Z-th page of the filled part (zero-page mapping).
+    #[arg(long, default_value_t = 0)]
+    zero_every: usize,
+    /// Untouched MiB after the filled part (no page tables either).
+    #[arg(long, default_value_t = 0)]
+    untouched_mib: u64,
+    /// Back the region with transparent huge pages (MADV_HUGEPAGE; no holes
+    /// or zero pages then, since a THP fault fills 2 MiB at once).
+    #[arg(long, conflicts_with_all = ["hole_every", "zero_every", "untouched_mib"])]
+    thp: bool,
+}
+
+impl ShapeArgs {
+    fn shape(&self) -> Shape {
+        let per_mib = (1 << 20) / PAGE;
+        Shape {
+            data_pages: self.mib as usize * per_mib,
+            hole_every: self.hole_every,
+            zero_every: self.zero_every,
+            untouched_tail: self.untouched_mib as usize * per_mib,
+        }
+    }
+
+    fn huge(&self) -> HugePages {
+        if self.thp {
+            HugePages::Advised
+        } else {
+            HugePages::Never
+        }
+    }
+}
+
+#[derive(Args, Debug, Clone, Copy)]
+struct MixArgs {
+    /// Fraction of runs that are duplicated.
+    #[arg(long, default_value_t = 0.3)]
+    dup_ratio: f64,
+    /// Pages per run.
+    #[arg(long, default_value_t = 16)]
+    run_pages: usize,
+    /// Distinct contents the duplicated runs cycle through (default: one
+    /// run's worth, so every duplicated run is the same run of pages).
+    #[arg(long)]
+    dup_contents: Option<u64>,
+}
+
+impl MixArgs {
+    fn params(&self) -> MixedParams {
+        MixedParams {
+            dup_ratio: self.dup_ratio,
+            run_pages: self.run_pages.max(1),
+            dup_contents: self.dup_contents.unwrap_or(self.run_pages.max(1) as u64),
+        }
+    }
+}
+
+#[derive(Args, Debug, Clone, Copy)]
+struct Common {
+    /// Seed: the same seed gives byte-identical memory.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Exit after this many seconds (default: run until killed).
+    #[arg(long)]
+    seconds: Option<f64>,
+}
+
+/// One region in the report.
+#[derive(Serialize)]
+struct RegionOut {
+    start: u64,
+    pages: u64,
+}
+
+/// The JSON line printed when the workload is ready.
+#[derive(Serialize)]
+struct Report {
+    workload: &'static str,
+    pid: u32,
+    seed: u64,
+    page_size: usize,
+    regions: Vec<RegionOut>,
+    #[serde(flatten)]
+    counts: Counts,
+    checksum: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    children: Vec<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    family: Option<FamilyCounts>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    interval_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    period_ms: Option<u64>,
+    fill_seconds: f64,
+}
+
+type Shared = Arc<Mutex<Option<Memory>>>;
+
+/// Parses `args` (the first is the program name, as in `std::env::args_os`)
+/// and runs the workload it names. Returns only when the workload ends
+/// (`--seconds`) or fails; `--help` and usage errors exit as clap does.
+/// Exit code 1 on failure, with the reason on stderr.
+pub fn main_from<I, T>(args: I) -> std::process::ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = Cli::parse_from(args);
+    if cli.die_with_parent {
+        let parent = std::os::unix::process::parent_id();
+        match pagesift_linux::sys::die_with_parent(parent) {
+            Ok(true) => {}
+            // The parent is already gone (we were reparented): nobody to
+            // serve.
+            Ok(false) => return std::process::ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("pagesift-workload: cannot ask to die with the parent: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    }
+    match run(cli.workload) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pagesift-workload: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(w: Workload) -> Result<(), String> {
+    let t0 = Instant::now();
+    match w {
+        Workload::StaticDup {
+            shape,
+            contents,
+            common,
+        } => {
+            let slots = layout::static_dup(&shape.shape(), contents);
+            let maker = PageMaker::new(common.seed, contents);
+            static_workload("static-dup", slots, shape.huge(), maker, common, t0)
+        }
+        Workload::Random { shape, common } => {
+            let slots = layout::random(&shape.shape());
+            let maker = PageMaker::new(common.seed, 0);
+            static_workload("random", slots, shape.huge(), maker, common, t0)
+        }
+        Workload::Mixed { shape, mix, common } => {
+            let p = mix.params();
+            let slots = layout::mixed(&shape.shape(), p, common.seed);
+            let maker = PageMaker::new(common.seed, p.dup_contents);
+            static_workload("mixed", slots, shape.huge(), maker, common, t0)
+        }
+        Workload::CowBroken {
+            mib,
+            interval_ms,
+            common,
+        } => cow_broken(mib, interval_ms, common, t0),
+        Workload::ShortLived {
+            mib,
+            period_ms,
+            common,
+        } => short_lived(mib, period_ms, common, t0),
+        Workload::ForkFamily {
+            shape,
+            mix,
+            children,
+            dirty_fraction,
+            common,
+        } => fork_family(shape, mix, children, dirty_fraction, common, t0),
+    }
+}
+
+fn report(workload: &'static str, seed: u64, mem: &Memory, t0: Instant) -> Report {
+    Report {
+        workload,
+        pid: std::process::id(),
+        seed,
+        page_size: PAGE,
+        regions: vec![RegionOut {
+            start: mem.addr(),
+            pages: mem.slots().len() as u64,
+        }],
+        counts: Counts::of(mem.slots()),
+        checksum: mem.checksum(),
+        children: Vec::new(),
+        family: None,
+        interval_ms: None,
+        period_ms: None,
+        fill_seconds: t0.elapsed().as_secs_f64(),
+    }
+}
+
+fn print_line<T: Serialize>(v: &T) {
+    let mut out = std::io::stdout().lock();
+    // A closed stdout (the reader went away) is not a reason to stop.
+    let _ = serde_json::to_writer(&mut out, v);
+    let _ = out.write_all(b"\n");
+    let _ = out.flush();
+}
+
+/// Answers stdin commands about `shared` (filled from `seed`) until stdin
+/// closes.
+fn serve_commands(shared: Shared, seed: u64) {
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        for line in stdin.lock().lines() {
+            let Ok(line) = line else { break };
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                ["checksum"] => {
+                    let sum = shared.lock().unwrap().as_ref().map(|m| m.checksum());
+                    print_line(&serde_json::json!({ "checksum": sum }));
+                }
+                ["rewrite", first, count] => {
+                    let (Ok(first), Ok(count)) = (first.parse::<usize>(), count.parse::<usize>())
+                    else {
+                        print_line(&serde_json::json!({ "error": "usage: rewrite FIRST COUNT" }));
+                        continue;
+                    };
+                    let maker = PageMaker::new(seed, 0);
+                    let mut guard = shared.lock().unwrap();
+                    let (n, sum) = match guard.as_mut() {
+                        Some(m) => {
+                            let end = first.saturating_add(count).min(m.slots().len());
+                            for i in first.min(end)..end {
+                                m.write_page(i, layout::DIRTY_BASE + i as u64, &maker);
+                            }
+                            (end.saturating_sub(first), Some(m.checksum()))
+                        }
+                        None => (0, None),
+                    };
+                    print_line(&serde_json::json!({ "rewritten": n, "checksum": sum }));
+                }
+                [] => {}
+                _ => print_line(
+                    &serde_json::json!({ "error": format!("unknown command {:?}", line.trim()) }),
+                ),
+            }
+        }
+    });
+}
+
+/// Sleeps until the deadline, or forever.
+fn stay_alive(common: &Common, t_ready: Instant) {
+    match common.seconds {
+        Some(s) => {
+            let end = t_ready + Duration::from_secs_f64(s.max(0.0));
+            let now = Instant::now();
+            if end > now {
+                std::thread::sleep(end - now);
+            }
+        }
+        None => loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        },
+    }
+}
+
+fn deadline_passed(common: &Common, t_ready: Instant) -> bool {
+    common
+        .seconds
+        .is_some_and(|s| t_ready.elapsed().as_secs_f64() >= s)
+}
+
+fn static_workload(
+    name: &'static str,
+    slots: Vec<Slot>,
+    huge: HugePages,
+    maker: PageMaker,
+    common: Common,
+    t0: Instant,
+) -> Result<(), String> {
+    let mut mem = Memory::map(slots, huge).map_err(|e| format!("mmap: {e}"))?;
+    mem.fill(&maker);
+    let r = report(name, common.seed, &mem, t0);
+    let shared: Shared = Arc::new(Mutex::new(Some(mem)));
+    serve_commands(shared.clone(), common.seed);
+    print_line(&r);
+    stay_alive(&common, Instant::now());
+    Ok(())
+}
+
+/// `mib` MiB of one content, every page written (cow-broken, short-lived).
+fn identical_slots(mib: u64) -> Vec<Slot> {
+    let shape = Shape {
+        data_pages: mib as usize * ((1 << 20) / PAGE),
+        hole_every: 0,
+        zero_every: 0,
+        untouched_tail: 0,
+    };
+    layout::static_dup(&shape, 1)
+}
+
+fn cow_broken(mib: u64, interval_ms: u64, common: Common, t0: Instant) -> Result<(), String> {
+    let slots = identical_slots(mib);
+    let maker = PageMaker::new(common.seed, 1);
+    let mut mem = Memory::map(slots, HugePages::Never).map_err(|e| format!("mmap: {e}"))?;
+    mem.fill(&maker);
+    let mut r = report("cow-broken", common.seed, &mem, t0);
+    r.interval_ms = Some(interval_ms);
+    let n = mem.slots().len();
+    let shared: Shared = Arc::new(Mutex::new(Some(mem)));
+    serve_commands(shared.clone(), common.seed);
+    print_line(&r);
+    let ready = Instant::now();
+    let mut next = 0usize;
+    while !deadline_passed(&common, ready) {
+        std::thread::sleep(Duration::from_millis(interval_ms));
+        if let Some(m) = shared.lock().unwrap().as_mut() {
+            // The same content again: a write that breaks any merge of the
+            // page but leaves the memory's contents unchanged.
+            m.write_page(next, 0, &maker);
+        }
+        next = (next + 1) % n;
+    }
+    Ok(())
+}
+
+fn short_lived(mib: u64, period_ms: u64, common: Common, t0: Instant) -> Result<(), String> {
+    let slots = identical_slots(mib);
+    let maker = PageMaker::new(common.seed, 1);
+    let period = Duration::from_millis(period_ms);
+    let shared: Shared = Arc::new(Mutex::new(None));
+    let mut first = true;
+    let mut ready = Instant::now();
+    loop {
+        let mut mem =
+            Memory::map(slots.clone(), HugePages::Never).map_err(|e| format!("mmap: {e}"))?;
+        mem.fill(&maker);
+        if first {
+            let mut r = report("short-lived", common.seed, &mem, t0);
+            r.period_ms = Some(period_ms);
+            serve_commands(shared.clone(), common.seed);
+            print_line(&r);
+            ready = Instant::now();
+            first = false;
+        }
+        *shared.lock().unwrap() = Some(mem);
+        std::thread::sleep(period);
+        // Unmap (drop) the region.
+        *shared.lock().unwrap() = None;
+        if deadline_passed(&common, ready) {
+            return Ok(());
+        }
+        std::thread::sleep(period);
+        if deadline_passed(&common, ready) {
+            return Ok(());
+        }
+    }
+}
+
+fn fork_family(
+    shape: ShapeArgs,
+    mix: MixArgs,
+    children: usize,
+    fraction: f64,
+    common: Common,
+    t0: Instant,
+) -> Result<(), String> {
+    let p = mix.params();
+    let slots = layout::mixed(&shape.shape(), p, common.seed);
+    let dirty = layout::child_dirty_sets(&slots, children, fraction, common.seed);
+    let family = FamilyCounts::of(&slots, &dirty);
+    let maker = PageMaker::new(common.seed, p.dup_contents);
+    let mut mem = Memory::map(slots, shape.huge()).map_err(|e| format!("mmap: {e}"))?;
+    mem.fill(&maker);
+    let parent = std::process::id();
+    let (mut ready_rx, ready_tx) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
+    let mut pids = Vec::with_capacity(children);
+    for set in &dirty {
+        match pagesift_linux::sys::fork_single_threaded().map_err(|e| format!("fork: {e}"))? {
+            Forked::Parent(pid) => pids.push(pid),
+            Forked::Child => child_main(parent, &mut mem, set, &maker, &ready_tx),
+        }
+    }
+    drop(ready_tx);
+    // Wait until every child has rewritten its pages.
+    let mut buf = vec![0u8; children];
+    ready_rx
+        .read_exact(&mut buf)
+        .map_err(|e| format!("a child died before it was ready: {e}"))?;
+    let mut r = report("fork-family", common.seed, &mem, t0);
+    r.children = pids;
+    r.family = Some(family);
+    let shared: Shared = Arc::new(Mutex::new(Some(mem)));
+    serve_commands(shared.clone(), common.seed);
+    print_line(&r);
+    stay_alive(&common, Instant::now());
+    Ok(())
+}
+
+/// A fork-family child: die with the parent, rewrite the pages of `set`,
+/// say so, and sleep.
+fn child_main(
+    parent: u32,
+    mem: &mut Memory,
+    set: &[usize],
+    maker: &PageMaker,
+    ready: &std::io::PipeWriter,
+) -> ! {
+    match pagesift_linux::sys::die_with_parent(parent) {
+        Ok(true) => {}
+        _ => std::process::exit(0),
+    }
+    for &i in set {
+        mem.write_page(i, layout::DIRTY_BASE + i as u64, maker);
+    }
+    let _ = (&*ready).write_all(&[1]);
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
