@@ -418,6 +418,7 @@ fn header(
         load_before: before,
         load_after: m.load_average,
         interval_s: opts.interval.as_secs_f64(),
+        debug_build: cfg!(debug_assertions),
     }
 }
 

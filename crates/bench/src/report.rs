@@ -218,6 +218,9 @@ pub struct Header {
     pub load_after: [f64; 3],
     /// Sampling interval, s.
     pub interval_s: f64,
+    /// Whether the harness (and so, normally, the daemon next to it) was
+    /// built without optimisations, which inflates pagesift's CPU figures.
+    pub debug_build: bool,
 }
 
 /// One experiment's results in the report.
@@ -244,7 +247,7 @@ pub fn markdown(h: &Header, results: &[ExperimentResult], images: bool) -> Strin
     let _ = writeln!(
         s,
         "Machine: {}, {} CPUs, {:.1} GiB RAM, Linux {}. Load average (1, 5, 15 min) before: {:.2} {:.2} {:.2}, after: {:.2} {:.2} {:.2}. \
-         Single runs; on a shared machine timings and CPU figures are noisy.\n",
+         Single runs; on a shared machine timings and CPU figures are noisy.{}\n",
         h.cpu_model,
         h.cpus,
         h.ram_gib,
@@ -254,7 +257,12 @@ pub fn markdown(h: &Header, results: &[ExperimentResult], images: bool) -> Strin
         h.load_before[2],
         h.load_after[0],
         h.load_after[1],
-        h.load_after[2]
+        h.load_after[2],
+        if h.debug_build {
+            " **Debug build**: pagesift's own CPU is inflated; measure with `--release`."
+        } else {
+            ""
+        }
     );
     let _ = writeln!(
         s,
