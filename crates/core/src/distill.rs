@@ -270,6 +270,19 @@ impl Distiller {
         self.params = params;
     }
 
+    /// T_s, the sleep the next wake-up's budgets assume.
+    pub fn sleep(&self) -> Nanos {
+        self.config.sleep
+    }
+
+    /// Sets T_s for the next wake-up's budgets: the caller that sleeps
+    /// longer (or shorter) than the configured T_s says so, and each level
+    /// keeps its share of the CPU, hence its pages per unit of time, with
+    /// more (or fewer) pages per wake-up. A sleep of 0 is taken as 1 ns.
+    pub fn set_sleep(&mut self, sleep: Nanos) {
+        self.config.sleep = sleep.max(1);
+    }
+
     /// Feeds the measured CPU cost of the last wake-up's samples (ns per
     /// page) into the EMA the budgets use. The caller measures: the core
     /// has no clock.
@@ -781,6 +794,37 @@ mod tests {
         assert_eq!(d.params(), &p);
         for (a, b) in d.budgets().iter().zip(&before) {
             assert!(a < b, "halving every share must shrink every budget");
+        }
+    }
+
+    #[test]
+    fn a_longer_sleep_keeps_the_pages_per_second() {
+        // 40 000 distinct pages on the bottom level: one wake-up after 1 s
+        // samples what ten wake-ups 100 ms apart sample.
+        let contents: Vec<u64> = (1..=40_000).collect();
+        let sampled = |sleep: Nanos, wakes: u64| -> u64 {
+            let mut src = InMemorySource::new();
+            src.map(1, &contents);
+            let mut d = distiller();
+            d.set_sleep(sleep);
+            assert_eq!(d.sleep(), sleep);
+            d.sync_regions(&src, 0);
+            (1..=wakes)
+                .map(|k| d.wake(&mut src, k * sleep).sampled.iter().sum::<u64>())
+                .sum()
+        };
+        let short = sampled(100 * MS, 10);
+        let long = sampled(1000 * MS, 1);
+        assert!(short > 1000, "the bottom level samples: {short}");
+        assert!(
+            long.abs_diff(short) * 20 <= short,
+            "1 s of sampling differs: {long} in one wake-up, {short} in ten"
+        );
+        let mut d = distiller();
+        let base = d.budgets();
+        d.set_sleep(1000 * MS);
+        for (a, b) in d.budgets().iter().zip(&base) {
+            assert!(a / 10 >= b - 1 && a / 10 <= b + 1, "{a} vs 10 x {b}");
         }
     }
 

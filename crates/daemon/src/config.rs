@@ -227,6 +227,12 @@ pub struct ActuateSection {
     /// followed at most 64 pages each way from a sample, so it may go on;
     /// ksmd merges what does and skips the rest.
     pub run_pad_pages: u32,
+    /// Watch writes to candidate regions (level ≥ 1, not marked) with
+    /// userfaultfd write-protection (injected into the owner, async: the
+    /// owner never blocks) and never mark a region whose writes would
+    /// break its merged pages faster than V_cow allows. Off: COW breaks
+    /// are learnt only after merging, by accounting.
+    pub write_tracking: bool,
 }
 
 impl Default for ActuateSection {
@@ -240,6 +246,7 @@ impl Default for ActuateSection {
             unmerge_on_exit: false,
             run_min_pages: 16,
             run_pad_pages: 64,
+            write_tracking: true,
         }
     }
 }
@@ -716,6 +723,9 @@ address = "9100"
         assert!(e.to_string().contains("expected f64"), "{e}");
         let e = err("[eligible]\nuids = [\"root\"]\n");
         assert!(e.key().unwrap().starts_with("eligible.uids"), "{e}");
+        let e = err("[actuate]\nwrite_tracking = \"yes\"\n");
+        assert_eq!(e.key(), Some("actuate.write_tracking"), "{e}");
+        assert!(e.to_string().contains("expected a boolean"), "{e}");
     }
 
     #[test]

@@ -16,6 +16,15 @@
 //!    duplicates that got them promoted). The thread's CPU time over the
 //!    wake, per sampled page, feeds `observe_cost` (UKSM measures its
 //!    scanner the same way, notes §3.6).
+//!    Then **watch writes** (`actuate.write_tracking`): unmarked regions on
+//!    level 1 and up (at most [`MAX_TRACKED_RANGES`] in
+//!    [`MAX_TRACKED_PROCS`] processes) are write-tracked through
+//!    [`Target::sync_write_tracking`]; a top-level region watched long
+//!    enough whose writes would make it thrash once merged
+//!    (`write_verdict`) is held instead of marked, so the COW breaks
+//!    accounting would find after merging are never induced (UKSM's fault
+//!    hook sees them before demotion; we see them before promotion). A
+//!    range leaves tracking in the wake that may mark it, before marking.
 //! 3. **Promote and demote**: every sampling region on the top level is
 //!    marked `MADV_MERGEABLE` in its owner. So is every run of at least
 //!    `actuate.run_min_pages` verified duplicates that the wake followed
@@ -63,7 +72,10 @@
 //!    of UKSM's bottom level, the daemon's own bottom-level sampling using
 //!    the other half).
 //! 6. **Sleep** T_s, stretched so that the daemon stays under its CPU cap
-//!    (UKSM's `uksm_sleep_real`, notes §3.6, capped at 1 s).
+//!    (UKSM's `uksm_sleep_real`, notes §3.6, capped at 1 s). While only the
+//!    bottom level holds regions and nothing waits for ksmd, T_s is 1 s
+//!    ([`IDLE_SLEEP`]) and the distiller's budgets grow with it: the same
+//!    samples per second in a tenth of the wake-ups.
 
 use crate::actuate::{Actuator, Advice, BatchOutcome, Marks, ProcKey, coalesce};
 use crate::config::Config;
@@ -94,6 +106,15 @@ pub const SKIP_RETRY: Nanos = 60 * SEC;
 /// Longest time between two refreshes, even when no process came or went
 /// (mappings of live processes change too).
 pub const MAX_REFRESH_INTERVAL: Nanos = 60 * SEC;
+/// T_s while only the bottom level has work and nothing waits (see
+/// [`Daemon::wake`]): UKSM's longest sleep, 1 s (`uksm_sleep_real` is
+/// capped there, notes uksm-implementation.md §3.6). UKSM's rule, sleep ≥
+/// active·(1−r)/r for the largest share r that scanned, keeps its kernel
+/// thread near 100 ms, whose wake-up costs next to nothing; applied to the
+/// daemon's whole wake-up (fixed clock and /proc reads, scheduling, as
+/// much again as its samples at the bottom's 0.2 %) it grows the sleep
+/// wake by wake up to the cap, so pagesift goes there at once.
+pub const IDLE_SLEEP: Nanos = MAX_SLEEP;
 /// Longest hold of a thrashing region.
 pub const MAX_HOLD: Nanos = 3600 * SEC;
 /// How often ksmd's counters are read and its pace revised, unless the
@@ -116,6 +137,21 @@ pub const RUN_ALIGN_PAGES: u64 = 16;
 /// wake can add (two per run at most) well below any split budget.
 pub const MAX_RUN_MARKS_PER_WAKE: usize = 16;
 const PAGE: u64 = 4096;
+/// Most ranges, and processes, write-tracked at once: each range is a
+/// userfaultfd registration in its owner and a page-table walk per read.
+/// pagesift's choice.
+pub const MAX_TRACKED_RANGES: usize = 64;
+/// See [`MAX_TRACKED_RANGES`].
+pub const MAX_TRACKED_PROCS: usize = 16;
+/// A tracked region is not marked before its writes were watched this
+/// long (a region may reach the top level soon after tracking began).
+/// About the time a region spends on levels 1 and 2 of the full governor
+/// (500 + 200 ms round times), so a steady climber rarely waits; enough
+/// for UKSM §8.1.2's one write per 10 ms to show 50 writes. pagesift's
+/// choice.
+pub const WRITE_WATCH_MIN: Nanos = SEC / 2;
+/// Writes of tracked regions are read at most this often.
+const WRITE_READ_INTERVAL: Nanos = SEC / 4;
 
 /// One `madvise` the loop wants, and for which region.
 #[derive(Clone, Copy, Debug)]
@@ -173,6 +209,8 @@ struct Book {
     /// When ksmd got the region (marked, or first seen mergeable).
     merging_since: Nanos,
     cow_total: u64,
+    /// Write tracking of the region: since when, and pages written since.
+    watch: Option<(Nanos, u64)>,
 }
 
 impl Book {
@@ -194,6 +232,7 @@ impl Book {
             next_pass_at: 0,
             merging_since: now,
             cow_total: 0,
+            watch: None,
         }
     }
 
@@ -311,6 +350,9 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     cpu_window: VecDeque<(Nanos, u64, u64)>,
     last_publish: Option<Nanos>,
     states: Vec<PageState>,
+    /// Ranges write-tracked now, and when their writes were last read.
+    tracked: usize,
+    last_write_read: Nanos,
 }
 
 impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
@@ -361,6 +403,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             next_pace: now,
             merging: false,
             cow_ksm_start,
+            tracked: 0,
+            last_write_read: 0,
             started: now,
             cpu_start_ns: host::process_cpu_ns(),
             cpu_window: VecDeque::new(),
@@ -454,15 +498,45 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         };
         summary.sampled = self.distil(now);
         self.account(now);
+        self.watch_writes(now);
         self.actuate(now, &mut summary);
         summary.ksm_share = self.pace(now);
         let active = host::thread_cpu_ns().saturating_sub(cpu0);
+        let base = self.next_sleep(&summary);
+        self.distiller.set_sleep(base);
         let sleep = sleep_for_share(active as f64, self.config.cpu_cap())
-            .max(self.config.sleep())
+            .max(base)
             .min(MAX_SLEEP);
         summary.sleep = sleep;
         self.counters.wakes += 1;
         summary
+    }
+
+    /// T_s before the next wake-up (module header, step 6): the configured
+    /// sleep, or [`IDLE_SLEEP`] while only the bottom level holds regions
+    /// and nothing waits for ksmd or for an injection. The distiller's
+    /// budgets follow T_s, so the bottom level samples as many pages per
+    /// second either way (a bottom round takes its round time, 1 s under
+    /// Full, either way too); only the fixed cost of a wake-up is paid
+    /// less often. Anything that climbs, gets marked or waits for ksmd
+    /// brings the configured sleep back at the end of the wake-up that
+    /// saw it.
+    fn next_sleep(&self, summary: &WakeSummary) -> Nanos {
+        let base = self.config.sleep();
+        let ladder = self.distiller.ladder();
+        let quiet = !self.merging
+            && self.pending_unmarks.is_empty()
+            && summary.promoted.is_empty()
+            && summary.demoted.is_empty()
+            && summary.run_marks.is_empty()
+            && (1..ladder.levels()).all(|l| ladder.level_pages(l) == 0);
+        if !quiet {
+            return base;
+        }
+        // At most one bottom round per wake-up (see `core::distill`): a
+        // longer sleep than the round would sample less per second.
+        let bottom_round = self.distiller.params().levels[0].round_time;
+        IDLE_SLEEP.min(bottom_round).max(base)
     }
 
     /// Whether a status snapshot is due (about once a second).
@@ -506,7 +580,88 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 }
             }
         }
+        self.target.sync_write_tracking(&[]);
         self.ksm.restore()
+    }
+
+    /// Reads the writes of the tracked regions, then tracks exactly the
+    /// candidates: unmarked regions on level 1 and up, highest first,
+    /// bounded; never a range that this wake may mark (a top-level region
+    /// watched long enough and cold, a region with a duplicate run), so
+    /// tracking always stops before marking.
+    fn watch_writes(&mut self, now: Nanos) {
+        // V_cow = 100 %: writes cannot stop a promotion, so none are watched.
+        if !self.config.actuate.write_tracking || self.config.ladder.v_cow >= 1.0 {
+            if self.tracked > 0 {
+                self.tracked = self.target.sync_write_tracking(&[]);
+                self.books.values_mut().for_each(|b| b.watch = None);
+            }
+            return;
+        }
+        let read = now >= self.last_write_read + WRITE_READ_INTERVAL;
+        if read {
+            self.last_write_read = now;
+        }
+        let ladder = self.distiller.ladder();
+        let top = ladder.levels() - 1;
+        let runs: BTreeSet<RegionId> = (self.runs.iter())
+            .flat_map(|r| std::iter::once(r.region).chain(r.twin.map(|t| t.region)))
+            .collect();
+        let mut candidates: Vec<(usize, RegionId)> = Vec::new();
+        for (&id, b) in &mut self.books {
+            if read && let Some((_, writes)) = &mut b.watch {
+                let s = &b.span;
+                match self.target.written_pages(s.proc.pid, s.start, s.end()) {
+                    Some(n) => *writes += n,
+                    None => b.watch = None,
+                }
+            }
+            let level = ladder.level_of(id).unwrap_or(0);
+            let cold =
+                write_verdict(b, dup_share(ladder, id), &self.config, now) == WriteVerdict::Cold;
+            let markable = level == top && b.mode == Mode::Sampling && cold;
+            if level >= 1
+                && matches!(b.mode, Mode::Sampling | Mode::Held { .. })
+                && !markable
+                && !(runs.contains(&id) && cold)
+                && self.allowed.contains_key(&b.span.proc.pid)
+                && !self.self_managed.contains(&b.span.proc.pid)
+                && !self.marks.overlaps(b.span.proc, b.span.start, b.span.end())
+            {
+                candidates.push((level, id));
+            }
+        }
+        candidates.sort_by_key(|&(level, id)| (std::cmp::Reverse(level), id));
+        let mut pids = BTreeSet::new();
+        let mut wanted = Vec::new();
+        for (_, id) in candidates {
+            let s = &self.books[&id].span;
+            if wanted.len() == MAX_TRACKED_RANGES
+                || (pids.len() == MAX_TRACKED_PROCS && !pids.contains(&s.proc.pid))
+            {
+                continue;
+            }
+            pids.insert(s.proc.pid);
+            wanted.push((s.proc.pid, s.start, s.end(), id));
+        }
+        let ranges: Vec<(u32, u64, u64)> = wanted.iter().map(|w| (w.0, w.1, w.2)).collect();
+        self.tracked = self.target.sync_write_tracking(&ranges);
+        let wanted: BTreeSet<RegionId> = wanted.iter().map(|w| w.3).collect();
+        for (id, b) in &mut self.books {
+            if !wanted.contains(id) {
+                b.watch = None;
+            } else if b.watch.is_none() {
+                // Armed by the sync if it took: the first read says.
+                let s = &b.span;
+                if self
+                    .target
+                    .written_pages(s.proc.pid, s.start, s.end())
+                    .is_some()
+                {
+                    b.watch = Some((now, 0));
+                }
+            }
+        }
     }
 
     fn maybe_refresh(&mut self, now: Nanos) -> bool {
@@ -739,6 +894,23 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             if b.mode != Mode::Sampling {
                 continue;
             }
+            let dup = dup_share(self.distiller.ladder(), id);
+            match write_verdict(b, dup, &self.config, now) {
+                WriteVerdict::Hot => {
+                    b.holds += 1;
+                    b.mode = Mode::Held {
+                        until: now + hold_time(&self.config, b.holds),
+                    };
+                    info!(
+                        pid = b.span.proc.pid,
+                        start = b.span.start,
+                        "writes would break its merged pages: not promoted, held"
+                    );
+                    continue;
+                }
+                WriteVerdict::Watching => continue,
+                WriteVerdict::Cold => {}
+            }
             let pid = b.span.proc.pid;
             if self.self_managed.contains(&pid)
                 || self
@@ -831,7 +1003,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             let whole_now = batches
                 .get(&pid)
                 .is_some_and(|v| v.iter().any(|i| i.id == id && i.whole));
-            if b.mode != Mode::Sampling || whole_now || !self.injectable(pid, now) {
+            if b.mode != Mode::Sampling
+                || whole_now
+                || !self.injectable(pid, now)
+                || write_verdict(b, dup_share(self.distiller.ladder(), id), &self.config, now)
+                    != WriteVerdict::Cold
+            {
                 continue;
             }
             let s = (b.span.start + first.saturating_sub(pad) * PAGE) / align * align;
@@ -1378,6 +1555,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             batches: self.counters.batches,
             vma_splits: self.counters.vma_splits,
             run_marks: self.counters.run_marks,
+            write_tracked_ranges: self.tracked as u64,
             sampled_pages: self.counters.sampled,
             wakes: self.counters.wakes,
             global_rounds: self.distiller.global_rounds(),
@@ -1433,6 +1611,55 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             daemon,
             skipped,
         }
+    }
+}
+
+/// What a region's watched writes say about marking it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WriteVerdict {
+    /// Not watched, or its writes would not make it thrash: may be marked.
+    Cold,
+    /// Watched too briefly to tell.
+    Watching,
+    /// Its writes would break its merged pages faster than V_cow allows.
+    Hot,
+}
+
+/// Whether a region's writes would make it thrash once merged. Every page
+/// of a merged region that its owner writes is a COW break, and ksmd
+/// re-merges it if its content is still duplicate (as in UKSM §8.1.2's
+/// workload, which rewrites the same content): in steady state each break
+/// comes with a re-merge, a COW-broken ratio near 1 however small the
+/// written share, so above any V_cow < 100 % (the ratio accounting
+/// computes after merging; see the module header, step 4). So: the breaks
+/// one accounting pass (`recheck_s`) would see, the watched write rate
+/// times the region's duplicate share, against the same
+/// [`MIN_BREAKS_FOR_DEMOTION`] floor accounting uses to unmark.
+fn write_verdict(b: &Book, dup: f64, config: &Config, now: Nanos) -> WriteVerdict {
+    let Some((since, writes)) = b.watch else {
+        return WriteVerdict::Cold;
+    };
+    if config.ladder.v_cow >= 1.0 {
+        return WriteVerdict::Cold;
+    }
+    let watched = now.saturating_sub(since);
+    if watched < WRITE_WATCH_MIN {
+        return WriteVerdict::Watching;
+    }
+    let per_pass = writes as f64 * dup * (config.actuate.recheck_s * SEC) as f64 / watched as f64;
+    if per_pass >= MIN_BREAKS_FOR_DEMOTION as f64 {
+        WriteVerdict::Hot
+    } else {
+        WriteVerdict::Cold
+    }
+}
+
+/// The share of a region's pages that are duplicates, as its last
+/// judgement estimated it (1 before any: assume the worst).
+fn dup_share(ladder: &pagesift_core::ladder::Ladder, id: RegionId) -> f64 {
+    match ladder.region_stats(id) {
+        Some(s) if s.judged > 0 => s.last_dup_ratio,
+        _ => 1.0,
     }
 }
 

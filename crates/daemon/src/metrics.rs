@@ -56,6 +56,14 @@ const GAUGES: &[(&str, &str)] = &[
         "foreign_regions",
         "Regions made mergeable by their own process",
     ),
+    (
+        "write_tracked_ranges",
+        "Ranges whose writes pagesift watches (uffd-wp) before marking",
+    ),
+    (
+        "run_marks",
+        "Runs of verified duplicates marked inside poor regions",
+    ),
     ("marked_bytes", "Bytes marked mergeable by pagesift"),
     ("skipped_processes", "Processes pagesift does not actuate"),
     ("ksm_pages_shared", "KSM pages in use"),
@@ -190,6 +198,8 @@ impl Metrics {
             ("merging_regions", t.merging_regions as f64),
             ("held_regions", t.held_regions as f64),
             ("foreign_regions", t.foreign_regions as f64),
+            ("write_tracked_ranges", t.write_tracked_ranges as f64),
+            ("run_marks", t.run_marks as f64),
             ("marked_bytes", t.marked_bytes as f64),
             ("skipped_processes", s.skipped.len() as f64),
             ("ksm_pages_shared", k.pages_shared as f64),
@@ -317,6 +327,7 @@ mod tests {
             totals: Totals {
                 merged_pages: merged,
                 cow_breaks: cow,
+                write_tracked_ranges: 2,
                 ..Totals::default()
             },
             ..Status::default()
@@ -356,6 +367,7 @@ mod tests {
         assert_eq!(value(&text, "pagesift_merged_pages"), 1000.0);
         assert_eq!(value(&text, "pagesift_cow_breaks_total"), 5.0);
         assert_eq!(value(&text, "pagesift_level_regions{level=\"0\"}"), 3.0);
+        assert_eq!(value(&text, "pagesift_write_tracked_ranges"), 2.0);
         assert_eq!(value(&text, "pagesift_governor{governor=\"medium\"}"), 1.0);
         // Counters follow the totals and never go back.
         m.lock().unwrap().update(&status(2000, 9));

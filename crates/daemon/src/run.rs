@@ -10,9 +10,11 @@
 //! and the metrics endpoint.
 //!
 //! Then the loop runs until SIGTERM/SIGINT (or `--for`): wake, publish a
-//! snapshot about once a second, sleep in slices of at most 200 ms so that a
-//! signal is noticed at once. SIGHUP re-reads the configuration file; a bad
-//! file is logged and the old configuration kept.
+//! snapshot about once a second, sleep in one piece on a socket that
+//! SIGTERM, SIGINT and SIGHUP write into (signal-hook's self-pipe), so that a
+//! signal is noticed at once without waking up to look for one. SIGHUP
+//! re-reads the configuration file; a bad file is logged and the old
+//! configuration kept.
 //!
 //! On the way out: `--unmerge-on-exit` unmarks what pagesift marked, KSM's
 //! settings are restored (merged pages stay merged otherwise), the socket
@@ -27,6 +29,8 @@ use crate::status::{Shared, StatusServer};
 use crate::target::LinuxTarget;
 use pagesift_core::governor::Governor;
 use pagesift_linux::ksm::TerminationWatch;
+use std::io::Read;
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -71,6 +75,50 @@ pub enum RunError {
     Restore(String),
 }
 
+/// The loop's sleep, cut short by SIGTERM, SIGINT and SIGHUP.
+#[cfg(target_arch = "x86_64")]
+struct SignalWaker {
+    /// Read end of a socket pair the signals write a byte into.
+    rx: UnixStream,
+    /// Set by SIGTERM/SIGINT before their byte is written
+    /// (`TerminationWatch` notes them from another thread, a moment later).
+    stop: Arc<AtomicBool>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl SignalWaker {
+    fn install() -> std::io::Result<SignalWaker> {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let (rx, tx) = UnixStream::pair()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        // signal-hook runs a signal's actions in registration order: the
+        // flags (SIGHUP's was registered first) are set before the byte.
+        for sig in [SIGTERM, SIGINT] {
+            signal_hook::flag::register(sig, stop.clone())?;
+        }
+        for sig in [SIGTERM, SIGINT, SIGHUP] {
+            signal_hook::low_level::pipe::register(sig, tx.try_clone()?)?;
+        }
+        Ok(SignalWaker { rx, stop })
+    }
+
+    /// Sleeps until `at` or a signal; returns whether time is left.
+    fn sleep_until(&self, at: Instant) -> bool {
+        let left = at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let mut buf = [0u8; 64];
+        if self.rx.set_read_timeout(Some(left)).is_err()
+            || matches!((&self.rx).read(&mut buf), Ok(0))
+        {
+            // Cannot block on the socket: short slices instead.
+            std::thread::sleep(left.min(Duration::from_millis(200)));
+        }
+        Instant::now() < at
+    }
+}
+
 /// Grace after SIGTERM before KSM is restored without the loop's help.
 const TERM_GRACE: Duration = Duration::from_secs(30);
 
@@ -113,6 +161,8 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
     let hup = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone())
         .map_err(|e| RunError::Start(format!("cannot handle SIGHUP: {e}")))?;
+    let waker = SignalWaker::install()
+        .map_err(|e| RunError::Start(format!("cannot watch for signals: {e}")))?;
 
     let own_exe = std::env::current_exe().ok();
     let policy = Policy::new(&config, &opts.pids, std::process::id(), own_exe.clone());
@@ -168,8 +218,9 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         now_ns(t0),
     );
     let deadline = opts.duration.map(|d| t0 + d);
+    let stopping = || term.requested() || waker.stop.load(Ordering::SeqCst);
     loop {
-        if term.requested() || deadline.is_some_and(|d| Instant::now() >= d) {
+        if stopping() || deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }
         if hup.swap(false, Ordering::SeqCst) {
@@ -186,14 +237,11 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
                 *s = Some(snap);
             }
         }
-        let wake_at = Instant::now() + Duration::from_nanos(summary.sleep);
-        while Instant::now() < wake_at
-            && !term.requested()
-            && !hup.load(Ordering::SeqCst)
-            && deadline.is_none_or(|d| Instant::now() < d)
-        {
-            std::thread::sleep((wake_at - Instant::now()).min(Duration::from_millis(200)));
+        let mut wake_at = Instant::now() + Duration::from_nanos(summary.sleep);
+        if let Some(d) = deadline {
+            wake_at = wake_at.min(d);
         }
+        while !stopping() && !hup.load(Ordering::SeqCst) && waker.sleep_until(wake_at) {}
     }
     info!("stopping");
     let snap = daemon.status(now_ns(t0));

@@ -37,6 +37,10 @@ pub struct World {
     pub gone: Vec<u32>,
     /// Mergeable ranges inside regions: (pid, start, end).
     pub partial: Vec<(u32, u64, u64)>,
+    /// Write-tracked ranges: (pid, start, end).
+    pub tracked: Vec<(u32, u64, u64)>,
+    /// Every range that was ever write-tracked.
+    pub ever_tracked: Vec<(u32, u64, u64)>,
 }
 
 /// A shared handle on the world.
@@ -223,7 +227,45 @@ impl MemorySource for SimTarget {
     }
 }
 
+impl SimTarget {
+    /// The region whose span is exactly `[start, end)` of `pid`.
+    fn region_at(&self, pid: u32, start: u64, end: u64) -> Option<(RegionId, u32)> {
+        let w = self.0.borrow();
+        w.spans
+            .iter()
+            .find(|(_, s)| s.proc.pid == pid && s.start == start && s.end() == end)
+            .map(|(&id, s)| (id, s.pages))
+    }
+}
+
 impl Target for SimTarget {
+    /// In memory: the ranges are remembered; a range must be a region's
+    /// whole span (what the loop asks for).
+    fn sync_write_tracking(&mut self, wanted: &[(u32, u64, u64)]) -> usize {
+        let mut w = self.0.borrow_mut();
+        for r in wanted {
+            if !w.ever_tracked.contains(r) {
+                w.ever_tracked.push(*r);
+            }
+        }
+        w.tracked = wanted.to_vec();
+        w.tracked.len()
+    }
+    /// The pages of the region written since last asked (the in-memory
+    /// source's written flags, which this resets).
+    fn written_pages(&mut self, pid: u32, start: u64, end: u64) -> Option<u64> {
+        if !self.0.borrow().tracked.contains(&(pid, start, end)) {
+            return None;
+        }
+        let (region, pages) = self.region_at(pid, start, end)?;
+        let mut w = self.0.borrow_mut();
+        Some(
+            (0..pages)
+                .filter(|&page| w.mem.take_written(PageRef { region, page }) == Some(true))
+                .count() as u64,
+        )
+    }
+
     fn processes_changed(&mut self) -> bool {
         false
     }
@@ -277,6 +319,15 @@ impl Actuator for SimActuator {
         }
         if !w.procs.iter().any(|p| p.key.pid == pid) {
             return BatchOutcome::Gone;
+        }
+        // The loop stops write tracking before it marks a range.
+        for a in batch.iter().filter(|a| a.mergeable) {
+            assert!(
+                !w.tracked
+                    .iter()
+                    .any(|&(p, s, e)| p == pid && s < a.end() && a.start < e),
+                "marking {a:?} of {pid} while it is write-tracked"
+            );
         }
         w.batches.push((pid, batch.to_vec()));
         let mut out = Vec::new();

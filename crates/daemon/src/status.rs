@@ -83,7 +83,8 @@ pub struct Totals {
     pub promoted_pages: u64,
     /// Of those, regions ksmd is still merging.
     pub merging_regions: u64,
-    /// Regions unmarked for thrashing and held at the bottom.
+    /// Regions held back: unmarked for thrashing, or not promoted because
+    /// their watched writes would make them thrash.
     pub held_regions: u64,
     /// Regions made mergeable by their own process.
     pub foreign_regions: u64,
@@ -101,6 +102,10 @@ pub struct Totals {
     pub run_marks: u64,
     /// MADV_UNMERGEABLE calls that succeeded.
     pub unmarks: u64,
+    /// Candidate ranges whose writes are being watched (userfaultfd
+    /// write-protection, `actuate.write_tracking`).
+    #[serde(default)]
+    pub write_tracked_ranges: u64,
     /// Injection batches (one attach each).
     pub batches: u64,
     /// VMA splits caused by marking parts of VMAs.
@@ -383,7 +388,7 @@ pub fn render(s: &Status) -> String {
     );
     let _ = writeln!(
         o,
-        "promoted: {} regions ({:.1} MiB), {} still merging, {} held back; {} marks, {} unmarks in {} injection batches, {} VMA splits",
+        "promoted: {} regions ({:.1} MiB), {} still merging, {} held back; {} marks, {} unmarks in {} injection batches, {} VMA splits; {} ranges write-tracked",
         t.promoted_regions,
         mib(t.promoted_pages),
         t.merging_regions,
@@ -391,7 +396,8 @@ pub fn render(s: &Status) -> String {
         t.marks,
         t.unmarks,
         t.batches,
-        t.vma_splits
+        t.vma_splits,
+        t.write_tracked_ranges
     );
     let _ = writeln!(
         o,

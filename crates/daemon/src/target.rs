@@ -21,7 +21,7 @@ use pagesift_core::source::{MemorySource, PageState, RegionInfo, SourceError};
 use pagesift_core::{PageRef, PageWords, RegionId};
 use pagesift_linux::inspect::PageInfo;
 use pagesift_linux::{LinuxSource, ProcessFilter, SourceConfig, host, ksm};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Where a region lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,6 +95,18 @@ pub trait Target: MemorySource {
     fn reconfigure(&mut self, _filter: ProcessFilter, _subregion_pages: u32) -> Result<(), String> {
         Ok(())
     }
+    /// Write-tracks exactly the `(pid, start, end)` ranges of `wanted`:
+    /// starts the new ones, stops the ones not wanted any more (an empty
+    /// set stops everything). Returns how many ranges are tracked. The
+    /// default tracks nothing.
+    fn sync_write_tracking(&mut self, _wanted: &[(u32, u64, u64)]) -> usize {
+        0
+    }
+    /// Pages of a tracked range written since last asked (or since it was
+    /// armed); `None` if it is not tracked.
+    fn written_pages(&mut self, _pid: u32, _start: u64, _end: u64) -> Option<u64> {
+        None
+    }
 }
 
 /// The live processes of this machine.
@@ -106,6 +118,12 @@ pub struct LinuxTarget {
     procs: Vec<ProcEntry>,
     max_map_count: u64,
     infos: Vec<PageInfo>,
+    /// Injects the write tracker's userfaultfd calls.
+    #[cfg(target_arch = "x86_64")]
+    injector: pagesift_linux::inject::Injector,
+    /// Processes write tracking gave up on (skipped or failed): not
+    /// attached again for it.
+    untrackable: BTreeSet<u32>,
 }
 
 impl LinuxTarget {
@@ -121,6 +139,9 @@ impl LinuxTarget {
             procs: Vec::new(),
             max_map_count: host::max_map_count().unwrap_or(65_530),
             infos: Vec::new(),
+            #[cfg(target_arch = "x86_64")]
+            injector: pagesift_linux::inject::Injector::new(Default::default()),
+            untrackable: BTreeSet::new(),
         };
         t.read_facts();
         Ok(t)
@@ -286,7 +307,68 @@ impl Target for LinuxTarget {
     }
 
     fn take_gone(&mut self) -> Vec<u32> {
-        self.src.take_gone()
+        let gone = self.src.take_gone();
+        #[cfg(target_arch = "x86_64")]
+        for &pid in &gone {
+            self.src.write_tracker().forget(pid);
+            self.untrackable.remove(&pid);
+        }
+        gone
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn sync_write_tracking(&mut self, wanted: &[(u32, u64, u64)]) -> usize {
+        use pagesift_linux::uffd::TrackOutcome;
+        let wt = self.src.write_tracker();
+        // Stop first: a range leaves tracking before anything marks it.
+        let mut pids: BTreeSet<u32> = wanted.iter().map(|w| w.0).collect();
+        pids.extend(self.procs.iter().map(|p| p.key.pid));
+        for &pid in &pids {
+            let gone: Vec<(u64, u64)> = wt
+                .ranges(pid)
+                .iter()
+                .copied()
+                .filter(|&(s, e)| !wanted.contains(&(pid, s, e)))
+                .collect();
+            if !gone.is_empty()
+                && let Err(e) = wt.untrack(&mut self.injector, pid, &gone)
+            {
+                tracing::debug!(pid, error = %e, "could not stop write tracking");
+                wt.forget(pid);
+            }
+        }
+        let mut new: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
+        for &(pid, s, e) in wanted {
+            if !wt.ranges(pid).contains(&(s, e)) && !self.untrackable.contains(&pid) {
+                new.entry(pid).or_default().push((s, e));
+            }
+        }
+        for (pid, ranges) in new {
+            match wt.track(&mut self.injector, pid, &ranges) {
+                Ok(TrackOutcome::Tracking(got)) => {
+                    if got.len() < ranges.len() {
+                        // Some range refused (e.g. it uses userfaultfd
+                        // itself): do not ask again every wake.
+                        self.untrackable.insert(pid);
+                    }
+                }
+                Ok(TrackOutcome::Gone) => {}
+                Ok(TrackOutcome::Skipped(why)) => {
+                    tracing::debug!(pid, reason = %why, "write tracking skipped");
+                    self.untrackable.insert(pid);
+                }
+                Err(e) => {
+                    tracing::debug!(pid, error = %e, "write tracking failed");
+                    self.untrackable.insert(pid);
+                }
+            }
+        }
+        wt.tracked_ranges()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn written_pages(&mut self, pid: u32, start: u64, end: u64) -> Option<u64> {
+        self.src.write_tracker().written_pages(pid, start, end)
     }
 }
 
