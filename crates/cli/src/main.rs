@@ -139,6 +139,40 @@ enum Command {
     /// Exit codes: 0 done, 1 runtime error (missing capability, no such
     /// pid), 2 usage error.
     Scan(ScanArgs),
+    /// Run UKSM §8.1's experiments and a scaled VM boot (§8.2.1) with
+    /// pagesift, the kernel's KSM and ksmtuned side by side; write CSV
+    /// series, plots and a report. Needs root; restores KSM's settings and
+    /// stops every process it started, also on Ctrl-C.
+    Bench(BenchArgs),
+}
+
+/// Options of `pagesift bench`.
+#[derive(Args, Debug)]
+struct BenchArgs {
+    /// Smaller sizes and shorter windows: all experiments in ≤ 10 minutes
+    /// (the default).
+    #[arg(long, conflicts_with = "full")]
+    quick: bool,
+    /// The sizes (2 GiB + 2 GiB static-mixed, ...), 120 s windows,
+    /// more systems (all ten on static-mixed and sparse-only).
+    #[arg(long)]
+    full: bool,
+    /// Only these experiments (names or groups, comma-separated).
+    #[arg(long, value_delimiter = ',', value_name = "EXP")]
+    only: Vec<String>,
+    /// Only these systems (e.g. pagesift-full,ksm-1000).
+    #[arg(long, value_delimiter = ',', value_name = "SYSTEM")]
+    systems: Vec<String>,
+    /// Output directory (CSV, plots, report.md, results.json).
+    #[arg(long, value_name = "DIR", default_value = "pagesift-bench")]
+    out: PathBuf,
+    /// Print the results as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Also write the report into this file (default docs/benchmarks.md)
+    /// between the markers of this invocation's section.
+    #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = "docs/benchmarks.md")]
+    write_docs: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -270,6 +304,37 @@ fn main() -> ExitCode {
             status(&socket, json)
         }
         Command::Exec { command } => exec(&command),
+        Command::Bench(args) => bench(args),
+    }
+}
+
+fn bench(a: BenchArgs) -> ExitCode {
+    let exe = std::env::current_exe().unwrap_or_else(|_| "pagesift".into());
+    let workload = exe.with_file_name("pagesift-workload");
+    let mut opts = pagesift_bench::BenchOptions::new(a.out, exe, workload);
+    if a.full {
+        opts.mode = pagesift_bench::experiment::Mode::Full;
+    }
+    opts.only = a.only;
+    opts.systems = a.systems;
+    opts.write_docs = a.write_docs;
+    opts.command_line = std::env::args()
+        .enumerate()
+        .map(|(i, s)| if i == 0 { "pagesift".into() } else { s })
+        .collect::<Vec<_>>()
+        .join(" ");
+    match pagesift_bench::run(&opts) {
+        Ok(summary) => {
+            if a.json {
+                let s = serde_json::to_string(&summary).expect("a summary serializes");
+                let _ = writeln!(std::io::stdout().lock(), "{s}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("pagesift: {e}");
+            ExitCode::from(e.exit_code())
+        }
     }
 }
 

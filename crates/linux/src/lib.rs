@@ -72,6 +72,7 @@ pub mod inspect;
 pub mod kpageflags;
 pub mod ksm;
 pub mod pagemap;
+pub mod procstat;
 #[cfg(target_arch = "x86_64")]
 pub mod ptrace;
 pub mod read;

@@ -20,6 +20,8 @@
 //!   the discovery tests that check how each kind of VMA is classified.
 //! - [`prctl`]: `PR_SET_MEMORY_MERGE` for `pagesift exec` and for test
 //!   children made mergeable before exec (mainline-ksm.md §2.2).
+//! - [`die_with_parent_before_exec`]: `PR_SET_PDEATHSIG` in a child before
+//!   exec, so that `pagesift bench`'s workloads and daemons die with it.
 //!
 //! Everything else (process_vm_readv, capget, kill) has safe wrappers
 //! in `nix`/`rustix` and is called directly by the modules that need it.
@@ -27,6 +29,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::process::Command;
 use std::ptr::NonNull;
 
 /// `struct page_region` of `<linux/fs.h>`: one run of pages with the same
@@ -542,6 +545,38 @@ pub mod prctl {
         // and builds an `io::Error` from errno (no allocation), and touches
         // no lock or state shared with the parent.
         unsafe { cmd.pre_exec(|| set_memory_merge(true)) }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Children that die with their parent (`pagesift bench`)
+
+/// Which signal a child spawned with [`die_with_parent_before_exec`] gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeathSignal {
+    /// SIGTERM: lets the child clean up (the daemon restores KSM).
+    Term,
+    /// SIGKILL.
+    Kill,
+}
+
+/// Has the child `cmd` spawns receive `sig` when the *thread* that spawned
+/// it exits (`PR_SET_PDEATHSIG`), so a harness killed by SIGKILL leaves no
+/// workload behind. Spawn from a thread that lives as long as the child
+/// should (the main thread).
+pub fn die_with_parent_before_exec(cmd: &mut Command, sig: DeathSignal) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    let sig = match sig {
+        DeathSignal::Term => rustix::process::Signal::TERM,
+        DeathSignal::Kill => rustix::process::Signal::KILL,
+    };
+    // SAFETY: the closure runs in the forked child before exec, where only
+    // async-signal-safe work is allowed: it makes one raw prctl syscall
+    // (rustix, no allocation, no lock) and converts its errno.
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(sig)).map_err(io::Error::from)
+        })
     }
 }
 

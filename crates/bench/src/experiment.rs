@@ -1,0 +1,414 @@
+//! The experiments: UKSM §8.1's emulated workloads (and ksm-baseline.md's
+//! controls), each at a quick and a full size.
+//!
+//! | group | what | paper |
+//! |---|---|---|
+//! | `static-mixed` | N MiB identical + N MiB random, two processes, identical one started (and so scanned by KSM) first | §8.1.1, Fig. 9a/b |
+//! | `static-mixed-random-first` | the same, random process first: KSM's result depends on its scan order (ksm-baseline.md §4.4) | §8.1.1 |
+//! | `static-mixed-not-multiple` | the same with one identical page in 1000 left untouched, so the identical pages are *not* a multiple of max_page_sharing (256) and KSM's stable chains are not all full (ksm-baseline.md §4.3) | §8.1.1 |
+//! | `cow-broken` | one region, one page rewritten every 10 ms; memory saved at equal CPU of 2, 10, 20 % of a core | §8.1.2, Fig. 9c |
+//! | `short-lived` | map N MiB of one content, keep it T, unmap, wait T; T = 2, 1, 0.5, 0.2 s | §8.1.3 |
+//! | `sparse-only` | random memory only: nothing to merge, every CPU-second is idle cost | ksm-baseline.md §6 |
+//! | `fork-family` | a parent and 3 children sharing frames after fork, each child rewriting a quarter of the pages | — |
+//! | `vm-boot` | QEMU/TCG guests started 10 s apart (3 quick, 10 full, 512 MiB each) | §8.2.1, Fig. 10a |
+//!
+//! Whole MiB are always multiples of max_page_sharing × 4 KiB = 1 MiB, so
+//! a size like 1001 MiB would still fill every chain: the not-multiple
+//! variant leaves pages untouched instead (`--hole-every 1000`).
+//!
+//! `--quick` (≤ 10 minutes in all on a 2-core machine): ⅛ of the sizes,
+//! 8–15 s windows, and the systems that show the difference (pagesift
+//! full, KSM at 1000 or 10000, plus ksmtuned on static-mixed); KSM at 100
+//! pages, the advisor and pagesift's quiet governor need minutes to merge
+//! anything (ksm-baseline.md §4.1; quiet's round is 20 s), so they run in
+//! `--full` only. `--full`: the
+//! issue's sizes (2 GiB + 2 GiB, 2 GiB COW-broken as in §8.1.2, 512 MiB
+//! short-lived as §8.1.3's 500 MB), 120 s windows, and every system.
+
+use crate::system::{System, Tuning};
+use pagesift_core::governor::Governor;
+
+/// How big and how long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// ≤ 10 minutes for everything.
+    Quick,
+    /// The issue's sizes and the 120 s window.
+    Full,
+}
+
+/// Which series says how much is saved, for time-to-99 %.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SavedBy {
+    /// KSM's counters (ksm-baseline.md's protocol).
+    KsmCounters,
+    /// Σ (Anonymous − Pss_Anon) of the workload: physical frames freed, which is
+    /// right when frames were already shared by fork.
+    Pss,
+}
+
+/// Guests of the VM-boot experiment (UKSM §8.2.1, scaled): started during
+/// the run, `interval_s` apart from t = 0.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GuestPlan {
+    /// How many.
+    pub count: usize,
+    /// RAM of each, MiB.
+    pub mem_mib: u32,
+    /// Seconds between two starts.
+    pub interval_s: f64,
+}
+
+/// One experiment: the workload processes (started in order), the systems
+/// run on fresh copies of it, and how long each run is watched.
+#[derive(Clone, Debug)]
+pub struct Experiment {
+    /// Unique name (`static-mixed`, `cow-broken-10pct`, ...).
+    pub name: String,
+    /// The group `--only` also accepts (`cow-broken` for all three).
+    pub group: &'static str,
+    /// Paper section it follows.
+    pub paper: &'static str,
+    /// One sentence: workload and sizes.
+    pub about: String,
+    /// `pagesift-workload` arguments of each process, in start order.
+    pub workloads: Vec<Vec<String>>,
+    /// QEMU guests started during the run (VM boot), besides or instead of
+    /// `workloads`.
+    pub guests: Option<GuestPlan>,
+    /// The report count (summed over the workloads) that is the mergeable
+    /// page total; `None`: no time-to-99 % (nothing to merge, or a
+    /// workload that never settles).
+    pub target: Option<&'static str>,
+    /// Which series time-to-99 % reads.
+    pub saved_by: SavedBy,
+    /// Systems, each on a fresh copy of the workload.
+    pub systems: Vec<System>,
+    /// Seconds each run is watched (the CPU window).
+    pub window_s: f64,
+    /// The system ratios are taken against.
+    pub reference: System,
+}
+
+fn args(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+fn mib(n: u64) -> String {
+    n.to_string()
+}
+
+/// Every experiment for `mode`, in run order.
+pub fn all(mode: Mode) -> Vec<Experiment> {
+    let full = mode == Mode::Full;
+    let scale = |n: u64| if full { n } else { n / 8 };
+    let window = |quick: f64| if full { 120.0 } else { quick };
+    let pagesift = System::pagesift(Governor::Full);
+    let ksm = |p| System::Ksm { pages_to_scan: p };
+    let every_system = vec![
+        System::pagesift(Governor::Full),
+        System::pagesift(Governor::Medium),
+        System::pagesift(Governor::Low),
+        System::pagesift(Governor::Quiet),
+        ksm(100),
+        ksm(1000),
+        ksm(2000),
+        ksm(10000),
+        System::KsmAdvisor,
+        System::Ksmtuned,
+    ];
+    let few = if full {
+        vec![pagesift, ksm(1000), ksm(10000)]
+    } else {
+        vec![pagesift, ksm(10000)]
+    };
+    let n = scale(2048);
+    let identical = args(&["static-dup", "--mib", &mib(n), "--seed", "1"]);
+    let random = args(&["random", "--mib", &mib(n), "--seed", "2"]);
+    let mut holed = identical.clone();
+    holed.extend(args(&["--hole-every", "1000"]));
+    let static_about = |order: &str| {
+        format!("{n} MiB of identical pages + {n} MiB of random pages in two processes, {order}")
+    };
+    let mut v = vec![
+        Experiment {
+            name: "static-mixed".into(),
+            group: "static-mixed",
+            paper: "UKSM §8.1.1",
+            about: static_about(&format!(
+                "the identical one started first; {} identical pages, a multiple of max_page_sharing",
+                n * 256
+            )),
+            guests: None,
+            workloads: vec![identical.clone(), random.clone()],
+            target: Some("duplicate_pages"),
+            saved_by: SavedBy::Pss,
+            systems: if full {
+                every_system.clone()
+            } else {
+                vec![pagesift, ksm(1000), ksm(10000), System::Ksmtuned]
+            },
+            window_s: window(15.0),
+            reference: pagesift,
+        },
+        Experiment {
+            name: "static-mixed-random-first".into(),
+            group: "static-mixed-random-first",
+            paper: "UKSM §8.1.1",
+            about: static_about("the random one started first"),
+            guests: None,
+            workloads: vec![random.clone(), identical.clone()],
+            target: Some("duplicate_pages"),
+            saved_by: SavedBy::Pss,
+            systems: few.clone(),
+            window_s: window(15.0),
+            reference: pagesift,
+        },
+        Experiment {
+            name: "static-mixed-not-multiple".into(),
+            group: "static-mixed-not-multiple",
+            paper: "UKSM §8.1.1",
+            about: static_about(
+                "the identical one first, with every 1000th page left untouched so that the \
+                 identical pages are not a multiple of max_page_sharing",
+            ),
+            guests: None,
+            workloads: vec![holed, random.clone()],
+            target: Some("duplicate_pages"),
+            saved_by: SavedBy::Pss,
+            systems: few.clone(),
+            window_s: window(15.0),
+            reference: pagesift,
+        },
+    ];
+    let cow = scale(2048);
+    for share in [0.02, 0.10, 0.20] {
+        let p = (share * 100.0f64).round() as u32;
+        let me = System::Pagesift {
+            governor: Governor::Full,
+            tuning: Tuning::CpuShare(share),
+        };
+        v.push(Experiment {
+            name: format!("cow-broken-{p}pct"),
+            group: "cow-broken",
+            paper: "UKSM §8.1.2",
+            about: format!(
+                "{cow} MiB of one content, one page rewritten (same content) every 10 ms, \
+                 start to end; both systems held to {p} % of one core"
+            ),
+            guests: None,
+            workloads: vec![args(&["cow-broken", "--mib", &mib(cow), "--seed", "3"])],
+            target: Some("duplicate_pages"),
+            saved_by: SavedBy::Pss,
+            systems: vec![me, System::KsmPaced { share }],
+            window_s: window(12.0),
+            reference: me,
+        });
+    }
+    let short = scale(512);
+    let tuned = System::Pagesift {
+        governor: Governor::Full,
+        tuning: Tuning::ShortLived,
+    };
+    for t_ms in [2000u64, 1000, 500, 200] {
+        v.push(Experiment {
+            name: format!("short-lived-{t_ms}ms"),
+            group: "short-lived",
+            paper: "UKSM §8.1.3",
+            about: format!(
+                "forever: map {short} MiB of one content, keep it {t_ms} ms, unmap, wait {t_ms} ms"
+            ),
+            guests: None,
+            workloads: vec![args(&[
+                "short-lived",
+                "--mib",
+                &mib(short),
+                "--period-ms",
+                &t_ms.to_string(),
+                "--seed",
+                "4",
+            ])],
+            target: None,
+            saved_by: SavedBy::Pss,
+            systems: if full {
+                vec![pagesift, tuned, ksm(2000), ksm(10000), System::KsmAdvisor]
+            } else {
+                vec![tuned, ksm(10000)]
+            },
+            window_s: if full { 60.0 } else { 8.0 },
+            reference: tuned,
+        });
+    }
+    let sparse = if full { 4096 } else { 256 };
+    v.push(Experiment {
+        name: "sparse-only".into(),
+        group: "sparse-only",
+        paper: "ksm-baseline.md §6",
+        about: format!("{sparse} MiB of distinct pages: nothing to merge, all CPU is idle cost"),
+        guests: None,
+        workloads: vec![args(&["random", "--mib", &mib(sparse), "--seed", "5"])],
+        target: None,
+        saved_by: SavedBy::Pss,
+        systems: if full {
+            every_system.clone()
+        } else {
+            vec![pagesift, ksm(1000)]
+        },
+        window_s: window(10.0),
+        reference: pagesift,
+    });
+    let fam = scale(1024);
+    v.push(Experiment {
+        name: "fork-family".into(),
+        group: "fork-family",
+        paper: "—",
+        about: format!(
+            "a parent fills {fam} MiB (30 % of 16-page runs duplicated, the rest random), forks 3 \
+             children, each rewrites a quarter of the pages; saved = frames freed (PSS)"
+        ),
+        guests: None,
+        workloads: vec![args(&[
+            "fork-family",
+            "--mib",
+            &mib(fam),
+            "--children",
+            "3",
+            "--dirty-fraction",
+            "0.25",
+            "--seed",
+            "6",
+        ])],
+        target: Some("family.duplicate_pages"),
+        saved_by: SavedBy::Pss,
+        systems: few,
+        window_s: window(12.0),
+        reference: pagesift,
+    });
+    // UKSM §8.2.1 boots 25 VMs of 512 MB 10 s apart; scaled to this
+    // machine (guest.rs measured the sizes).
+    let guests = GuestPlan {
+        count: if full {
+            crate::guest::FULL_GUESTS
+        } else {
+            crate::guest::QUICK_GUESTS - 1
+        },
+        mem_mib: crate::guest::DEFAULT_MEM_MIB,
+        interval_s: crate::guest::START_INTERVAL.as_secs_f64(),
+    };
+    v.push(Experiment {
+        name: "vm-boot".into(),
+        group: "vm-boot",
+        paper: "UKSM §8.2.1",
+        about: format!(
+            "{} QEMU/TCG guests of {} MiB booting Debian's kernel with a busybox initramfs that \
+             unpacks the same files into tmpfs, started {:.0} s apart from t = 0 (mem-merge=on \
+             for KSM, off for pagesift); saved = Σ (Anonymous − Pss_Anon) of the QEMUs",
+            guests.count, guests.mem_mib, guests.interval_s
+        ),
+        workloads: Vec::new(),
+        guests: Some(guests),
+        target: None,
+        saved_by: SavedBy::Pss,
+        systems: if full {
+            vec![pagesift, ksm(100), ksm(1000), System::Ksmtuned]
+        } else {
+            vec![pagesift, ksm(1000)]
+        },
+        window_s: (guests.count - 1) as f64 * guests.interval_s + if full { 120.0 } else { 30.0 },
+        reference: pagesift,
+    });
+    v
+}
+
+/// The experiments `only` names (by name or group), in run order; an
+/// unknown name is an error that lists the known ones.
+pub fn select(all: Vec<Experiment>, only: &[String]) -> Result<Vec<Experiment>, String> {
+    if only.is_empty() {
+        return Ok(all);
+    }
+    for o in only {
+        if !all.iter().any(|e| e.name == *o || e.group == o) {
+            let mut names: Vec<&str> = all.iter().map(|e| e.group).collect();
+            names.extend(all.iter().map(|e| e.name.as_str()));
+            names.dedup();
+            names.sort();
+            names.dedup();
+            return Err(format!(
+                "--only: no experiment {o:?}; known: {}",
+                names.join(", ")
+            ));
+        }
+    }
+    Ok(all
+        .into_iter()
+        .filter(|e| only.iter().any(|o| e.name == *o || e.group == o))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quick_and_full_hold_the_same_experiments() {
+        let q = all(Mode::Quick);
+        let f = all(Mode::Full);
+        let names = |v: &[Experiment]| v.iter().map(|e| e.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&q), names(&f));
+        // Names are unique, and every reference system runs.
+        let mut n = names(&q);
+        n.sort();
+        n.dedup();
+        assert_eq!(n.len(), q.len());
+        for e in q.iter().chain(&f) {
+            assert!(e.systems.contains(&e.reference), "{}", e.name);
+        }
+    }
+
+    #[test]
+    fn full_is_the_issues_static_mixed() {
+        let f = all(Mode::Full);
+        let s = &f[0];
+        assert_eq!(s.name, "static-mixed");
+        assert_eq!(s.window_s, 120.0);
+        assert!(s.workloads[0].windows(2).any(|w| w == ["--mib", "2048"]));
+        assert!(s.workloads[0][0] == "static-dup" && s.workloads[1][0] == "random");
+        let names: Vec<String> = s.systems.iter().map(|s| s.name()).collect();
+        for want in [
+            "pagesift-full",
+            "pagesift-medium",
+            "pagesift-low",
+            "pagesift-quiet",
+            "ksm-100",
+            "ksm-1000",
+            "ksm-2000",
+            "ksm-10000",
+            "ksm-advisor",
+        ] {
+            assert!(names.iter().any(|n| n == want), "{want} missing: {names:?}");
+        }
+    }
+
+    #[test]
+    fn only_selects_by_name_or_group() {
+        let got = select(
+            all(Mode::Quick),
+            &["cow-broken".into(), "sparse-only".into()],
+        )
+        .unwrap();
+        let names: Vec<&str> = got.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "cow-broken-2pct",
+                "cow-broken-10pct",
+                "cow-broken-20pct",
+                "sparse-only"
+            ]
+        );
+        let one = select(all(Mode::Quick), &["static-mixed".into()]).unwrap();
+        assert_eq!(one.len(), 1);
+        let e = select(all(Mode::Quick), &["nope".into()]).unwrap_err();
+        assert!(e.contains("nope") && e.contains("fork-family"), "{e}");
+    }
+}

@@ -1,0 +1,186 @@
+//! Processes the harness starts, and the guarantee that none outlives it.
+//!
+//! Every child (workload, daemon) is started
+//! 1. as the leader of **its own process group**, so a terminal's Ctrl-C
+//!    reaches only the harness (which then stops everything in order) and
+//!    a workload's own children (fork-family) can be found and killed as
+//!    one group;
+//! 2. with a **parent-death signal** (SIGKILL for workloads, SIGTERM for the
+//!    daemon so it restores KSM), so even a SIGKILLed harness leaves
+//!    nothing behind;
+//! 3. inside a [`Spawned`] guard whose drop stops the group: SIGTERM (the
+//!    daemon restores KSM's settings on it), a grace period, then SIGKILL
+//!    to the whole group, and reaping.
+//!
+//! A workload prints one JSON line when its memory is filled
+//! ([`Workload::start`] waits for it); its counts are the ground truth of
+//! what can be merged.
+
+use crate::BenchError;
+use pagesift_linux::procstat::{self, GroupSignal};
+use pagesift_linux::sys::{DeathSignal, die_with_parent_before_exec};
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A child process group, stopped when dropped.
+#[derive(Debug)]
+pub struct Spawned {
+    child: Option<Child>,
+    name: String,
+    grace: Duration,
+}
+
+impl Spawned {
+    /// Spawns `cmd` in its own process group with a parent-death signal.
+    /// `grace`: how long [`stop`](Self::stop) waits after SIGTERM.
+    pub fn spawn(
+        name: &str,
+        cmd: &mut Command,
+        death: DeathSignal,
+        grace: Duration,
+    ) -> Result<Spawned, BenchError> {
+        cmd.process_group(0);
+        die_with_parent_before_exec(cmd, death);
+        let child = cmd
+            .spawn()
+            .map_err(|e| BenchError::Spawn(format!("{name}: {e}")))?;
+        Ok(Spawned {
+            child: Some(child),
+            name: name.to_string(),
+            grace,
+        })
+    }
+
+    /// The leader's pid (also the process group id).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, |c| c.id())
+    }
+
+    /// Its name, for messages.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The leader's stdout, if piped and not yet taken.
+    pub fn take_stdout(&mut self) -> Option<ChildStdout> {
+        self.child.as_mut()?.stdout.take()
+    }
+
+    /// Whether the leader is still running (not exited, not a zombie).
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Stops the group: SIGTERM, up to the grace period for the leader to
+    /// exit, then SIGKILL to every member; reaps the leader. Returns whether
+    /// the leader exited by itself within the grace (a daemon that did
+    /// restored KSM).
+    pub fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        let pgid = child.id();
+        let mut clean = matches!(child.try_wait(), Ok(Some(_)));
+        if !clean && !self.grace.is_zero() {
+            let _ = procstat::signal(pgid, GroupSignal::Term);
+            let end = Instant::now() + self.grace;
+            while Instant::now() < end {
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    clean = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        // The rest of the group (a workload's children) in any case.
+        let _ = procstat::signal_group(pgid, GroupSignal::Kill);
+        let _ = child.wait();
+        // Members that were not the leader's children are reaped by init;
+        // wait until they are gone so memory is really freed.
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end && !procstat::group_members(pgid).unwrap_or_default().is_empty()
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        clean
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A running `pagesift-workload` and its report.
+#[derive(Debug)]
+pub struct Workload {
+    /// The process group.
+    pub proc: Spawned,
+    /// Its JSON report (pid, counts, children).
+    pub report: serde_json::Value,
+    /// Seconds it took to fill its memory (start to report).
+    pub fill_seconds: f64,
+    _stdout: BufReader<ChildStdout>,
+}
+
+impl Workload {
+    /// Starts `bin args...` (with `PR_SET_MEMORY_MERGE` when `merge_any`,
+    /// the way a KSM user makes all of a process's memory mergeable) and
+    /// waits for its report line.
+    pub fn start(bin: &Path, args: &[String], merge_any: bool) -> Result<Workload, BenchError> {
+        let mut cmd = Command::new(bin);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if merge_any {
+            pagesift_linux::ksm::with_memory_merge(&mut cmd);
+        }
+        let name = format!("pagesift-workload {}", args.first().map_or("", |s| s));
+        let t = Instant::now();
+        let mut proc = Spawned::spawn(&name, &mut cmd, DeathSignal::Kill, Duration::ZERO)?;
+        let mut out = BufReader::new(proc.take_stdout().expect("stdout is piped"));
+        let mut line = String::new();
+        let n = out
+            .read_line(&mut line)
+            .map_err(|e| BenchError::Workload(format!("{name}: reading its report: {e}")))?;
+        if n == 0 {
+            return Err(BenchError::Workload(format!(
+                "{name} exited before printing its report (args {args:?})"
+            )));
+        }
+        let report: serde_json::Value = serde_json::from_str(&line)
+            .map_err(|e| BenchError::Workload(format!("{name}: bad report {line:?}: {e}")))?;
+        Ok(Workload {
+            proc,
+            report,
+            fill_seconds: t.elapsed().as_secs_f64(),
+            _stdout: out,
+        })
+    }
+
+    /// A count of the report: a top-level key, or `family.<key>`.
+    pub fn count(&self, key: &str) -> u64 {
+        let v = match key.strip_prefix("family.") {
+            Some(k) => &self.report["family"][k],
+            None => &self.report[key],
+        };
+        v.as_u64().unwrap_or(0)
+    }
+
+    /// Its process group id (the workload's pid).
+    pub fn pgid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    /// The workload and its children (fork-family) now.
+    pub fn pids(&self) -> Vec<u32> {
+        procstat::group_members(self.pgid()).unwrap_or_default()
+    }
+}

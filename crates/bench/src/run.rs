@@ -1,0 +1,417 @@
+//! One run: one system on a fresh copy of one experiment's workload.
+//!
+//! ## Protocol (ksm-baseline.md §2, adapted)
+//!
+//! 1. **Clean slate.** Take KSM's lock ([`KsmGuard`]), write `run=2` and
+//!    wait until `pages_shared` and `pages_sharing` are 0, so that no merge
+//!    of an earlier run (or of anyone else) is counted; then `run=0`.
+//! 2. **Set the system up with ksmd stopped.** KSM systems: the advisor
+//!    off (or on, for `ksm-advisor`), `pages_to_scan`, `sleep_millisecs` =
+//!    20; the guard is kept for the whole run. pagesift: the guard is given
+//!    back (the daemon takes the same lock itself and restores KSM when it
+//!    stops).
+//! 3. **Start the workload** processes in order and wait until each has
+//!    filled its memory and printed its counts. KSM systems start them with
+//!    `PR_SET_MEMORY_MERGE`; pagesift's are not mergeable by themselves.
+//! 4. **t = 0**: write `run=1` (KSM), start ksmtuned, or spawn the daemon
+//!    (`pagesift run --governor G --pid ...`, its own process group).
+//! 5. **Sample** every `interval` (250 ms: ≥ 2 Hz) until the window ends;
+//!    a paced KSM gets a pacer tick once a second.
+//! 6. **Stop** the system (the daemon with SIGTERM, which restores KSM),
+//!    kill the workloads, and unmerge again (step 1), so runs are
+//!    independent and the machine is left as found.
+//!
+//! A termination request (SIGINT/SIGTERM, see [`crate::Context`]) ends the
+//! run at the next sample with [`BenchError::Interrupted`]; the guards
+//! ([`Spawned`], [`KsmGuard`]) then stop every process and restore KSM as
+//! they drop.
+
+use crate::experiment::{Experiment, SavedBy};
+use crate::guest::{Guest, GuestError, GuestOptions};
+use crate::ksmtuned::{Ksmtuned, KsmtunedOptions};
+use crate::procs::{Spawned, Workload};
+use crate::sampler::{Sampler, metric};
+use crate::series::Series;
+use crate::system::System;
+use crate::{BenchError, Context};
+use pagesift_core::pacing::{KsmdTick, Pacer, PacingConfig, PacingDemand};
+use pagesift_linux::ksm::{AdvisorMode, GuardOptions, Knob, KsmError, KsmGuard, Run};
+use pagesift_linux::sys::DeathSignal;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What one run produced.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    /// The experiment's name.
+    pub experiment: String,
+    /// The system's name.
+    pub system: String,
+    /// Every measured series.
+    pub series: Vec<Series>,
+    /// Mergeable pages, from the workload's own counts.
+    pub target_pages: Option<u64>,
+    /// Which series time-to-99 % reads.
+    pub saved_by: SavedBy,
+    /// Seconds the workload took to fill its memory (before t = 0).
+    pub fill_seconds: f64,
+    /// The window, s.
+    pub window_s: f64,
+    /// Anything the reader should know about this run.
+    pub notes: Vec<String>,
+}
+
+impl RunResult {
+    /// The series of `metric`.
+    pub fn series(&self, metric: &str) -> Option<&Series> {
+        self.series.iter().find(|s| s.metric == metric)
+    }
+}
+
+/// How long a daemon gets to restore KSM after SIGTERM.
+const DAEMON_GRACE: Duration = Duration::from_secs(20);
+/// How long unmerging may take before the run fails.
+const UNMERGE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Takes KSM's lock, unmerges everything and stops ksmd (step 1).
+pub fn clean_slate(ctx: &Context) -> Result<KsmGuard, BenchError> {
+    let acquire = |wait| {
+        KsmGuard::acquire_with(GuardOptions {
+            wait: Some(wait),
+            ..GuardOptions::default()
+        })
+    };
+    let asked = Instant::now();
+    let guard = match acquire(Duration::from_secs(3)) {
+        Err(KsmError::LockTimeout { holder, .. }) => {
+            // Another KSM user (a test, a daemon) holds it: say so, wait.
+            ctx.progress.note(&format!(
+                "waiting for KSM's lock, held by pid {holder} (up to {:?})",
+                ctx.ksm_wait
+            ));
+            acquire(ctx.ksm_wait)?
+        }
+        r => r?,
+    };
+    ctx.add_lock_wait(asked.elapsed());
+    guard.set_run(Run::Unmerge)?;
+    let end = Instant::now() + UNMERGE_TIMEOUT;
+    loop {
+        let c = guard.ksm().counters()?;
+        if c.pages_shared.unwrap_or(0) == 0 && c.pages_sharing.unwrap_or(0) == 0 {
+            break;
+        }
+        if Instant::now() > end {
+            return Err(BenchError::Ksm(format!(
+                "KSM still holds {} shared pages {UNMERGE_TIMEOUT:?} after run=2",
+                c.pages_shared.unwrap_or(0)
+            )));
+        }
+        if ctx.term.requested() {
+            return Err(BenchError::Interrupted);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    guard.set_run(Run::Stop)?;
+    Ok(guard)
+}
+
+/// Puts the advisor in `mode` if this kernel has one.
+fn advisor(guard: &KsmGuard, mode: AdvisorMode) -> Result<(), BenchError> {
+    if guard.ksm().has(Knob::AdvisorMode) && guard.ksm().advisor_mode()? != Some(mode) {
+        guard.set_advisor_mode(mode)?;
+    } else if mode == AdvisorMode::ScanTime && !guard.ksm().has(Knob::AdvisorMode) {
+        return Err(BenchError::Ksm(
+            "this kernel's KSM has no advisor_mode (Linux 6.8 or later)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Runs `system` on a fresh copy of `exp`'s workload.
+pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunResult, BenchError> {
+    let name = system.name();
+    let mut notes = Vec::new();
+    let guard = clean_slate(ctx)?;
+    let mut pacer = None;
+    // Step 2, ksmd stopped.
+    let guard = match system {
+        System::Pagesift { .. } => {
+            drop(guard); // the daemon takes the lock itself
+            None
+        }
+        System::Ksm { pages_to_scan } => {
+            advisor(&guard, AdvisorMode::None)?;
+            guard.set_pages_to_scan(pages_to_scan)?;
+            guard.set_sleep_millisecs(20)?;
+            Some(guard)
+        }
+        System::KsmAdvisor => {
+            advisor(&guard, AdvisorMode::ScanTime)?;
+            guard.set_sleep_millisecs(20)?;
+            notes.push(
+                "the scan-time advisor's pages_to_scan depends on ksmd's lifetime CPU \
+                 (ksm-baseline.md §4.5.3)"
+                    .into(),
+            );
+            Some(guard)
+        }
+        System::KsmPaced { share } => {
+            advisor(&guard, AdvisorMode::None)?;
+            let mut p = Pacer::new(PacingConfig::default())
+                .map_err(|e| BenchError::Ksm(format!("pacer: {e}")))?;
+            let demand = PacingDemand {
+                target_share: share,
+                unmerged_pages: 1,
+            };
+            guard.set_pace(p.start(demand))?;
+            pacer = Some((p, demand));
+            Some(guard)
+        }
+        System::Ksmtuned => {
+            advisor(&guard, AdvisorMode::None)?;
+            Some(guard)
+        }
+    };
+    // Step 3.
+    let mut loads = Vec::new();
+    for args in &exp.workloads {
+        if ctx.term.requested() {
+            return Err(BenchError::Interrupted);
+        }
+        ctx.progress.note(&format!(
+            "{} · {name}: starting pagesift-workload {}",
+            exp.name,
+            args.join(" ")
+        ));
+        loads.push(Workload::start(
+            &ctx.workload_bin,
+            args,
+            system.workload_mergeable(),
+        )?);
+    }
+    let fill_seconds: f64 = loads.iter().map(|w| w.fill_seconds).sum::<f64>() + 0.0;
+    let target_pages = exp
+        .target
+        .map(|k| loads.iter().map(|w| w.count(k)).sum::<u64>());
+    let groups: Vec<u32> = loads.iter().map(|w| w.pgid()).collect();
+    // Step 4: t = 0.
+    let mut daemon = None;
+    let mut tuned: Option<Ksmtuned> = None;
+    match system {
+        System::Pagesift { governor, .. } => {
+            let stem = format!("{}-{}", exp.name, sanitize(&name));
+            let config = ctx.work_dir.join(format!("{stem}.toml"));
+            let mut text = system.config_toml().unwrap_or_default();
+            if exp.guests.is_some() {
+                // Guests start after the daemon: eligible by executable.
+                let qemu = &ctx.guest_image()?.tools().qemu;
+                let qemu = std::fs::canonicalize(qemu).unwrap_or_else(|_| qemu.clone());
+                text.push_str(&format!(
+                    "\n[eligible]\nexes = [{:?}]\n",
+                    qemu.display().to_string()
+                ));
+            }
+            std::fs::write(&config, text)
+                .map_err(|e| BenchError::Output(format!("{}: {e}", config.display())))?;
+            let socket = ctx
+                .work_dir
+                .join(format!("pagesift-bench-{}.sock", std::process::id()));
+            let log_path = ctx.log_dir.join(format!("{stem}.log"));
+            let log = std::fs::File::create(&log_path)
+                .map_err(|e| BenchError::Output(format!("{}: {e}", log_path.display())))?;
+            let mut cmd = Command::new(&ctx.pagesift_bin);
+            cmd.arg("run")
+                .arg("--governor")
+                .arg(governor.to_string())
+                .arg("--config")
+                .arg(&config)
+                .arg("--socket")
+                .arg(&socket)
+                .arg("--ksm-wait")
+                .arg(ctx.ksm_wait.as_secs().to_string());
+            for w in &loads {
+                for pid in w.pids() {
+                    cmd.arg("--pid").arg(pid.to_string());
+                }
+            }
+            cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+            let _ = std::fs::remove_file(&socket);
+            let mut d = Spawned::spawn("pagesift run", &mut cmd, DeathSignal::Term, DAEMON_GRACE)?;
+            // t = 0 is when the daemon owns KSM: it opens its status socket
+            // right after taking KSM's lock, which another KSM user (a
+            // test) may hold for a while; until then its counters are not
+            // the daemon's.
+            let end = Instant::now() + ctx.ksm_wait + Duration::from_secs(30);
+            let waiting_since = Instant::now();
+            let mut told = false;
+            while !socket.exists() {
+                if ctx.term.requested() {
+                    return Err(BenchError::Interrupted);
+                }
+                if !d.running() || Instant::now() > end {
+                    return Err(BenchError::System(format!(
+                        "pagesift run did not start (log {})",
+                        log_path.display()
+                    )));
+                }
+                if !told && waiting_since.elapsed() > Duration::from_secs(3) {
+                    ctx.progress.note(
+                        "waiting for pagesift run to take KSM's lock (another user holds it)",
+                    );
+                    told = true;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            ctx.add_lock_wait(waiting_since.elapsed());
+            daemon = Some((d, log_path));
+        }
+        System::Ksmtuned => {
+            // Debian's settings, memory counted as tight (see ksmtuned.rs:
+            // otherwise it never turns KSM on here), and its first
+            // adjustment now (SIGUSR1) rather than a 60 s interval later,
+            // as if it had been running when the workload arrived.
+            let t = Ksmtuned::start(KsmtunedOptions::default())
+                .map_err(|e| BenchError::Missing(e.to_string()))?;
+            t.retune().map_err(|e| BenchError::System(e.to_string()))?;
+            notes.push(
+                "ksmtuned with Debian's settings (60 s interval, pages_to_scan +300 per \
+                 interval up to 1250) and memory counted as tight; first adjustment at t = 0"
+                    .into(),
+            );
+            tuned = Some(t);
+        }
+        _ => {
+            if let Some(g) = &guard {
+                g.set_run(Run::Run)?;
+            }
+        }
+    }
+    let mut sampler = Sampler::start(&name, groups, daemon.as_ref().map(|(d, _)| d.pid()))?;
+    let mut guests: Vec<Guest> = Vec::new();
+    // Step 5.
+    let mut next = Instant::now();
+    let mut last_tick = (Instant::now(), 0u64);
+    let mut last_progress = Instant::now();
+    loop {
+        sampler.sample(tuned.as_ref().map(|t| t.cpu_seconds()))?;
+        let t = sampler.elapsed();
+        if t >= exp.window_s {
+            break;
+        }
+        if let Some(plan) = exp.guests {
+            while guests.len() < plan.count && t >= guests.len() as f64 * plan.interval_s {
+                let g = Guest::start(
+                    ctx.guest_image()?,
+                    GuestOptions {
+                        name: format!("{}-{}", sanitize(&name), guests.len()),
+                        mem_mib: plan.mem_mib,
+                        // QEMU's default for KSM; pagesift decides itself.
+                        mem_merge: system.workload_mergeable(),
+                    },
+                )
+                .map_err(guest_error)?;
+                sampler.add_group(g.pid());
+                guests.push(g);
+            }
+            for g in &mut guests {
+                g.poll_ready()
+                    .map_err(|e| BenchError::System(e.to_string()))?;
+            }
+        }
+        if ctx.term.requested() {
+            return Err(BenchError::Interrupted);
+        }
+        if let Some((d, log)) = daemon.as_mut()
+            && !d.running()
+        {
+            let tail = std::fs::read_to_string(&*log).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(5).collect();
+            return Err(BenchError::System(format!(
+                "pagesift run exited during the run (log {}): {}",
+                log.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            )));
+        }
+        if let (Some((p, demand)), Some(g)) = (pacer.as_mut(), guard.as_ref())
+            && last_tick.0.elapsed() >= Duration::from_secs(1)
+        {
+            let cpu = sampler.ksmd_cpu_ns()?;
+            let tick = KsmdTick {
+                cpu_ns: cpu.saturating_sub(last_tick.1),
+                wall_ns: last_tick.0.elapsed().as_nanos() as u64,
+            };
+            g.set_pace(p.tick(tick, *demand))?;
+            last_tick = (Instant::now(), cpu);
+        }
+        if last_progress.elapsed() >= ctx.progress.every() {
+            ctx.progress.status(&format!(
+                "{} · {name} · {t:.0}/{:.0} s · saved {:.0} MiB (PSS {:.0}) · CPU {:.2} s",
+                exp.name,
+                exp.window_s,
+                sampler.last(metric::SAVED).unwrap_or(0.0),
+                sampler.last(metric::SAVED_PSS).unwrap_or(0.0),
+                sampler.last(metric::CPU).unwrap_or(0.0),
+            ));
+            last_progress = Instant::now();
+        }
+        next += ctx.interval;
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        } else {
+            next = now; // a slow sample: do not try to catch up
+        }
+    }
+    // Step 6.
+    if let Some((mut d, log)) = daemon.take()
+        && !d.stop()
+    {
+        notes.push(format!(
+            "pagesift run did not stop within {DAEMON_GRACE:?} of SIGTERM (log {})",
+            log.display()
+        ));
+    }
+    if let Some(t) = tuned.take() {
+        t.stop();
+    }
+    if !guests.is_empty() {
+        let boots: Vec<String> = guests
+            .iter()
+            .map(|g| {
+                g.boot_time()
+                    .map_or("not ready".into(), |d| format!("{:.1}", d.as_secs_f64()))
+            })
+            .collect();
+        notes.push(format!("guests ready after [s]: {}", boots.join(", ")));
+    }
+    drop(guests);
+    let series = sampler.finish();
+    drop(loads);
+    drop(guard);
+    drop(clean_slate(ctx)?);
+    Ok(RunResult {
+        experiment: exp.name.clone(),
+        system: name,
+        series,
+        target_pages,
+        saved_by: exp.saved_by,
+        fill_seconds,
+        window_s: exp.window_s,
+        notes,
+    })
+}
+
+fn guest_error(e: GuestError) -> BenchError {
+    match e {
+        GuestError::Missing { .. } | GuestError::Unsuitable(_) => {
+            BenchError::Missing(e.to_string())
+        }
+        e => BenchError::System(e.to_string()),
+    }
+}
+
+/// A system name as a file-name part (`ksm-paced@2%` → `ksm-paced-2pct`).
+pub fn sanitize(name: &str) -> String {
+    name.replace('@', "-").replace('%', "pct")
+}

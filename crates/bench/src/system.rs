@@ -1,0 +1,190 @@
+//! The deduplicating systems compared, and how each is set up.
+//!
+//! - **pagesift** at a governor: `pagesift run --governor G --pid ...`, a
+//!   child of the harness; the workload is *not* mergeable by itself, so
+//!   everything merged is pagesift's decision. Variants change its
+//!   configuration file: a CPU share for the COW-broken comparison (V_cow
+//!   off as in UKSM §8.1.2, "if we disable the COW-broken filtering"), and
+//!   UKSM §8.1.3's short-lived tuning.
+//! - **KSM** the way a KSM user runs it: every workload process started
+//!   with `PR_SET_MEMORY_MERGE` (all its memory mergeable), ksmd at a fixed
+//!   `pages_to_scan` with the default `sleep_millisecs` = 20
+//!   (mainline-ksm.md §1.1), or with `advisor_mode = scan-time`.
+//! - **KSM paced** to a CPU share: the same, with the harness closing a
+//!   loop on ksmd's measured CPU through `pagesift-core`'s `Pacer` once a
+//!   second (for the equal-CPU comparison of §8.1.2).
+//! - **ksmtuned**, Debian's tuning script, which starts, stops and paces
+//!   ksmd by itself from free memory.
+
+use pagesift_core::governor::Governor;
+
+/// pagesift's configuration variants.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Tuning {
+    /// The configuration's defaults.
+    Default,
+    /// UKSM §8.1.2: COW-broken filtering off (V_cow = 100 %), and the
+    /// daemon plus ksmd held to this share of one core: ksmd gets 3/4 of
+    /// it, the daemon's sampling 1/4.
+    CpuShare(f64),
+    /// UKSM §8.1.3's setting for short-lived regions: 20 ms sleep, 50 %
+    /// CPU, short round times (the paper's 50/20/10/5 ms per level; the
+    /// configuration's global round time has a 100 ms floor, so 100 ms).
+    ShortLived,
+}
+
+/// A system under test.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum System {
+    /// The pagesift daemon.
+    Pagesift {
+        /// Its governor.
+        governor: Governor,
+        /// Its configuration variant.
+        tuning: Tuning,
+    },
+    /// Kernel KSM at a fixed `pages_to_scan`, `sleep_millisecs` 20.
+    Ksm {
+        /// Pages per batch.
+        pages_to_scan: u32,
+    },
+    /// Kernel KSM with `advisor_mode = scan-time` (its defaults).
+    KsmAdvisor,
+    /// Kernel KSM paced by the harness to a share of one core.
+    KsmPaced {
+        /// Fraction of one core.
+        share: f64,
+    },
+    /// Kernel KSM driven by ksmtuned.
+    Ksmtuned,
+}
+
+impl System {
+    /// pagesift at a governor with its defaults.
+    pub fn pagesift(governor: Governor) -> System {
+        System::Pagesift {
+            governor,
+            tuning: Tuning::Default,
+        }
+    }
+
+    /// The name used in tables, CSV files and plots.
+    pub fn name(&self) -> String {
+        match *self {
+            System::Pagesift { governor, tuning } => match tuning {
+                Tuning::Default => format!("pagesift-{governor}"),
+                Tuning::CpuShare(s) => format!("pagesift-{governor}@{}%", pct(s)),
+                Tuning::ShortLived => format!("pagesift-{governor}-short"),
+            },
+            System::Ksm { pages_to_scan } => format!("ksm-{pages_to_scan}"),
+            System::KsmAdvisor => "ksm-advisor".into(),
+            System::KsmPaced { share } => format!("ksm-paced@{}%", pct(share)),
+            System::Ksmtuned => "ksmtuned".into(),
+        }
+    }
+
+    /// Whether the workload runs with all its memory mergeable (every
+    /// system but pagesift).
+    pub fn workload_mergeable(&self) -> bool {
+        !matches!(self, System::Pagesift { .. })
+    }
+
+    /// Whether this is pagesift.
+    pub fn is_pagesift(&self) -> bool {
+        matches!(self, System::Pagesift { .. })
+    }
+
+    /// The `pagesift run` configuration file for this system (TOML);
+    /// `None` for the kernel's systems.
+    pub fn config_toml(&self) -> Option<String> {
+        let System::Pagesift { tuning, .. } = *self else {
+            return None;
+        };
+        Some(match tuning {
+            Tuning::Default => "# pagesift bench: the defaults\n".into(),
+            Tuning::CpuShare(s) => format!(
+                "# pagesift bench: COW-broken filtering off (UKSM §8.1.2), {p} % of a core\n\
+                 [ladder]\nv_cow = 1.0\n\n[scan]\ncpu_cap = {d}\n\n\
+                 [ksm]\nmerge_share = {k}\ntrickle_share = {k}\n",
+                p = pct(s),
+                d = s / 4.0,
+                k = s * 0.75,
+            ),
+            Tuning::ShortLived => "# pagesift bench: UKSM §8.1.3's short-lived setting\n\
+                 [scan]\nsleep_ms = 20\nround_time_ms = 100\ncpu_cap = 0.5\n\n\
+                 [ksm]\nmerge_share = 0.5\n"
+                .into(),
+        })
+    }
+}
+
+/// A share of one core as a percentage without trailing zeros.
+fn pct(share: f64) -> String {
+    let p = share * 100.0;
+    if (p - p.round()).abs() < 1e-9 {
+        format!("{}", p.round() as i64)
+    } else {
+        format!("{p:.1}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_distinct_and_stable() {
+        let all = [
+            System::pagesift(Governor::Full),
+            System::pagesift(Governor::Quiet),
+            System::Pagesift {
+                governor: Governor::Full,
+                tuning: Tuning::CpuShare(0.02),
+            },
+            System::Pagesift {
+                governor: Governor::Full,
+                tuning: Tuning::ShortLived,
+            },
+            System::Ksm {
+                pages_to_scan: 1000,
+            },
+            System::KsmAdvisor,
+            System::KsmPaced { share: 0.1 },
+            System::Ksmtuned,
+        ];
+        let names: Vec<String> = all.iter().map(|s| s.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "pagesift-full",
+                "pagesift-quiet",
+                "pagesift-full@2%",
+                "pagesift-full-short",
+                "ksm-1000",
+                "ksm-advisor",
+                "ksm-paced@10%",
+                "ksmtuned"
+            ]
+        );
+        assert!(all[0].is_pagesift() && !all[0].workload_mergeable());
+        assert!(all[4].workload_mergeable() && all[4].config_toml().is_none());
+    }
+
+    #[test]
+    fn the_configs_parse_as_the_daemon_reads_them() {
+        for t in [Tuning::Default, Tuning::CpuShare(0.1), Tuning::ShortLived] {
+            let s = System::Pagesift {
+                governor: Governor::Full,
+                tuning: t,
+            };
+            let text = s.config_toml().unwrap();
+            let c = pagesift_daemon::config::Config::from_toml(&text, "bench").unwrap();
+            if let Tuning::CpuShare(_) = t {
+                assert_eq!(c.ladder.v_cow, 1.0);
+                let k = c.ksm.merge_share.unwrap();
+                let d = c.scan.cpu_cap.unwrap();
+                assert!((k + d - 0.1).abs() < 1e-12);
+            }
+        }
+    }
+}
