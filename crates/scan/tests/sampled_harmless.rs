@@ -178,7 +178,16 @@ fn a_budget_covering_everything_is_exact() {
     let c = &region.counts;
     assert_eq!(c.zero, w.count("zero_pages"));
     assert_eq!(c.present, w.count("present_pages") + w.count("zero_pages"));
-    assert_eq!(c.saving.value, w.count("duplicate_pages") as f64);
+    // A group with copies outside the data region (the workload's heap may
+    // hold a copy of a duplicated content: its PageMaker caches them) shares its saving between
+    // the regions in proportion to their copies, so the region's figure may
+    // exceed its own duplicates by a fraction of one page.
+    let own = w.count("duplicate_pages") as f64;
+    assert!(
+        (c.saving.value - own).abs() < 1.0,
+        "region saving {} vs the workload's {own}",
+        c.saving.value
+    );
     assert_eq!(
         c.dup_in_region.value,
         w.count("pages_with_duplicates") as f64
