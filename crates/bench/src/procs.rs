@@ -142,7 +142,10 @@ impl Workload {
         if merge_any {
             pagesift_linux::ksm::with_memory_merge(&mut cmd);
         }
-        let name = format!("pagesift-workload {}", args.first().map_or("", |s| s));
+        // The workload's kind, after any `workload` prefix (pagesift's own
+        // hidden subcommand).
+        let kind = args.iter().find(|a| *a != "workload").map_or("", |s| s);
+        let name = format!("pagesift-workload {kind}");
         let t = Instant::now();
         let mut proc = Spawned::spawn(&name, &mut cmd, DeathSignal::Kill, Duration::ZERO)?;
         let mut out = BufReader::new(proc.take_stdout().expect("stdout is piped"));

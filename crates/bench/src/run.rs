@@ -184,9 +184,10 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
             exp.name,
             args.join(" ")
         ));
+        let argv: Vec<String> = ctx.workload_prefix.iter().chain(args).cloned().collect();
         loads.push(Workload::start(
             &ctx.workload_bin,
-            args,
+            &argv,
             system.workload_mergeable(),
         )?);
     }

@@ -310,8 +310,17 @@ fn main() -> ExitCode {
 
 fn bench(a: BenchArgs) -> ExitCode {
     let exe = std::env::current_exe().unwrap_or_else(|_| "pagesift".into());
-    let workload = exe.with_file_name("pagesift-workload");
+    // The separate pagesift-workload binary when it was built beside us,
+    // else our own hidden `workload` subcommand (the same library), so that
+    // `cargo run -p pagesift -- bench` works on a fresh checkout.
+    let beside = exe.with_file_name("pagesift-workload");
+    let (workload, prefix) = if beside.is_file() {
+        (beside, Vec::new())
+    } else {
+        (exe.clone(), vec!["workload".to_string()])
+    };
     let mut opts = pagesift_bench::BenchOptions::new(a.out, exe, workload);
+    opts.workload_prefix = prefix;
     if a.full {
         opts.mode = pagesift_bench::experiment::Mode::Full;
     }
