@@ -13,6 +13,7 @@
 //! tests run one at a time (a lock), so that timing-sensitive checks of
 //! the targets do not compete for the machine's two cores.
 
+mod common;
 #[path = "common/inject_target.rs"]
 mod inject_target;
 

@@ -3,7 +3,8 @@
 //! ready line parsed, its later lines collected, and [`Target::finish`]
 //! checking that it was not harmed (no failed self-check, the same
 //! checksum, a clean exit). Used by `tests/inject.rs` and by the daemon's
-//! acceptance tests (`crates/cli/tests/acceptance.rs`) through `#[path]`.
+//! acceptance tests (`crates/cli/tests/acceptance.rs`) through `#[path]`;
+//! every includer also includes `common` (for [`target_bin`]'s build).
 //!
 //! Every target maps its memory with the same pseudo-random fill, so two
 //! targets hold the same pages: a daemon finds them duplicated.
@@ -22,32 +23,10 @@ use std::time::{Duration, Instant};
 pub fn target_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let exe = std::env::current_exe().expect("current_exe");
-        let dir = exe
-            .parent()
-            .and_then(|d| d.parent())
-            .expect("test binary lives in target/<profile>/deps")
-            .to_path_buf();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
-        let mut cmd = Command::new(cargo);
-        cmd.args([
-            "build",
-            "--quiet",
-            "-p",
-            "pagesift-linux",
-            "--example",
-            "inject_target",
-        ]);
-        if dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        assert!(
-            cmd.status().expect("cargo build").success(),
-            "building inject_target failed"
-        );
-        let bin = dir.join("examples").join("inject_target");
-        assert!(bin.exists(), "{} missing after build", bin.display());
-        bin
+        crate::common::cargo_artifact(
+            &["-p", "pagesift-linux", "--example", "inject_target"],
+            "examples/inject_target",
+        )
     })
     .clone()
 }

@@ -36,6 +36,14 @@ pub fn bin(package: &'static str, name: &'static str) -> PathBuf {
     if let Some((_, p)) = bins.iter().find(|(n, _)| *n == name) {
         return p.clone();
     }
+    let path = cargo_artifact(&["-p", package], name);
+    bins.push((name, path.clone()));
+    path
+}
+
+/// Runs `cargo build --quiet ARGS` with this test's profile and returns
+/// `target/<profile>/<artifact>`, which must exist afterwards.
+pub fn cargo_artifact(args: &[&str], artifact: &str) -> PathBuf {
     // target/<profile>/deps/<test> -> target/<profile>
     let exe = std::env::current_exe().expect("current_exe");
     let dir = exe
@@ -45,15 +53,14 @@ pub fn bin(package: &'static str, name: &'static str) -> PathBuf {
         .to_path_buf();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", package]);
+    cmd.args(["build", "--quiet"]).args(args);
     if dir.file_name().is_some_and(|n| n == "release") {
         cmd.arg("--release");
     }
     let status = cmd.status().expect("running cargo build");
-    assert!(status.success(), "building {package} failed");
-    let path = dir.join(name);
+    assert!(status.success(), "cargo build {args:?} failed");
+    let path = dir.join(artifact);
     assert!(path.exists(), "{} missing after build", path.display());
-    bins.push((name, path.clone()));
     path
 }
 
