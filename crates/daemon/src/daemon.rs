@@ -1129,6 +1129,15 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         }
         summary.batches += 1;
         self.counters.batches += 1;
+        for c in &calls {
+            debug!(
+                pid,
+                start = c.start,
+                len = c.len,
+                mergeable = c.mergeable,
+                "madvise"
+            );
+        }
         let outcome = self.actuator.advise(pid, &calls);
         self.force_refresh = true; // see the new flags and splits
         match outcome {

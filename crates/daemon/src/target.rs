@@ -330,6 +330,9 @@ impl Target for LinuxTarget {
                 .copied()
                 .filter(|&(s, e)| !wanted.contains(&(pid, s, e)))
                 .collect();
+            if !gone.is_empty() {
+                tracing::debug!(pid, ranges = ?gone, "write tracking: unregister");
+            }
             if !gone.is_empty()
                 && let Err(e) = wt.untrack(&mut self.injector, pid, &gone)
             {
@@ -344,6 +347,7 @@ impl Target for LinuxTarget {
             }
         }
         for (pid, ranges) in new {
+            tracing::debug!(pid, ranges = ?ranges, "write tracking: register");
             match wt.track(&mut self.injector, pid, &ranges) {
                 Ok(TrackOutcome::Tracking(got)) => {
                     if got.len() < ranges.len() {

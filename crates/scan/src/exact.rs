@@ -231,6 +231,7 @@ pub fn run_with_stats(opts: &ExactOptions) -> Result<(Report, ExactStats), ScanE
         )));
     }
     let t0 = Instant::now();
+    let cpu0 = pagesift_linux::host::process_cpu_ns();
     // Fail early, and by name, without CAP_SYS_ADMIN.
     let kpf = KPageFlags::open()?;
     let mut procs = discover::list_processes(&opts.filter)?;
@@ -340,13 +341,14 @@ pub fn run_with_stats(opts: &ExactOptions) -> Result<(Report, ExactStats), ScanE
     }
     bar.finish_and_clear();
 
-    let report = scanner.report(
+    let mut report = scanner.report(
         &census,
         &attrs,
         classes.as_deref(),
         t0.elapsed(),
         scanner.pages_read + reps.pages_read,
     );
+    report.cpu_ms = (pagesift_linux::host::process_cpu_ns() - cpu0) / 1_000_000;
     Ok((report, stats))
 }
 
@@ -1352,6 +1354,7 @@ impl Scanner {
             skipped: self.skipped.clone(),
             gone: self.gone,
             elapsed_ms: elapsed.as_millis() as u64,
+            cpu_ms: 0, // set by the caller, which started the clock
             pages_read,
         }
     }

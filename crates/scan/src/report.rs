@@ -206,6 +206,9 @@ pub struct Report {
     pub gone: u64,
     /// Wall time of the scan.
     pub elapsed_ms: u64,
+    /// CPU time the scanning process used meanwhile (all its threads).
+    #[serde(default)]
+    pub cpu_ms: u64,
     /// Pages whose contents were read (re-reads included).
     pub pages_read: u64,
 }
@@ -310,9 +313,10 @@ impl Report {
         };
         let _ = writeln!(
             o,
-            "pagesift scan ({mode}): {} processes, {} pages read in {secs:.2} s; {} gone, {} skipped",
+            "pagesift scan ({mode}): {} processes, {} pages read in {secs:.2} s ({:.2} CPU-s); {} gone, {} skipped",
             self.processes.len(),
             self.pages_read,
+            self.cpu_ms as f64 / 1000.0,
             self.gone,
             self.skipped.len()
         );
@@ -491,6 +495,7 @@ mod tests {
             skipped: vec![(7, "refused".into())],
             gone: 1,
             elapsed_ms: 1500,
+            cpu_ms: 1400,
             pages_read: 3_000_000,
         }
     }
@@ -510,7 +515,8 @@ mod tests {
         let t = report().to_table(&TableOptions::default());
         let lines: Vec<&str> = t.lines().collect();
         assert!(
-            lines[0].contains("2 processes") && lines[0].contains("3000000 pages read in 1.50 s"),
+            lines[0].contains("2 processes")
+                && lines[0].contains("3000000 pages read in 1.50 s (1.40 CPU-s)"),
             "{t}"
         );
         assert!(lines[0].contains("1 gone, 1 skipped"));

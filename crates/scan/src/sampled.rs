@@ -676,6 +676,7 @@ pub fn run_with_stats(opts: &SampledOptions) -> Result<(Report, ScanStats), Scan
             key: "sampler",
             reason,
         })?;
+    let cpu0 = pagesift_linux::host::process_cpu_ns();
     let clock = Clock::new(opts.budget);
     let mut src = LinuxSource::new(
         opts.filter.clone(),
@@ -776,7 +777,8 @@ pub fn run_with_stats(opts: &SampledOptions) -> Result<(Report, ScanStats), Scan
     sampler.remove_owners(&gone);
     let est = sampler.estimate();
     stats.failed = est.failed;
-    let report = build_report(opts, &clock, &src, &regions, &gone, &est, reader.pages_read);
+    let mut report = build_report(opts, &clock, &src, &regions, &gone, &est, reader.pages_read);
+    report.cpu_ms = (pagesift_linux::host::process_cpu_ns() - cpu0) / 1_000_000;
     stats.estimation = clock.elapsed() - sampled_at;
     Ok((report, stats))
 }
@@ -895,6 +897,7 @@ fn build_report(
         skipped: src.skipped().to_vec(),
         gone: gone.len() as u64,
         elapsed_ms: clock.elapsed().as_millis() as u64,
+        cpu_ms: 0, // set by the caller, which started the clock
         pages_read,
     }
 }

@@ -60,6 +60,13 @@ fn the_command_line_exit_codes() {
     let r: pagesift_scan::Report = serde_json::from_str(&out).expect("--json is a Report");
     let x = region(&r, w.pid(), w.region().0);
     assert_eq!(n(&x.counts.saving), w.count("duplicate_pages"));
+    // One thread: its CPU time fits in the wall time (ms rounding aside).
+    assert!(
+        r.cpu_ms <= r.elapsed_ms + 1,
+        "{} CPU ms in {} ms",
+        r.cpu_ms,
+        r.elapsed_ms
+    );
     let (code, out, _) = run(&["scan", "--exact", "--pid", &w.pid().to_string()]);
     assert_eq!(code, 0);
     assert!(
