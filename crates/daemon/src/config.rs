@@ -203,6 +203,14 @@ pub struct ActuateSection {
     /// bottom before it may be promoted again; doubles on every repeat (up
     /// to an hour). pagesift's choice.
     pub demote_hold_s: u64,
+    /// Seconds a region whose watched writes would break its merged pages
+    /// (write tracking, before marking) is held out of the ladder before
+    /// it may climb again; doubles on every repeat (up to an hour). Shorter
+    /// than `demote_hold_s`: nothing was merged, so nothing was broken, and
+    /// memory that was written while it was being filled (a booting guest)
+    /// is often quiet a few seconds later. pagesift's choice: about the
+    /// time a region takes to climb back under the full governor.
+    pub write_hold_s: u64,
     /// Pages of promoted regions inspected per second to count merged pages
     /// and COW breaks (pagemap + kpageflags, ≈155 ns a page,
     /// mechanisms.md §4: 131072 pages/s ≈ 2 % of a core).
@@ -240,6 +248,7 @@ impl Default for ActuateSection {
         ActuateSection {
             max_map_count_fraction: 0.5,
             demote_hold_s: 60,
+            write_hold_s: 4,
             account_pages_per_s: 131_072,
             min_merged_for_demotion: 16,
             recheck_s: 30,
@@ -494,6 +503,9 @@ impl Config {
         if a.recheck_s == 0 {
             return bad("actuate.recheck_s", "must be at least 1 second".into());
         }
+        if a.write_hold_s == 0 {
+            return bad("actuate.write_hold_s", "must be at least 1 second".into());
+        }
         if a.account_pages_per_s == 0 {
             return bad(
                 "actuate.account_pages_per_s",
@@ -741,6 +753,9 @@ address = "9100"
         assert_eq!(e.key(), Some("scan.cpu_cap"), "{e}");
         let e = err("[scan]\nsubregion_mib = 0\n");
         assert_eq!(e.key(), Some("scan.subregion_mib"), "{e}");
+        let e = err("[actuate]\nwrite_hold_s = 0\n");
+        assert_eq!(e.key(), Some("actuate.write_hold_s"), "{e}");
+        assert!(e.to_string().contains("at least 1 second"), "{e}");
         let e = err("[eligible]\nexes = [\"bin/qemu\"]\n");
         assert_eq!(e.key(), Some("eligible.exes"), "{e}");
         let e = err("[metrics]\naddress = \"nonsense:port\"\n");

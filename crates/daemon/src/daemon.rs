@@ -9,7 +9,9 @@
 //!    - *foreign*: `VM_MERGEABLE` set by its process (or merge-any): it is
 //!      accounted and counted for pacing, never marked or unmarked;
 //!    - *promoted*: pagesift marked it (it is in the [`Marks`] ledger);
-//!    - *held*: pagesift unmarked it for thrashing; it waits at the bottom.
+//!    - *held*: pagesift unmarked it for thrashing, or its writes would
+//!      make it thrash: out of the ladder (not sampled) until its hold
+//!      ends, then back at the bottom.
 //! 2. **Distil**: `Distiller::sync_regions` (only when regions changed) and
 //!    `Distiller::wake` over the eligible regions, minus promoted regions
 //!    ksmd is still merging (re-sampling them would only re-find the
@@ -21,7 +23,7 @@
 //!    [`MAX_TRACKED_PROCS`] processes) are write-tracked through
 //!    [`Target::sync_write_tracking`]; a top-level region watched long
 //!    enough whose writes would make it thrash once merged
-//!    (`write_verdict`) is held instead of marked, so the COW breaks
+//!    (`write_verdict`) is held (out of the ladder) instead of marked, so the COW breaks
 //!    accounting would find after merging are never induced (UKSM's fault
 //!    hook sees them before demotion; we see them before promotion). A
 //!    range leaves tracking in the wake that may mark it, before marking.
@@ -496,6 +498,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             refreshed: self.maybe_refresh(now),
             ..WakeSummary::default()
         };
+        self.release_holds(now);
         summary.sampled = self.distil(now);
         self.account(now);
         self.watch_writes(now);
@@ -510,6 +513,25 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         summary.sleep = sleep;
         self.counters.wakes += 1;
         summary
+    }
+
+    /// Held regions are out of the ladder: one that cannot be promoted
+    /// until its hold ends would otherwise climb back and take its level's
+    /// CPU share, sampled round after round for nothing (UKSM's thrash
+    /// filter instead zeroes the ratio, so a thrashing region sinks). When
+    /// the hold ends it re-enters at the bottom and has to climb, and be
+    /// watched for writes, again.
+    fn release_holds(&mut self, now: Nanos) {
+        for (id, b) in &mut self.books {
+            if let Mode::Held { until } = b.mode
+                && now >= until
+            {
+                b.mode = Mode::Sampling;
+                if self.hidden.remove(id) {
+                    self.need_sync = true;
+                }
+            }
+        }
     }
 
     /// T_s before the next wake-up (module header, step 6): the configured
@@ -795,9 +817,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                         .remove(book.span.proc, book.span.start, book.span.end());
                     book.holds += 1;
                     book.mode = Mode::Held {
-                        until: now + hold_time(&self.config, book.holds),
+                        until: now + hold_time(self.config.actuate.demote_hold_s, book.holds),
                     };
-                    self.hidden.remove(&r.id);
+                    // Out of the ladder while held (see `release_holds`).
+                    self.hidden.insert(r.id);
                     self.need_sync = true;
                 }
                 (Mode::Sampling, false) if ours && mergeable => {
@@ -899,13 +922,16 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 WriteVerdict::Hot => {
                     b.holds += 1;
                     b.mode = Mode::Held {
-                        until: now + hold_time(&self.config, b.holds),
+                        until: now + hold_time(self.config.actuate.write_hold_s, b.holds),
                     };
                     info!(
                         pid = b.span.proc.pid,
                         start = b.span.start,
                         "writes would break its merged pages: not promoted, held"
                     );
+                    // Out of the ladder while held (see `release_holds`).
+                    self.hidden.insert(id);
+                    self.need_sync = true;
                     continue;
                 }
                 WriteVerdict::Watching => continue,
@@ -1195,12 +1221,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                                 if let Some(b) = self.books.get_mut(&id) {
                                     b.holds += 1;
                                     b.mode = Mode::Held {
-                                        until: now + hold_time(&self.config, b.holds),
+                                        until: now
+                                            + hold_time(self.config.actuate.demote_hold_s, b.holds),
                                     };
-                                    // Out of the ladder for one sync: it
-                                    // re-enters at the bottom.
+                                    // Out of the ladder while held (see
+                                    // `release_holds`).
                                     self.hidden.insert(id);
-                                    self.unhide_after_sync.insert(id);
                                     self.need_sync = true;
                                     summary.demoted.push(id);
                                     info!(
@@ -1226,8 +1252,11 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                                 {
                                     b.holds += 1;
                                     b.mode = Mode::Held {
-                                        until: now + hold_time(&self.config, b.holds),
+                                        until: now
+                                            + hold_time(self.config.actuate.demote_hold_s, b.holds),
                                     };
+                                    self.hidden.insert(id);
+                                    self.need_sync = true;
                                 }
                             }
                         }
@@ -1542,6 +1571,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             .collect();
         top.sort_by(|a, b| b.merged_pages.cmp(&a.merged_pages).then(a.id.cmp(&b.id)));
         top.truncate(20);
+        let mut held: Vec<RegionStatus> = self
+            .books
+            .iter()
+            .filter(|(_, b)| matches!(b.mode, Mode::Held { .. }))
+            .map(|(id, b)| region(*id, b))
+            .collect();
+        held.sort_by(|a, b| b.pages.cmp(&a.pages).then(a.id.cmp(&b.id)));
+        held.truncate(MAX_LISTED);
         let count = |f: &dyn Fn(&Book) -> bool| self.books.values().filter(|b| f(b)).count() as u64;
         let totals = Totals {
             processes: self.allowed.len() as u64,
@@ -1615,6 +1652,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             governor: self.config.governor.name().into(),
             levels,
             top_regions: top,
+            held_regions: held,
             totals,
             ksm,
             daemon,
@@ -1684,10 +1722,11 @@ fn new_distiller(config: &Config) -> Distiller {
     d
 }
 
-/// The hold after the `n`-th demotion: `demote_hold_s`, doubling, at most
-/// an hour.
-fn hold_time(config: &Config, n: u32) -> Nanos {
-    let base = config.actuate.demote_hold_s.saturating_mul(SEC);
-    base.saturating_mul(1u64 << n.saturating_sub(1).min(20))
+/// The `n`-th hold of a region: `base_s` seconds, doubling, at most an
+/// hour.
+fn hold_time(base_s: u64, n: u32) -> Nanos {
+    base_s
+        .saturating_mul(SEC)
+        .saturating_mul(1u64 << n.saturating_sub(1).min(20))
         .min(MAX_HOLD)
 }

@@ -152,7 +152,7 @@ fn what_a_process_marked_itself_is_accounted_but_never_touched() {
 }
 
 #[test]
-fn a_thrashing_promoted_region_is_unmarked_and_held_at_the_bottom() {
+fn a_thrashing_promoted_region_is_unmarked_and_held_out_of_the_ladder() {
     let w = world();
     let dup = {
         let mut m = w.borrow_mut();
@@ -662,15 +662,56 @@ fn a_region_written_while_it_climbs_is_watched_and_never_marked() {
     // asserts it) and merged with itself.
     assert!(m.spans[&calm].mergeable);
     assert!(!m.tracked.contains(&span(calm)));
-    assert!(m.tracked.contains(&span(hot)), "{:?}", m.tracked);
+    // Held: out of the ladder, so neither sampled nor watched until the
+    // hold ends.
     assert!(matches!(d.mode(hot), Some(Mode::Held { .. })));
+    assert!(m.tracked.is_empty(), "{:?}", m.tracked);
     drop(m);
     let st = d.status(now);
-    assert_eq!(st.totals.write_tracked_ranges, 1);
+    assert!(
+        st.levels
+            .iter()
+            .all(|l| l.regions.iter().all(|r| r.id != hot.0)),
+        "a held region is in the ladder"
+    );
+    assert_eq!(st.totals.write_tracked_ranges, 0);
     assert_eq!(st.totals.unmarks, 0);
     assert_eq!(st.totals.held_regions, 1);
     d.shutdown(false).unwrap();
     assert!(w.borrow().tracked.is_empty(), "tracking left at exit");
+}
+
+#[test]
+fn a_held_region_comes_back_at_the_bottom_when_its_hold_ends() {
+    let (w, mut d, hot, _, mut now) = climb_while_written("");
+    let Some(Mode::Held { until }) = d.mode(hot) else {
+        panic!("not held: {:?}", d.mode(hot));
+    };
+    // No more writes. Until the hold ends: out of the ladder, unmarked.
+    while now + WAKE < until {
+        run(&mut d, &mut now, 1);
+        assert_eq!(d.distiller().ladder().level_of(hot), None);
+    }
+    // Then back at the bottom, watched again while it climbs, and marked
+    // once it is cold at the top.
+    run(&mut d, &mut now, 2);
+    assert!(d.distiller().ladder().level_of(hot).is_some(), "not back");
+    assert_eq!(d.mode(hot), Some(Mode::Sampling));
+    let mut watched = false;
+    for _ in 0..600 {
+        run(&mut d, &mut now, 1);
+        let m = w.borrow();
+        let s = &m.spans[&hot];
+        watched |= m.tracked.contains(&(s.proc.pid, s.start, s.end()));
+        if s.mergeable {
+            break;
+        }
+    }
+    assert!(watched, "re-promoted without watching its writes again");
+    assert!(
+        w.borrow().spans[&hot].mergeable,
+        "never marked after the hold"
+    );
 }
 
 #[test]

@@ -50,7 +50,7 @@ const GAUGES: &[(&str, &str)] = &[
     ("merging_regions", "Promoted regions ksmd is still merging"),
     (
         "held_regions",
-        "Regions unmarked for thrashing and held at the bottom",
+        "Regions held out of the ladder (unmarked for thrashing, or written too often to mark) until their hold ends",
     ),
     (
         "foreign_regions",

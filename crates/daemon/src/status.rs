@@ -181,6 +181,10 @@ pub struct Status {
     pub levels: Vec<LevelStatus>,
     /// Regions by pages merged, most first.
     pub top_regions: Vec<RegionStatus>,
+    /// Regions held out of the ladder (thrashing, or written too often to
+    /// mark), largest first: not sampled until their hold ends.
+    #[serde(default)]
+    pub held_regions: Vec<RegionStatus>,
     /// Totals.
     pub totals: Totals,
     /// ksmd.
@@ -446,6 +450,17 @@ pub fn render(s: &Status) -> String {
             let _ = writeln!(o, "{}", region_line(r));
         }
     }
+    if !s.held_regions.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nheld regions (not sampled until their hold ends; {} in all):",
+            t.held_regions
+        );
+        let _ = writeln!(o, "{REGION_HEADER}");
+        for r in &s.held_regions {
+            let _ = writeln!(o, "{}", region_line(r));
+        }
+    }
     let upper: Vec<&LevelStatus> = s
         .levels
         .iter()
@@ -508,10 +523,17 @@ mod tests {
                     regions: vec![r.clone()],
                 },
             ],
-            top_regions: vec![r],
+            top_regions: vec![r.clone()],
+            held_regions: vec![RegionStatus {
+                id: 9,
+                state: "held".into(),
+                comm: "writer".into(),
+                ..r
+            }],
             totals: Totals {
                 merged_pages: 16000,
                 promoted_regions: 1,
+                held_regions: 1,
                 ..Totals::default()
             },
             skipped: vec![Skipped {
@@ -528,6 +550,11 @@ mod tests {
         let t = render(&sample());
         assert!(t.contains("16000 pages merged (62.5 MiB)"), "{t}");
         assert!(t.contains("qemu"), "{t}");
+        assert!(
+            t.contains("held regions (not sampled until their hold ends; 1 in all)"),
+            "{t}"
+        );
+        assert!(t.contains("writer"), "{t}");
         assert!(t.contains("already traced"), "{t}");
         assert!(t.contains("governor full"), "{t}");
     }
