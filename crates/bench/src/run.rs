@@ -163,6 +163,8 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
             let demand = PacingDemand {
                 target_share: share,
                 unmerged_pages: 1,
+                // The equal-CPU comparison: the whole share, no cap.
+                scan_pages: 0,
             };
             guard.set_pace(p.start(demand))?;
             pacer = Some((p, demand));

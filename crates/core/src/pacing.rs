@@ -59,7 +59,18 @@
 //!    `[min_sleep_ms, max_sleep_ms]`; beyond both bounds the share is
 //!    simply not reachable and the output stays at the bound. Outputs never
 //!    leave the configured bounds.
-//! 5. **Trickle.** When nothing promoted is left unmerged, ksmd only needs
+//! 5. **Enough, not more.** While promoted memory is unmerged, the daemon
+//!    needs ksmd to pass over every mergeable page a few times (a page is
+//!    merged on its second visit, and a region counts as settled after
+//!    three full scans, see the daemon's module header), not to spin: the
+//!    governor's share is an upper bound. When the daemon says how many
+//!    pages one full scan covers ([`PacingDemand::scan_pages`]), the active
+//!    share is capped at what [`PacingConfig::active_scans_per_s`] full
+//!    scans a second cost at the estimated cost per page. A small run
+//!    marked beside a large merged region thus no longer sends ksmd
+//!    re-scanning that region at 95 % of a core for the second or two it
+//!    takes to settle; a large promotion still gets the whole share.
+//! 6. **Trickle.** When nothing promoted is left unmerged, ksmd only needs
 //!    to notice COW breaks and other processes' KSM memory, so the pacer
 //!    switches to a trickle: the same loop with the target
 //!    [`PacingConfig::trickle_share`] (0.1 %, half of UKSM's bottom level,
@@ -97,6 +108,9 @@ pub struct PacingConfig {
     /// Highest share the pacer aims at, whatever it is asked (ksmd is one
     /// thread; at 100 % it would never sleep).
     pub max_share: f64,
+    /// Full scans per second that the active share is capped at, when the
+    /// demand says how many pages a full scan covers (0: no cap).
+    pub active_scans_per_s: f64,
     /// Initial effective cost per scanned page, ns.
     pub seed_cost_ns: f64,
     /// Weight of a new measurement in the (log-domain) cost estimate, in
@@ -131,6 +145,9 @@ impl Default for PacingConfig {
             trickle_max_pages: 100,
             // UKSM's full governor caps at 95 % (governor table, §7).
             max_share: 0.95,
+            // pagesift's choice: three full scans settle a region and the
+            // daemon looks about once a second; one more for the margin.
+            active_scans_per_s: 4.0,
             // ksm-baseline.md §5: 223,092 merges/s at 67.7 % CPU ≈ 3.0 µs.
             seed_cost_ns: 3_000.0,
             smoothing: 0.8,
@@ -215,6 +232,12 @@ impl PacingConfig {
                 format!("{} is not in (0, max_share]", self.trickle_share),
             );
         }
+        if !(self.active_scans_per_s.is_finite() && self.active_scans_per_s >= 0.0) {
+            return err(
+                "active_scans_per_s",
+                format!("{} is not a number ≥ 0", self.active_scans_per_s),
+            );
+        }
         if !(self.seed_cost_ns.is_finite() && self.seed_cost_ns > 0.0) {
             return err(
                 "seed_cost_ns",
@@ -279,6 +302,9 @@ pub struct PacingDemand {
     pub target_share: f64,
     /// Pages promoted (marked mergeable by pagesift) that are not merged yet.
     pub unmerged_pages: u64,
+    /// Pages one full scan of ksmd covers (every mergeable page it knows
+    /// of), or 0 if unknown: then the active share is not capped.
+    pub scan_pages: u64,
 }
 
 /// The closed-loop pacer. Call [`Pacer::start`] once when ksmd is started,
@@ -401,7 +427,7 @@ impl Pacer {
             d.target_share.min(self.config.max_share)
         };
         let (mode, share) = if d.unmerged_pages > 0 && wanted > 0.0 {
-            (PaceMode::Active, wanted)
+            (PaceMode::Active, self.enough(wanted, d.scan_pages))
         } else if wanted > 0.0 {
             // A trickle never costs more than the active budget would.
             (PaceMode::Trickle, self.config.trickle_share.min(wanted))
@@ -414,6 +440,19 @@ impl Pacer {
         self.target = share;
         self.pace = self.solve(mode, share);
         self.pace
+    }
+
+    /// The active share: `wanted`, capped at the share that
+    /// `active_scans_per_s` full scans of `scan_pages` pages cost at the
+    /// estimated cost per page (a page rate `r` at cost `c` keeps ksmd
+    /// busy a fraction `r·c` of the time), never below the trickle.
+    fn enough(&self, wanted: f64, scan_pages: u64) -> f64 {
+        let c = &self.config;
+        if scan_pages == 0 || c.active_scans_per_s == 0.0 {
+            return wanted;
+        }
+        let needed = c.active_scans_per_s * scan_pages as f64 * self.cost_active * 1e-9;
+        wanted.min(needed.max(c.trickle_share))
     }
 
     /// `P = S · s/((1 − s) · c)` at the mode's preferred sleep. When `P`
@@ -511,6 +550,7 @@ mod tests {
         PacingDemand {
             target_share: target,
             unmerged_pages: 1 << 20,
+            scan_pages: 0,
         }
     }
 
@@ -662,6 +702,54 @@ mod tests {
     }
 
     #[test]
+    fn the_active_share_is_capped_at_a_few_full_scans_a_second() {
+        let c = PacingConfig::default();
+        let demand = |scan_pages| PacingDemand {
+            target_share: 0.95,
+            unmerged_pages: 10,
+            scan_pages,
+        };
+        let mut p = Pacer::new(c).unwrap();
+        // 10 000 pages at the seed cost, 3 µs: 4 scans a second keep ksmd
+        // busy 12 % of the time.
+        p.start(demand(10_000));
+        assert_eq!(p.mode(), PaceMode::Active);
+        assert!(
+            (p.target_share() - 0.12).abs() < 1e-9,
+            "{}",
+            p.target_share()
+        );
+        // A million pages: the cap is above the governor's share, which wins;
+        // unknown (0): no cap.
+        for pages in [1 << 20, 0] {
+            p.start(demand(pages));
+            assert_eq!(p.target_share(), 0.95, "{pages} pages");
+        }
+        // A handful: never below the trickle.
+        p.start(demand(1));
+        assert_eq!(p.target_share(), c.trickle_share);
+        assert_eq!(p.mode(), PaceMode::Active);
+    }
+
+    #[test]
+    fn the_capped_share_follows_the_learnt_cost() {
+        // ksmd really costs 1 µs a page (the pacer starts from 3 µs): 4 full
+        // scans a second of 50 000 pages are 20 % of a core, and the loop
+        // gets there as it learns the cost.
+        let mut p = Pacer::new(PacingConfig::default()).unwrap();
+        let mut k = SimKsmd::new(1_000.0, 20_000.0);
+        let d = PacingDemand {
+            target_share: 0.95,
+            unmerged_pages: 10,
+            scan_pages: 50_000,
+        };
+        p.start(d);
+        let shares = drive(&mut p, &mut k, d, 30);
+        let mean = shares[20..].iter().sum::<f64>() / 10.0;
+        assert!((mean - 0.20).abs() < 0.02, "mean {mean:.4} ({shares:?})");
+    }
+
+    #[test]
     fn a_cost_jump_is_cut_within_a_few_ticks() {
         // Merging finishes and the all-full stable chain makes every page
         // ~30x dearer (ksm-baseline.md §4.3).
@@ -708,6 +796,7 @@ mod tests {
         let idle = PacingDemand {
             target_share: 0.2,
             unmerged_pages: 0,
+            scan_pages: 0,
         };
         let shares = drive(&mut p, &mut k, idle, 10);
         assert_eq!(p.mode(), PaceMode::Trickle);
@@ -747,6 +836,7 @@ mod tests {
         p.start(PacingDemand {
             target_share: 0.0,
             unmerged_pages: 10,
+            scan_pages: 0,
         });
         assert_eq!(p.mode(), PaceMode::Trickle);
         assert_eq!(p.target_share(), PacingConfig::default().trickle_share);
@@ -874,6 +964,7 @@ mod tests {
                 let d = PacingDemand {
                     target_share: if nan { f64::NAN } else { target },
                     unmerged_pages: unmerged,
+                    scan_pages: 0,
                 };
                 let pace = p.tick(KsmdTick { cpu_ns, wall_ns }, d);
                 prop_assert!(in_bounds(&cfg, pace), "{:?} {:?}", cfg, pace);

@@ -70,7 +70,9 @@
 //!    stable index, and they can climb again.
 //! 5. **Pace**: while any promoted or foreign region is unsettled, ksmd gets
 //!    the governor's top-level share (the CPU UKSM would spend merging the
-//!    region itself); otherwise a trickle (`ksm.trickle_share`, 0.1 %: half
+//!    region itself), but no more than four full scans a second of the
+//!    promoted and foreign regions cost (`core::pacing`: three settle a
+//!    region; more would only re-scan merged memory); otherwise a trickle (`ksm.trickle_share`, 0.1 %: half
 //!    of UKSM's bottom level, the daemon's own bottom-level sampling using
 //!    the other half).
 //! 6. **Sleep** T_s, stretched so that the daemon stays under its CPU cap
@@ -285,6 +287,7 @@ struct Counters {
     batches: u64,
     vma_splits: u64,
     run_marks: u64,
+    remerges: u64,
     sampled: u64,
     wakes: u64,
 }
@@ -303,6 +306,9 @@ pub struct WakeSummary {
     /// Runs of duplicates marked mergeable inside regions that did not
     /// climb: (pid, range).
     pub run_marks: Vec<(u32, Advice)>,
+    /// Promoted regions that climbed back with new duplicates: merging
+    /// again.
+    pub remerging: Vec<RegionId>,
     /// Injection batches run (one per process at most).
     pub batches: u64,
     /// ksmd share asked for.
@@ -551,6 +557,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             && summary.promoted.is_empty()
             && summary.demoted.is_empty()
             && summary.run_marks.is_empty()
+            && summary.remerging.is_empty()
             && (1..ladder.levels()).all(|l| ladder.level_pages(l) == 0);
         if !quiet {
             return base;
@@ -913,6 +920,25 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     continue;
                 }
                 b.mode = Mode::Sampling;
+            }
+            if b.mode == Mode::Promoted && b.settled {
+                // Merged, settled, and back at the top: merged pages are
+                // no duplicates to the sampler, so new ones appeared in it
+                // (a guest filled pages, say) that the trickle would take
+                // minutes to reach. ksmd merges it again at the active
+                // pace, as UKSM gives a climbing region the top level's CPU.
+                b.start_merging(self.ksm_now.full_scans, now);
+                self.hidden.insert(id);
+                self.need_sync = true;
+                self.counters.remerges += 1;
+                summary.remerging.push(id);
+                info!(
+                    pid = b.span.proc.pid,
+                    start = b.span.start,
+                    pages = b.span.pages,
+                    "new duplicates in a merged region: merging it again"
+                );
+                continue;
             }
             if b.mode != Mode::Sampling {
                 continue;
@@ -1460,6 +1486,23 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 present.max(1)
             })
             .sum();
+        // And what one full scan of ksmd covers, as far as pagesift knows
+        // (promoted and foreign regions; other processes' mergeable memory
+        // is scanned too, unseen): the pacer spends no more than a few such
+        // scans a second. A region not yet counted through counts whole,
+        // so that a fresh promotion is never starved.
+        let scan_pages: u64 = self
+            .books
+            .values()
+            .filter(|b| b.accounted())
+            .map(|b| {
+                if b.passes == 0 {
+                    b.span.pages as u64
+                } else {
+                    b.last.present
+                }
+            })
+            .sum();
         // Reading KSM's counters and ksmd's CPU costs a dozen file reads:
         // once a second is enough (the pacer is built for that interval),
         // but a change between merging and trickling acts at once.
@@ -1477,7 +1520,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             Err(e) => debug!(error = %e, "reading KSM counters failed"),
         }
         let target = self.config.merge_share();
-        match self.ksm.pace(target, unmerged, now) {
+        match self.ksm.pace(target, unmerged, scan_pages, now) {
             Ok(p) => self.pacing = p,
             Err(e) => warn!(error = %e, "pacing ksmd failed"),
         }
@@ -1601,6 +1644,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             batches: self.counters.batches,
             vma_splits: self.counters.vma_splits,
             run_marks: self.counters.run_marks,
+            remerges: self.counters.remerges,
             write_tracked_ranges: self.tracked as u64,
             sampled_pages: self.counters.sampled,
             wakes: self.counters.wakes,

@@ -47,11 +47,14 @@ pub trait KsmControl {
     /// Paces ksmd (called once per wake-up; the implementation closes the
     /// loop on ksmd's measured CPU and may act less often): towards
     /// `target_share` of one core while `unmerged_pages` promoted pages
-    /// wait for ksmd, at a trickle when there are none.
+    /// wait for ksmd (no more than a few full scans of `scan_pages` pages
+    /// a second need, see `core::pacing`), at a trickle when there are
+    /// none.
     fn pace(
         &mut self,
         target_share: f64,
         unmerged_pages: u64,
+        scan_pages: u64,
         now: Nanos,
     ) -> Result<Pacing, String>;
     /// Writes back the settings found at start. Also done on drop; calling
@@ -158,11 +161,13 @@ impl KsmControl for SysKsm {
         &mut self,
         target_share: f64,
         unmerged_pages: u64,
+        scan_pages: u64,
         now: Nanos,
     ) -> Result<Pacing, String> {
         let demand = PacingDemand {
             target_share,
             unmerged_pages,
+            scan_pages,
         };
         match self.last {
             None => {

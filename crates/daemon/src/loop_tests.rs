@@ -85,6 +85,45 @@ fn the_identical_region_is_promoted_and_merged_the_random_one_never_marked() {
 }
 
 #[test]
+fn a_merged_region_with_new_duplicates_climbs_back_and_is_merged_again() {
+    let w = world();
+    // Half identical, half distinct; ksmd idles at the trickle.
+    let region = {
+        let mut m = w.borrow_mut();
+        m.idle_at_trickle = true;
+        m.spawn(12, "guest", false);
+        let mut contents = vec![7; 512];
+        contents.extend(distinct(5000, 512));
+        m.map(12, &contents, false)
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert_eq!(d.mode(region), Some(Mode::Promoted));
+    assert_eq!(w.borrow().count(region, PageState::Merged), 512);
+    assert_eq!(*w.borrow().shares.last().unwrap(), 0.001, "not settled");
+    // The distinct half is filled with the common content: 512 new
+    // duplicates the trickle does not merge.
+    {
+        let mut m = w.borrow_mut();
+        for page in 512..1024 {
+            m.mem.write(PageRef { region, page }, 7).unwrap();
+        }
+    }
+    let s = run(&mut d, &mut now, 300);
+    assert!(
+        s.iter().any(|s| s.remerging == vec![region]),
+        "never merged again"
+    );
+    assert_eq!(w.borrow().count(region, PageState::Merged), 1024);
+    let st = d.status(now);
+    assert!(st.totals.remerges >= 1);
+    assert_eq!(st.totals.unmarks, 0);
+    // Settled again, and ksmd back at the trickle.
+    assert_eq!(*w.borrow().shares.last().unwrap(), 0.001);
+}
+
+#[test]
 fn what_a_process_marked_itself_is_accounted_but_never_touched() {
     let w = world();
     let (own, any, ours) = {

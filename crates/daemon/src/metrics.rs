@@ -64,6 +64,10 @@ const GAUGES: &[(&str, &str)] = &[
         "run_marks",
         "Runs of verified duplicates marked inside poor regions",
     ),
+    (
+        "remerges",
+        "Merged regions that climbed back with new duplicates and were merged again",
+    ),
     ("marked_bytes", "Bytes marked mergeable by pagesift"),
     ("skipped_processes", "Processes pagesift does not actuate"),
     ("ksm_pages_shared", "KSM pages in use"),
@@ -200,6 +204,7 @@ impl Metrics {
             ("foreign_regions", t.foreign_regions as f64),
             ("write_tracked_ranges", t.write_tracked_ranges as f64),
             ("run_marks", t.run_marks as f64),
+            ("remerges", t.remerges as f64),
             ("marked_bytes", t.marked_bytes as f64),
             ("skipped_processes", s.skipped.len() as f64),
             ("ksm_pages_shared", k.pages_shared as f64),

@@ -41,6 +41,10 @@ pub struct World {
     pub tracked: Vec<(u32, u64, u64)>,
     /// Every range that was ever write-tracked.
     pub ever_tracked: Vec<(u32, u64, u64)>,
+    /// ksmd merges only while it is paced above the trickle (a real ksmd
+    /// at the trickle takes minutes to get round); off by default: it
+    /// merges everything mergeable on every pace call.
+    pub idle_at_trickle: bool,
 }
 
 /// A shared handle on the world.
@@ -380,11 +384,19 @@ impl KsmControl for SimKsm {
             ..KsmSample::default()
         })
     }
-    fn pace(&mut self, target: f64, unmerged: u64, _now: Nanos) -> Result<Pacing, String> {
+    fn pace(
+        &mut self,
+        target: f64,
+        unmerged: u64,
+        _scan_pages: u64,
+        _now: Nanos,
+    ) -> Result<Pacing, String> {
         let share = if unmerged > 0 { target } else { 0.001 };
         let mut w = self.0.borrow_mut();
         w.shares.push(share);
-        w.ksmd_pass();
+        if !(w.idle_at_trickle && unmerged == 0) {
+            w.ksmd_pass();
+        }
         Ok(Pacing {
             share,
             pages_to_scan: 100,

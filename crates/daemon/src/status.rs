@@ -100,6 +100,10 @@ pub struct Totals {
     /// climb (the rest are whole regions that reached the top level).
     #[serde(default)]
     pub run_marks: u64,
+    /// Times a merged region climbed back with new duplicates and ksmd was
+    /// sent to merge it again.
+    #[serde(default)]
+    pub remerges: u64,
     /// MADV_UNMERGEABLE calls that succeeded.
     pub unmarks: u64,
     /// Candidate ranges whose writes are being watched (userfaultfd

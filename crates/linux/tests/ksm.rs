@@ -490,6 +490,7 @@ fn paced_ksmd_merges_256_mib_at_the_target_share() {
     let demand = |merged: u64| PacingDemand {
         target_share: target,
         unmerged_pages: pages.saturating_sub(merged),
+        scan_pages: 0,
     };
     g.set_advisor_mode(AdvisorMode::None).unwrap();
     g.set_pace(pacer.start(demand(0))).unwrap();
