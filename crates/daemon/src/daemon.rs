@@ -1486,6 +1486,22 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 present.max(1)
             })
             .sum();
+        // Reading KSM's counters and ksmd's CPU costs a dozen file reads:
+        // once a second is enough (the pacer is built for that interval),
+        // but a change between merging and trickling acts at once.
+        let merging = unmerged > 0;
+        if now < self.next_pace && merging == self.merging {
+            return self.pacing.share;
+        }
+        self.next_pace = now + PACE_INTERVAL;
+        self.merging = merging;
+        match self.ksm.sample() {
+            Ok(s) => {
+                self.ksm_now = s;
+                self.ksm_start.get_or_insert(s);
+            }
+            Err(e) => debug!(error = %e, "reading KSM counters failed"),
+        }
         // And what one full scan of ksmd covers, as far as pagesift knows
         // (promoted and foreign regions; other processes' mergeable memory
         // is scanned too, unseen): the pacer spends no more than a few such
@@ -1503,22 +1519,6 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 }
             })
             .sum();
-        // Reading KSM's counters and ksmd's CPU costs a dozen file reads:
-        // once a second is enough (the pacer is built for that interval),
-        // but a change between merging and trickling acts at once.
-        let merging = unmerged > 0;
-        if now < self.next_pace && merging == self.merging {
-            return self.pacing.share;
-        }
-        self.next_pace = now + PACE_INTERVAL;
-        self.merging = merging;
-        match self.ksm.sample() {
-            Ok(s) => {
-                self.ksm_now = s;
-                self.ksm_start.get_or_insert(s);
-            }
-            Err(e) => debug!(error = %e, "reading KSM counters failed"),
-        }
         let target = self.config.merge_share();
         match self.ksm.pace(target, unmerged, scan_pages, now) {
             Ok(p) => self.pacing = p,
