@@ -416,6 +416,9 @@ impl Distiller {
             self.zero_hash = self.hasher.hash(&[0; WORDS_PER_PAGE], new);
         }
         self.index.clear_unstable();
+        // Coordinated sampling restarts with the unstable set: regions of
+        // one size sample the same offsets until the next global round.
+        self.ladder.new_epoch();
     }
 
     fn sample(

@@ -92,6 +92,7 @@ use crate::target::{Span, Target, View};
 use pagesift_core::distill::{Distiller, DistillerConfig, DupRun};
 use pagesift_core::governor::{MAX_SLEEP, sleep_for_share};
 use pagesift_core::source::{PageState, SourceError};
+use pagesift_core::write_watch::{WriteRules, WriteVerdict, WriteWatch};
 use pagesift_core::{Nanos, RegionId};
 use pagesift_linux::host;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -213,8 +214,12 @@ struct Book {
     /// When ksmd got the region (marked, or first seen mergeable).
     merging_since: Nanos,
     cow_total: u64,
-    /// Write tracking of the region: since when, and pages written since.
-    watch: Option<(Nanos, u64)>,
+    /// Write tracking of the region: since when, and where it was written.
+    watch: Option<WriteWatch>,
+    /// The zones (page ranges) its watch found written when it was judged
+    /// markable around them: marking leaves them out, however long the
+    /// marking waits (core::write_watch, ColdExcept).
+    exclude: Option<Vec<(u32, u32)>>,
 }
 
 impl Book {
@@ -237,11 +242,15 @@ impl Book {
             merging_since: now,
             cow_total: 0,
             watch: None,
+            exclude: None,
         }
     }
 
     fn resize(&mut self, pages: u32) {
         self.seen_merged.resize((pages as usize).div_ceil(64), 0);
+        // Zones are offsets into the old span.
+        self.exclude = None;
+        self.watch = None;
         if self.cursor >= pages {
             self.cursor = 0;
         }
@@ -287,6 +296,8 @@ struct Counters {
     batches: u64,
     vma_splits: u64,
     run_marks: u64,
+    /// Regions marked around their written zones.
+    partial_marks: u64,
     remerges: u64,
     sampled: u64,
     wakes: u64,
@@ -637,22 +648,36 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             .flat_map(|r| std::iter::once(r.region).chain(r.twin.map(|t| t.region)))
             .collect();
         let mut candidates: Vec<(usize, RegionId)> = Vec::new();
+        let rules = write_rules(&self.config);
         for (&id, b) in &mut self.books {
-            if read && let Some((_, writes)) = &mut b.watch {
+            if read && let Some(w) = &mut b.watch {
                 let s = &b.span;
-                match self.target.written_pages(s.proc.pid, s.start, s.end()) {
-                    Some(n) => *writes += n,
+                match self.target.written_runs(s.proc.pid, s.start, s.end()) {
+                    Some(runs) => {
+                        for (a, e) in runs {
+                            let first = (a.saturating_sub(s.start) / PAGE) as u32;
+                            let end = (e.saturating_sub(s.start)).div_ceil(PAGE) as u32;
+                            w.record(first, end, rules.zone_gap);
+                        }
+                        w.checkpoint(now);
+                    }
                     None => b.watch = None,
                 }
             }
             let level = ladder.level_of(id).unwrap_or(0);
-            let cold =
-                write_verdict(b, dup_share(ladder, id), &self.config, now) == WriteVerdict::Cold;
+            let verdict = write_verdict(b, dup_share(ladder, id), &self.config, now);
+            // Duplicate runs are marked only in regions cold all over.
+            let verdict_cold = verdict == WriteVerdict::Cold;
+            let cold = verdict_cold || matches!(verdict, WriteVerdict::ColdExcept(_));
             let markable = level == top && b.mode == Mode::Sampling && cold;
+            if markable && let WriteVerdict::ColdExcept(zones) = verdict {
+                // Tracking stops below; the zones must outlive the watch.
+                b.exclude = Some(zones);
+            }
             if level >= 1
                 && matches!(b.mode, Mode::Sampling | Mode::Held { .. })
                 && !markable
-                && !(runs.contains(&id) && cold)
+                && !(runs.contains(&id) && verdict_cold)
                 && self.allowed.contains_key(&b.span.proc.pid)
                 && !self.self_managed.contains(&b.span.proc.pid)
                 && !self.marks.overlaps(b.span.proc, b.span.start, b.span.end())
@@ -684,10 +709,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 let s = &b.span;
                 if self
                     .target
-                    .written_pages(s.proc.pid, s.start, s.end())
+                    .written_runs(s.proc.pid, s.start, s.end())
                     .is_some()
                 {
-                    b.watch = Some((now, 0));
+                    b.watch = Some(WriteWatch::new(s.pages, now));
                 }
             }
         }
@@ -944,7 +969,11 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 continue;
             }
             let dup = dup_share(self.distiller.ladder(), id);
-            match write_verdict(b, dup, &self.config, now) {
+            let verdict = match &b.exclude {
+                Some(zones) => WriteVerdict::ColdExcept(zones.clone()),
+                None => write_verdict(b, dup, &self.config, now),
+            };
+            let exclude = match verdict {
                 WriteVerdict::Hot => {
                     b.holds += 1;
                     b.mode = Mode::Held {
@@ -961,8 +990,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     continue;
                 }
                 WriteVerdict::Watching => continue,
-                WriteVerdict::Cold => {}
-            }
+                WriteVerdict::Cold => None,
+                WriteVerdict::ColdExcept(zones) => Some(zones),
+            };
             let pid = b.span.proc.pid;
             if self.self_managed.contains(&pid)
                 || self
@@ -972,15 +1002,58 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             {
                 continue;
             }
-            batches.entry(pid).or_default().push(Item {
-                id,
-                advice: Advice {
-                    start: b.span.start,
-                    len: b.span.end() - b.span.start,
-                    mergeable: true,
-                },
-                whole: true,
-            });
+            let Some(zones) = exclude else {
+                batches.entry(pid).or_default().push(Item {
+                    id,
+                    advice: Advice {
+                        start: b.span.start,
+                        len: b.span.end() - b.span.start,
+                        mergeable: true,
+                    },
+                    whole: true,
+                });
+                continue;
+            };
+            // Written in places only: mark the rest, in pieces long enough
+            // to be worth a VMA of their own; the written zones stay
+            // unmarked and become regions of their own (see
+            // core::write_watch).
+            let min = (self.config.actuate.run_min_pages as u64).max(RUN_ALIGN_PAGES);
+            let mut from = 0u64;
+            let mut pieces = 0;
+            for &(zs, ze) in zones
+                .iter()
+                .chain(std::iter::once(&(b.span.pages, b.span.pages)))
+            {
+                let (zs, ze) = (u64::from(zs), u64::from(ze));
+                if zs >= from + min {
+                    let (s, e) = (b.span.start + from * PAGE, b.span.start + zs * PAGE);
+                    if !self.marks.covers(b.span.proc, s, e) {
+                        batches.entry(pid).or_default().push(Item {
+                            id,
+                            advice: Advice {
+                                start: s,
+                                len: e - s,
+                                mergeable: true,
+                            },
+                            whole: false,
+                        });
+                        pieces += 1;
+                    }
+                }
+                from = from.max(ze);
+            }
+            if pieces > 0 {
+                self.counters.partial_marks += 1;
+                info!(
+                    pid,
+                    start = b.span.start,
+                    pages = b.span.pages,
+                    written_zones = zones.len(),
+                    pieces,
+                    "written in places: marking the rest of the region"
+                );
+            }
         }
         for (pid, item) in self.run_items(now, &batches) {
             batches.entry(pid).or_default().push(item);
@@ -1213,7 +1286,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                                 pid,
                                 start = i.advice.start,
                                 pages = i.advice.len / PAGE,
-                                "promoted a run of duplicates: marked mergeable"
+                                "marked part of a region mergeable (a duplicate run, or around written zones)"
                             );
                         }
                     }
@@ -1644,6 +1717,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             batches: self.counters.batches,
             vma_splits: self.counters.vma_splits,
             run_marks: self.counters.run_marks,
+            partial_marks: self.counters.partial_marks,
             remerges: self.counters.remerges,
             write_tracked_ranges: self.tracked as u64,
             sampled_pages: self.counters.sampled,
@@ -1705,43 +1779,26 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     }
 }
 
-/// What a region's watched writes say about marking it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum WriteVerdict {
-    /// Not watched, or its writes would not make it thrash: may be marked.
-    Cold,
-    /// Watched too briefly to tell.
-    Watching,
-    /// Its writes would break its merged pages faster than V_cow allows.
-    Hot,
+/// The rules of the write verdict under `config` (see
+/// `core::write_watch`): a pass is `actuate.recheck_s`, the floor the one
+/// accounting uses to unmark.
+fn write_rules(config: &Config) -> WriteRules {
+    WriteRules {
+        watch_min: WRITE_WATCH_MIN,
+        pass: config.actuate.recheck_s * SEC,
+        min_breaks: MIN_BREAKS_FOR_DEMOTION,
+        align: RUN_ALIGN_PAGES as u32,
+        ..WriteRules::default()
+    }
 }
 
-/// Whether a region's writes would make it thrash once merged. Every page
-/// of a merged region that its owner writes is a COW break, and ksmd
-/// re-merges it if its content is still duplicate (as in UKSM §8.1.2's
-/// workload, which rewrites the same content): in steady state each break
-/// comes with a re-merge, a COW-broken ratio near 1 however small the
-/// written share, so above any V_cow < 100 % (the ratio accounting
-/// computes after merging; see the module header, step 4). So: the breaks
-/// one accounting pass (`recheck_s`) would see, the watched write rate
-/// times the region's duplicate share, against the same
-/// [`MIN_BREAKS_FOR_DEMOTION`] floor accounting uses to unmark.
+/// Whether a region's watched writes would make it thrash once merged, and
+/// where (`core::write_watch`). Not watched, or V_cow = 100 % (writes
+/// cannot stop a promotion): cold.
 fn write_verdict(b: &Book, dup: f64, config: &Config, now: Nanos) -> WriteVerdict {
-    let Some((since, writes)) = b.watch else {
-        return WriteVerdict::Cold;
-    };
-    if config.ladder.v_cow >= 1.0 {
-        return WriteVerdict::Cold;
-    }
-    let watched = now.saturating_sub(since);
-    if watched < WRITE_WATCH_MIN {
-        return WriteVerdict::Watching;
-    }
-    let per_pass = writes as f64 * dup * (config.actuate.recheck_s * SEC) as f64 / watched as f64;
-    if per_pass >= MIN_BREAKS_FOR_DEMOTION as f64 {
-        WriteVerdict::Hot
-    } else {
-        WriteVerdict::Cold
+    match &b.watch {
+        Some(w) if config.ladder.v_cow < 1.0 => w.verdict(dup, now, &write_rules(config)),
+        _ => WriteVerdict::Cold,
     }
 }
 

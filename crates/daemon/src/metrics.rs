@@ -65,6 +65,10 @@ const GAUGES: &[(&str, &str)] = &[
         "Runs of verified duplicates marked inside poor regions",
     ),
     (
+        "partial_marks",
+        "Regions marked around the zones their watched writes landed in",
+    ),
+    (
         "remerges",
         "Merged regions that climbed back with new duplicates and were merged again",
     ),
@@ -204,6 +208,7 @@ impl Metrics {
             ("foreign_regions", t.foreign_regions as f64),
             ("write_tracked_ranges", t.write_tracked_ranges as f64),
             ("run_marks", t.run_marks as f64),
+            ("partial_marks", t.partial_marks as f64),
             ("remerges", t.remerges as f64),
             ("marked_bytes", t.marked_bytes as f64),
             ("skipped_processes", s.skipped.len() as f64),

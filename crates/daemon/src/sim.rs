@@ -256,17 +256,22 @@ impl Target for SimTarget {
         w.tracked.len()
     }
     /// The pages of the region written since last asked (the in-memory
-    /// source's written flags, which this resets).
-    fn written_pages(&mut self, pid: u32, start: u64, end: u64) -> Option<u64> {
+    /// source's written flags, which this resets), one run per page.
+    fn written_runs(&mut self, pid: u32, start: u64, end: u64) -> Option<Vec<(u64, u64)>> {
         if !self.0.borrow().tracked.contains(&(pid, start, end)) {
             return None;
         }
         let (region, pages) = self.region_at(pid, start, end)?;
         let mut w = self.0.borrow_mut();
+        let page_size = pagesift_linux::PAGE_SIZE;
         Some(
             (0..pages)
                 .filter(|&page| w.mem.take_written(PageRef { region, page }) == Some(true))
-                .count() as u64,
+                .map(|page| {
+                    let a = start + u64::from(page) * page_size;
+                    (a, a + page_size)
+                })
+                .collect(),
         )
     }
 

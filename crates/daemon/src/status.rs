@@ -100,6 +100,10 @@ pub struct Totals {
     /// climb (the rest are whole regions that reached the top level).
     #[serde(default)]
     pub run_marks: u64,
+    /// Regions marked around the zones their watched writes landed in
+    /// (their pieces are counted in `run_marks`).
+    #[serde(default)]
+    pub partial_marks: u64,
     /// Times a merged region climbed back with new duplicates and ksmd was
     /// sent to merge it again.
     #[serde(default)]

@@ -102,9 +102,9 @@ pub trait Target: MemorySource {
     fn sync_write_tracking(&mut self, _wanted: &[(u32, u64, u64)]) -> usize {
         0
     }
-    /// Pages of a tracked range written since last asked (or since it was
-    /// armed); `None` if it is not tracked.
-    fn written_pages(&mut self, _pid: u32, _start: u64, _end: u64) -> Option<u64> {
+    /// The runs `[start, end)` (addresses) of a tracked range written since
+    /// last asked (or since it was armed); `None` if it is not tracked.
+    fn written_runs(&mut self, _pid: u32, _start: u64, _end: u64) -> Option<Vec<(u64, u64)>> {
         None
     }
 }
@@ -371,8 +371,8 @@ impl Target for LinuxTarget {
     }
 
     #[cfg(target_arch = "x86_64")]
-    fn written_pages(&mut self, pid: u32, start: u64, end: u64) -> Option<u64> {
-        self.src.write_tracker().written_pages(pid, start, end)
+    fn written_runs(&mut self, pid: u32, start: u64, end: u64) -> Option<Vec<(u64, u64)>> {
+        self.src.write_tracker().written(pid, start, end)
     }
 }
 

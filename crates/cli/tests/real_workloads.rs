@@ -1,0 +1,224 @@
+//! `pagesift run` on real interpreter processes whose memory changes while
+//! it works: the system's `python3`, not a workload we wrote in Rust.
+//!
+//! Each worker maps one private anonymous region (one VMA) and fills it
+//! with a block read from a shared data file followed by a hot buffer it
+//! rewrites every millisecond. The hot buffer holds duplicate content (the
+//! same bytes in every worker, rewritten unchanged, as in UKSM §8.1.2), so
+//! merging it would make it thrash: every write would be a COW fault. The
+//! daemon must merge the file block and leave the hot buffer alone, which
+//! it can only do by judging writes by where they land
+//! (`core::write_watch`).
+//!
+//! Root is needed; skipped with a message when `/usr/bin/python3` is
+//! missing (`scripts/setup` installs it).
+
+#[path = "../../linux/tests/common/mod.rs"]
+mod common;
+mod support;
+
+use common::require_root;
+use pagesift_linux::inspect::{PageClass, PageInfo, PageInspector};
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::*;
+
+const PYTHON: &str = "/usr/bin/python3";
+const PAGE: u64 = 4096;
+const DATA_MIB: u64 = 16;
+const HOT_MIB: u64 = 4;
+
+/// The worker: one private anonymous mapping, the data file's bytes, then
+/// the hot buffer (a 64-byte pattern repeated: the same in every worker)
+/// rewritten with the same bytes at a random place every millisecond.
+/// "check" on stdin answers with the SHA-256 of the whole mapping.
+const WORKER: &str = r#"
+import hashlib, mmap, os, random, select, sys, time
+data = open(sys.argv[1], 'rb').read()
+hot = int(sys.argv[2]) << 20
+m = mmap.mmap(-1, len(data) + hot, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+m[:len(data)] = data
+pattern = bytes(range(64))
+m[len(data):] = pattern * (hot // 64)
+import ctypes
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+print('ready', addr, len(data), hot, hashlib.sha256(m).hexdigest(), flush=True)
+r = random.Random(os.getpid())
+while True:
+    if select.select([sys.stdin], [], [], 0.001)[0]:
+        line = sys.stdin.readline()
+        if not line:
+            break
+        print('sum', hashlib.sha256(m).hexdigest(), flush=True)
+        continue
+    i = len(data) + r.randrange(0, hot // 64) * 64
+    m[i:i + 64] = pattern
+"#;
+
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    out: BufReader<ChildStdout>,
+    addr: u64,
+    data: u64,
+    hot: u64,
+    sum: String,
+}
+
+impl Worker {
+    fn start(script: &Path, data: &Path) -> Worker {
+        let mut child = Command::new(PYTHON)
+            .arg(script)
+            .arg(data)
+            .arg(HOT_MIB.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start python3");
+        let stdin = child.stdin.take().unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f.first(), Some(&"ready"), "worker said {line:?}");
+        Worker {
+            child,
+            stdin,
+            out,
+            addr: f[1].parse().unwrap(),
+            data: f[2].parse().unwrap(),
+            hot: f[3].parse().unwrap(),
+            sum: f[4].to_string(),
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The SHA-256 of its mapping now, computed by the worker itself.
+    fn checksum(&mut self) -> String {
+        self.stdin.write_all(b"check\n").unwrap();
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        line.strip_prefix("sum ")
+            .unwrap_or_else(|| panic!("worker said {line:?}"))
+            .trim()
+            .to_string()
+    }
+
+    /// KSM pages in `[start, start + len)` of the worker.
+    fn ksm_pages(&self, start: u64, len: u64) -> u64 {
+        let mut insp = PageInspector::open(self.pid()).unwrap();
+        let mut infos = vec![PageInfo::default(); (len / PAGE) as usize];
+        insp.inspect(start, &mut infos).unwrap();
+        infos
+            .iter()
+            .filter(|i| i.class() == PageClass::Merged)
+            .count() as u64
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Issue 10, "Done when": a mixed region (a duplicate block plus a hot
+/// buffer) of real python3 processes is merged without a single COW fault
+/// on its hot part, and the workers' memory is unchanged.
+#[test]
+fn python_workers_duplicate_block_is_merged_and_their_hot_buffer_never() {
+    require_root();
+    if !Path::new(PYTHON).exists() {
+        eprintln!("skipped: {PYTHON} is missing (run scripts/setup)");
+        return;
+    }
+    let _serial = serial();
+    let dir = tmpdir("real-python");
+    let script = dir.join("worker.py");
+    std::fs::write(&script, WORKER).unwrap();
+    // The shared file: distinct pages (nothing to merge within one worker).
+    let data = dir.join("data.bin");
+    let mut bytes = vec![0u8; (DATA_MIB << 20) as usize];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for chunk in bytes.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    std::fs::write(&data, &bytes).unwrap();
+
+    let mut workers: Vec<Worker> = (0..3).map(|_| Worker::start(&script, &data)).collect();
+    let sums: Vec<String> = workers.iter().map(|w| w.sum.clone()).collect();
+    assert!(sums.iter().all(|s| *s == sums[0]));
+    let mut args: Vec<String> = vec!["--governor".into(), "full".into()];
+    for w in &workers {
+        args.extend(["--pid".into(), w.pid().to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut d = Daemon::start(&dir, &args, false);
+
+    let data_pages = DATA_MIB << 20 >> 12;
+    let t0 = Instant::now();
+    let mut hot_ksm_seen = 0;
+    loop {
+        for w in &workers {
+            hot_ksm_seen += w.ksm_pages(w.addr + w.data, w.hot);
+        }
+        let merged: Vec<u64> = workers
+            .iter()
+            .map(|w| w.ksm_pages(w.addr, w.data))
+            .collect();
+        if merged.iter().all(|&m| m >= data_pages * 9 / 10) {
+            eprintln!(
+                "python3 workers: file block merged ({merged:?} of {data_pages} pages) after {:.1} s",
+                t0.elapsed().as_secs_f64()
+            );
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "after 30 s only {merged:?} of {data_pages} pages merged\nstatus: {}\nlog:\n{}",
+            d.status().map(|s| s.to_string()).unwrap_or_default(),
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // A few more seconds of writes: the hot buffers never hold a KSM page,
+    // so no write of theirs is a COW fault.
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        for w in &workers {
+            hot_ksm_seen += w.ksm_pages(w.addr + w.data, w.hot);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        hot_ksm_seen,
+        0,
+        "hot buffer pages were merged:\n{}",
+        d.log()
+    );
+    for (w, sum) in workers.iter_mut().zip(&sums) {
+        assert_eq!(&w.checksum(), sum, "worker {} memory changed", w.pid());
+        assert!(w.child.try_wait().unwrap().is_none(), "worker exited");
+    }
+    let st = d.status().expect("status");
+    assert!(
+        st["totals"]["partial_marks"].as_u64().unwrap_or(0) >= 1,
+        "{st}"
+    );
+    let stopped = d.stop();
+    assert!(stopped.success(), "exit {stopped}:\n{}", d.log());
+    drop(d);
+    for (w, sum) in workers.iter_mut().zip(&sums) {
+        assert_eq!(&w.checksum(), sum);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

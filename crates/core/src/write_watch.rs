@@ -1,0 +1,440 @@
+//! The write verdict: whether a region's watched writes would make it
+//! thrash once merged, and if only part of it would, which part.
+//!
+//! ## Why writes are watched before marking
+//! Every write to a merged page is a COW break; ksmd re-merges the page if
+//! its content is still a duplicate (UKSM §8.1.2's workload rewrites the
+//! same bytes), so a region whose duplicates are written keeps breaking
+//! and re-merging: its COW-broken ratio sits near 1 however small the
+//! written share is. UKSM sees those breaks in its fault hook after
+//! merging and demotes; a user-space daemon can watch writes *before*
+//! marking (userfaultfd write protection, read back with `PAGEMAP_SCAN`)
+//! and never induce them.
+//!
+//! ## Judging writes by where they land
+//! A region is rarely written evenly. An interpreter's 69 MiB anonymous
+//! VMA holds a 48 MiB block read from a file next to the allocator arenas
+//! it writes every few milliseconds; a guest's RAM holds its kernel text
+//! next to the pages it is filling. Counting writes against the whole
+//! region held all of it for the writes of a few MiB. So the watch keeps
+//! *where* the writes landed, as a short sorted list of zones (written
+//! pages, joined when closer than `zone_gap` pages), and the verdict is:
+//!
+//! 1. watched for less than `watch_min`: **Watching** (too early to say);
+//! 2. the breaks one accounting pass (`pass`) would see if the whole
+//!    region were merged (writes × the region's duplicate share × pass /
+//!    watched time) are below `min_breaks`: **Cold**, mark it all;
+//! 3. else, if the writes fell into at most `max_zones` zones covering at
+//!    most `max_zone_share` of the region, and the zones stopped spreading
+//!    (what they covered at half the watch is, within a quarter, what they
+//!    cover now): **ColdExcept** those zones
+//!    (widened to `align` pages): mark the rest, which no write touched
+//!    while it was watched, and leave the zones to the ladder (they become
+//!    regions of their own once the marks split the VMA);
+//! 4. else (writes everywhere, or still spreading): **Hot**, hold the
+//!    region.
+//!
+//! The spreading test tells a buffer rewritten in place (its zone is as
+//! wide after a quarter second as after a second) from a writer sweeping
+//! the region (UKSM §8.1.2 rewrites one page every 10 ms from start to end:
+//! its one zone is always young and doubles when the watch does). Marking
+//! around a sweeper's zone would hand ksmd the pages it is about to write.
+//!
+//! ## Invariants
+//! - `zones` is sorted, its zones are disjoint, non-empty, inside
+//!   `0..pages`, and separated by more than `zone_gap` pages;
+//! - once more zones than `max_zones_kept` would be needed the watch is
+//!   *diffuse*: zones are no longer kept (the verdict can only be Cold or
+//!   Hot), which bounds memory per watched region;
+//! - `history` holds (time, pages covered by the zones) at checkpoints in
+//!   time order, at most [`MAX_CHECKPOINTS`] of them (every other one is
+//!   dropped when full, so they stay spread over the whole watch).
+//!
+//! Pure: time is passed in.
+
+use crate::Nanos;
+
+/// Zones kept per watch before it is called diffuse. pagesift's choice: far
+/// more than any verdict uses, few enough to cost nothing.
+pub const MAX_ZONES_KEPT: usize = 32;
+
+/// Growth (pages) of the zones within which they count as not spreading,
+/// whatever their size: a few pages' jitter at the edge of a buffer.
+pub const SPREAD_SLACK: u64 = 4;
+
+/// Checkpoints of the zones' coverage kept per watch.
+pub const MAX_CHECKPOINTS: usize = 64;
+
+/// The rules of the verdict (see the module header).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WriteRules {
+    /// Shortest watch that can give a verdict.
+    pub watch_min: Nanos,
+    /// One accounting pass: the horizon breaks are predicted over.
+    pub pass: Nanos,
+    /// Fewest predicted breaks per pass that make writes matter (the floor
+    /// accounting uses to unmark a merged region).
+    pub min_breaks: u64,
+    /// Written pages closer than this are one zone.
+    pub zone_gap: u32,
+    /// Zones are widened to multiples of this many pages (the marks'
+    /// alignment), so marking around them splits as little as possible.
+    pub align: u32,
+    /// Most zones a region may be marked around.
+    pub max_zones: usize,
+    /// Largest share of the region the zones may cover.
+    pub max_zone_share: f64,
+}
+
+impl Default for WriteRules {
+    fn default() -> Self {
+        WriteRules {
+            watch_min: 500_000_000,
+            pass: 30_000_000_000,
+            min_breaks: 16,
+            zone_gap: 64,
+            align: 16,
+            max_zones: 4,
+            max_zone_share: 0.5,
+        }
+    }
+}
+
+/// What a region's watched writes say about marking it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteVerdict {
+    /// Not watched, or its writes would not make it thrash: mark it all.
+    Cold,
+    /// Watched too briefly to tell.
+    Watching,
+    /// Mark it except these page ranges `[first, end)` (sorted, disjoint,
+    /// aligned, inside the region), where its writes landed.
+    ColdExcept(Vec<(u32, u32)>),
+    /// Its writes, spread over it, would break its merged pages faster than
+    /// V_cow allows: hold it.
+    Hot,
+}
+
+/// The writes of one region since it began to be watched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteWatch {
+    since: Nanos,
+    pages: u32,
+    writes: u64,
+    zones: Vec<(u32, u32)>,
+    diffuse: bool,
+    history: Vec<(Nanos, u64)>,
+}
+
+impl WriteWatch {
+    /// A watch of a region of `pages` pages, armed at `now`.
+    pub fn new(pages: u32, now: Nanos) -> WriteWatch {
+        WriteWatch {
+            since: now,
+            pages,
+            writes: 0,
+            zones: Vec::new(),
+            diffuse: false,
+            history: Vec::new(),
+        }
+    }
+
+    /// Pages the zones cover now.
+    pub fn covered(&self) -> u64 {
+        self.zones.iter().map(|&(s, e)| u64::from(e - s)).sum()
+    }
+
+    /// Notes what the zones cover at `now` (after the writes read then
+    /// were recorded), for the spreading test.
+    pub fn checkpoint(&mut self, now: Nanos) {
+        if self.history.len() == MAX_CHECKPOINTS {
+            let mut i = 0;
+            self.history.retain(|_| {
+                i += 1;
+                i % 2 == 0
+            });
+        }
+        self.history.push((now, self.covered()));
+    }
+
+    /// Whether the zones still grow: they cover more than a quarter (and
+    /// more than [`SPREAD_SLACK`] pages) beyond what they covered at the
+    /// last checkpoint of the watch's first half. `None` without such a
+    /// checkpoint (too early to tell).
+    fn spreading(&self, now: Nanos) -> Option<bool> {
+        let half = self.since + now.saturating_sub(self.since) / 2;
+        let then = self
+            .history
+            .iter()
+            .take_while(|&&(t, _)| t <= half)
+            .last()?
+            .1;
+        Some(self.covered() > then + (then / 4).max(SPREAD_SLACK))
+    }
+
+    /// When it was armed.
+    pub fn since(&self) -> Nanos {
+        self.since
+    }
+
+    /// Pages written so far (a page written in two reads counts twice).
+    pub fn writes(&self) -> u64 {
+        self.writes
+    }
+
+    /// The zones written so far (empty once diffuse).
+    pub fn zones(&self) -> &[(u32, u32)] {
+        &self.zones
+    }
+
+    /// Whether writes were too scattered to keep as zones.
+    pub fn is_diffuse(&self) -> bool {
+        self.diffuse
+    }
+
+    /// Records the pages `[first, end)` as written (clipped to the region;
+    /// `zone_gap` joins it with zones that close).
+    pub fn record(&mut self, first: u32, end: u32, zone_gap: u32) {
+        let end = end.min(self.pages);
+        if first >= end {
+            return;
+        }
+        self.writes += u64::from(end - first);
+        if self.diffuse {
+            return;
+        }
+        // Every zone within `zone_gap` of [first, end) joins it.
+        let lo = first.saturating_sub(zone_gap);
+        let hi = end.saturating_add(zone_gap);
+        let a = self.zones.partition_point(|&(_, e)| e < lo);
+        let b = self.zones.partition_point(|&(s, _)| s <= hi);
+        let (mut s, mut e) = (first, end);
+        if a < b {
+            s = s.min(self.zones[a].0);
+            e = e.max(self.zones[b - 1].1);
+        }
+        self.zones.splice(a..b, std::iter::once((s, e)));
+        if self.zones.len() > MAX_ZONES_KEPT {
+            self.zones = Vec::new();
+            self.diffuse = true;
+        }
+    }
+
+    /// The verdict at `now` for a region whose duplicate share is `dup`
+    /// (see the module header).
+    pub fn verdict(&self, dup: f64, now: Nanos, rules: &WriteRules) -> WriteVerdict {
+        let watched = now.saturating_sub(self.since);
+        if watched < rules.watch_min {
+            return WriteVerdict::Watching;
+        }
+        let per_pass = self.writes as f64 * dup * rules.pass as f64 / watched.max(1) as f64;
+        if per_pass < rules.min_breaks as f64 {
+            return WriteVerdict::Cold;
+        }
+        if self.diffuse || self.zones.is_empty() || self.zones.len() > rules.max_zones {
+            return WriteVerdict::Hot;
+        }
+        let align = rules.align.max(1);
+        let mut widened: Vec<(u32, u32)> = Vec::with_capacity(self.zones.len());
+        for &(s, e) in &self.zones {
+            let s = s / align * align;
+            let e = e.div_ceil(align).saturating_mul(align).min(self.pages);
+            match widened.last_mut() {
+                Some(l) if s <= l.1 => l.1 = l.1.max(e),
+                _ => widened.push((s, e)),
+            }
+        }
+        let covered: u64 = widened.iter().map(|&(s, e)| u64::from(e - s)).sum();
+        if covered as f64 > rules.max_zone_share * f64::from(self.pages) {
+            return WriteVerdict::Hot;
+        }
+        match self.spreading(now) {
+            None => WriteVerdict::Watching,
+            Some(true) => WriteVerdict::Hot,
+            Some(false) => WriteVerdict::ColdExcept(widened),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const S: Nanos = 1_000_000_000;
+
+    fn rules() -> WriteRules {
+        WriteRules::default()
+    }
+
+    #[test]
+    fn too_early_to_tell() {
+        let mut w = WriteWatch::new(1000, 0);
+        w.record(0, 1000, 64);
+        assert_eq!(w.verdict(1.0, S / 4, &rules()), WriteVerdict::Watching);
+    }
+
+    #[test]
+    fn few_writes_are_cold() {
+        let mut w = WriteWatch::new(16384, 0);
+        // 2 writes in 1 s: 60 a pass at dup 1.0 would be hot; at dup 0.1, 6.
+        w.record(10, 11, 64);
+        w.record(9000, 9001, 64);
+        assert_eq!(w.verdict(0.1, S, &rules()), WriteVerdict::Cold);
+        assert_eq!(w.writes(), 2);
+    }
+
+    #[test]
+    fn concentrated_writes_leave_the_rest_markable() {
+        // An interpreter's heap: a duplicate block of 12288 pages, its
+        // allocator writing pages 12300..12400 over and over.
+        let mut w = WriteWatch::new(16384, 0);
+        for i in 0..200u32 {
+            let p = 12300 + (i * 7) % 100;
+            w.record(p, p + 1, 64);
+            if i % 50 == 49 {
+                w.checkpoint(Nanos::from(i + 1) * S / 200);
+            }
+        }
+        assert_eq!(w.zones().len(), 1);
+        match w.verdict(0.75, S, &rules()) {
+            WriteVerdict::ColdExcept(z) => {
+                assert_eq!(z, vec![(12288, 12400)]);
+            }
+            v => panic!("{v:?}"),
+        }
+    }
+
+    #[test]
+    fn writes_everywhere_are_hot() {
+        // UKSM §8.1.2: one page every 10 ms anywhere in the region.
+        let mut w = WriteWatch::new(524_288, 0);
+        for i in 0..100u32 {
+            let p = i.wrapping_mul(2_654_435_761) % 524_288;
+            w.record(p, p + 1, 64);
+        }
+        assert!(w.is_diffuse());
+        assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Hot);
+    }
+
+    #[test]
+    fn a_sweeping_writer_is_hot() {
+        // UKSM §8.1.2: one page every 10 ms from start to end, read back
+        // every 250 ms: one zone, always growing.
+        let mut w = WriteWatch::new(524_288, 0);
+        for i in 0..100u32 {
+            w.record(1000 + i, 1001 + i, 64);
+            if i % 25 == 24 {
+                w.checkpoint(Nanos::from(i + 1) * S / 100);
+            }
+        }
+        assert_eq!(w.zones().len(), 1);
+        assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Hot);
+        // The same writes confined to 16 pages, over and over: not spreading.
+        let mut w = WriteWatch::new(524_288, 0);
+        for i in 0..100u32 {
+            w.record(1000 + i % 16, 1001 + i % 16, 64);
+            if i % 25 == 24 {
+                w.checkpoint(Nanos::from(i + 1) * S / 100);
+            }
+        }
+        assert_eq!(
+            w.verdict(1.0, S, &rules()),
+            WriteVerdict::ColdExcept(vec![(992, 1024)])
+        );
+    }
+
+    #[test]
+    fn zones_covering_most_of_the_region_are_hot() {
+        let mut w = WriteWatch::new(1000, 0);
+        w.record(0, 600, 64);
+        assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Hot);
+    }
+
+    #[test]
+    fn too_many_zones_are_hot() {
+        let mut w = WriteWatch::new(100_000, 0);
+        for z in 0..6u32 {
+            w.record(z * 10_000, z * 10_000 + 20, 64);
+            w.record(z * 10_000, z * 10_000 + 20, 64);
+        }
+        assert_eq!(w.zones().len(), 6);
+        assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Hot);
+    }
+
+    #[test]
+    fn nearby_writes_join_and_far_ones_do_not() {
+        let mut w = WriteWatch::new(10_000, 0);
+        w.record(100, 101, 64);
+        w.record(150, 151, 64);
+        w.record(1000, 1001, 64);
+        assert_eq!(w.zones(), &[(100, 151), (1000, 1001)]);
+        // A write bridging both joins all three.
+        w.record(200, 990, 64);
+        assert_eq!(w.zones(), &[(100, 1001)]);
+        // Clipped to the region.
+        w.record(9990, 20_000, 64);
+        assert_eq!(w.zones().last(), Some(&(9990, 10_000)));
+    }
+
+    proptest! {
+        /// The zones stay sorted, disjoint, separated by more than the gap,
+        /// inside the region, and cover every written page (until the
+        /// watch turns diffuse).
+        #[test]
+        fn zones_cover_every_write_and_stay_ordered(
+            pages in 1u32..50_000,
+            writes in prop::collection::vec((0u32..60_000, 1u32..40), 0..80),
+            gap in 0u32..200,
+        ) {
+            let mut w = WriteWatch::new(pages, 0);
+            let mut written = Vec::new();
+            for &(s, len) in &writes {
+                w.record(s, s + len, gap);
+                for p in s..(s + len).min(pages) {
+                    written.push(p);
+                }
+            }
+            if !w.is_diffuse() {
+                let z = w.zones();
+                for pair in z.windows(2) {
+                    prop_assert!(pair[0].1 + gap < pair[1].0, "{:?}", z);
+                }
+                for &(s, e) in z {
+                    prop_assert!(s < e && e <= pages);
+                }
+                for p in written {
+                    prop_assert!(z.iter().any(|&(s, e)| s <= p && p < e), "page {} not in {:?}", p, z);
+                }
+            }
+        }
+
+        /// ColdExcept never leaves a written page outside its zones, its
+        /// zones are aligned (but for the region's end) and cover no more
+        /// than the allowed share.
+        #[test]
+        fn cold_except_excludes_every_written_page(
+            pages in 64u32..50_000,
+            writes in prop::collection::vec((0u32..50_000, 1u32..8), 1..300),
+        ) {
+            let r = rules();
+            let mut w = WriteWatch::new(pages, 0);
+            for &(s, len) in &writes {
+                w.record(s, s + len, r.zone_gap);
+            }
+            w.checkpoint(S / 4);
+            if let WriteVerdict::ColdExcept(z) = w.verdict(1.0, S, &r) {
+                let covered: u32 = z.iter().map(|&(s, e)| e - s).sum();
+                prop_assert!(f64::from(covered) <= r.max_zone_share * f64::from(pages));
+                for &(s, e) in &z {
+                    prop_assert!(s % r.align == 0 && (e % r.align == 0 || e == pages));
+                }
+                for &(s, len) in &writes {
+                    for p in s..(s + len).min(pages) {
+                        prop_assert!(z.iter().any(|&(a, b)| a <= p && p < b));
+                    }
+                }
+            }
+        }
+    }
+}
