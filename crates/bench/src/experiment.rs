@@ -11,7 +11,7 @@
 //! | `sparse-only` | random memory only: nothing to merge, every CPU-second is idle cost | ksm-baseline.md §6 |
 //! | `fork-family` | a parent and 3 children sharing frames after fork, each child rewriting a quarter of the pages | — |
 //! | `interpreter-workers` | real `python3` processes holding the same data file beside a private buffer they rewrite (4 × 24 + 8 MiB quick, 6 × 48 + 16 MiB full) | issue 10 |
-//! | `vm-boot` | QEMU/TCG guests started 10 s apart (3 quick, 10 full, 512 MiB each) | §8.2.1, Fig. 10a |
+//! | `vm-boot` | QEMU/TCG guests started 10 s apart (3 quick, 10 full, 512 MiB each) that read the same files from their own copy of a disk | §8.2.1, Fig. 10a |
 //!
 //! Whole MiB are always multiples of max_page_sharing × 4 KiB = 1 MiB, so
 //! a size like 1001 MiB would still fill every chain: the not-multiple
@@ -416,9 +416,11 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         group: "vm-boot",
         paper: "UKSM §8.2.1",
         about: format!(
-            "{} QEMU/TCG guests of {} MiB booting Debian's kernel with a busybox initramfs that \
-             unpacks the same files into tmpfs, started {:.0} s apart from t = 0 (mem-merge=on \
-             for KSM, off for pagesift); saved = Σ (Anonymous − Pss_Anon) of the QEMUs",
+            "{} QEMU/TCG guests of {} MiB booting Debian's kernel with a busybox initramfs, \
+             each reading the same files from its own copy of an ext2 disk image (virtio-blk), \
+             copying them into tmpfs and running the same programs (gzip of a tar of the disk, \
+             sort), started {:.0} s apart from t = 0 (mem-merge=on for KSM, off for pagesift); \
+             saved = Σ (Anonymous − Pss_Anon) of the QEMUs",
             guests.count, guests.mem_mib, guests.interval_s
         ),
         workloads: Vec::new(),

@@ -344,6 +344,13 @@ pub fn preflight(opts: &BenchOptions, experiments: &[Experiment]) -> Result<(), 
     }
     if experiments.iter().any(|e| e.guests.is_some()) {
         guest::HostTools::find().map_err(|e| BenchError::Missing(e.to_string()))?;
+        if guest::host::find_in_path("mke2fs").is_none() {
+            return Err(BenchError::Missing(
+                "mke2fs (Debian package e2fsprogs; scripts/setup installs it), needed for the \
+                 guests' disk image"
+                    .into(),
+            ));
+        }
     }
     Ok(())
 }
