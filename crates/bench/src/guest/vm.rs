@@ -98,6 +98,8 @@ pub struct Guest {
     ready_after: Option<Duration>,
     ram: Option<Range<u64>>,
     disk: Option<PathBuf>,
+    /// The checksum a guest that read every file of its disk prints.
+    disk_md5: Option<String>,
 }
 
 impl Guest {
@@ -166,6 +168,7 @@ impl Guest {
             ready_after: None,
             ram: None,
             disk,
+            disk_md5: image.disk().map(|d| d.checksum().to_string()),
         })
     }
 
@@ -217,7 +220,23 @@ impl Guest {
         }
         let elapsed = self.started.elapsed();
         let log = fs::read_to_string(&self.serial).unwrap_or_default();
-        if log.lines().any(|l| l.starts_with(READY_MARKER)) {
+        if let Some(line) = log.lines().find(|l| l.starts_with(READY_MARKER)) {
+            // A guest with a disk proves it read every file of it.
+            if let Some(want) = &self.disk_md5 {
+                let got = line
+                    .split_whitespace()
+                    .find_map(|kv| kv.strip_prefix("disk-md5="));
+                if got != Some(want.as_str()) {
+                    return Err(GuestError::Failed {
+                        name: self.opts.name.clone(),
+                        reason: format!(
+                            "it read disk-md5={}, the host's files give {want}",
+                            got.unwrap_or("(none)")
+                        ),
+                        log: self.serial.clone(),
+                    });
+                }
+            }
             self.ready_after = Some(elapsed);
             // QEMU mapped guest RAM long before the guest printed anything.
             let _ = self.ram();
