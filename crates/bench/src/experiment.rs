@@ -10,7 +10,8 @@
 //! | `short-lived` | map N MiB of one content, keep it T, unmap, wait T; T = 2, 1, 0.5, 0.2 s | §8.1.3 |
 //! | `sparse-only` | random memory only: nothing to merge, every CPU-second is idle cost | ksm-baseline.md §6 |
 //! | `fork-family` | a parent and 3 children sharing frames after fork, each child rewriting a quarter of the pages | — |
-//! | `vm-boot` | QEMU/TCG guests started 10 s apart (3 quick, 10 full, 512 MiB each) | §8.2.1, Fig. 10a |
+//! | `interpreter-workers` | real `python3` processes holding the same data file beside a private buffer they rewrite (4 × 24 + 8 MiB quick, 6 × 48 + 16 MiB full) | issue 10 |
+//! | `vm-boot` | QEMU/TCG guests started 10 s apart (3 quick, 10 full, 512 MiB each) that read the same files from their own copy of a disk | §8.2.1, Fig. 10a |
 //!
 //! Whole MiB are always multiples of max_page_sharing × 4 KiB = 1 MiB, so
 //! a size like 1001 MiB would still fill every chain: the not-multiple
@@ -25,6 +26,7 @@
 //! issue's sizes (2 GiB + 2 GiB, 2 GiB COW-broken as in §8.1.2, 512 MiB
 //! short-lived as §8.1.3's 500 MB), 120 s windows, and every system.
 
+use crate::interpreters::InterpreterPlan;
 use crate::system::{System, Tuning};
 use pagesift_core::governor::Governor;
 
@@ -59,6 +61,50 @@ pub struct GuestPlan {
     pub interval_s: f64,
 }
 
+/// A goal an issue sets for one experiment, judged from the figures
+/// measured in the same run (the report prints it as met or not met,
+/// [`crate::report::judge`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Goal {
+    /// `system`'s saving (PSS) reaches `fraction` of the exact saving at
+    /// the start (the run's target) within `within_s` seconds, with at
+    /// most `max_cpu_ratio` × `against`'s CPU-seconds over the window.
+    ReachExact {
+        /// The system judged.
+        system: System,
+        /// The system its CPU is compared with.
+        against: System,
+        /// Share of the exact saving, 0..=1.
+        fraction: f64,
+        /// Seconds from t = 0.
+        within_s: f64,
+        /// Largest CPU-seconds ratio system ÷ against over the window.
+        max_cpu_ratio: f64,
+    },
+    /// `system` saves (PSS, mean of the window's 2nd half) at least
+    /// `min_saved_ratio` × what `against` saves, with at most
+    /// `max_cpu_ratio` × its CPU-seconds over the window.
+    SaveAsMuch {
+        /// The system judged.
+        system: System,
+        /// The system it is compared with.
+        against: System,
+        /// Smallest saving ratio system ÷ against.
+        min_saved_ratio: f64,
+        /// Largest CPU-seconds ratio system ÷ against over the window.
+        max_cpu_ratio: f64,
+    },
+}
+
+/// A goal and where it was set (`issue 10, goal 2`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GoalSpec {
+    /// Where the goal comes from.
+    pub source: &'static str,
+    /// The goal.
+    pub goal: Goal,
+}
+
 /// One experiment: the workload processes (started in order), the systems
 /// run on fresh copies of it, and how long each run is watched.
 #[derive(Clone, Debug)]
@@ -76,6 +122,9 @@ pub struct Experiment {
     /// QEMU guests started during the run (VM boot), besides or instead of
     /// `workloads`.
     pub guests: Option<GuestPlan>,
+    /// `python3` workers started before t = 0, after `workloads`; their
+    /// exact saving at the start becomes the run's target.
+    pub interpreters: Option<InterpreterPlan>,
     /// The report count (summed over the workloads) that is the mergeable
     /// page total; `None`: no time-to-99 % (nothing to merge, or a
     /// workload that never settles).
@@ -88,6 +137,8 @@ pub struct Experiment {
     pub window_s: f64,
     /// The system ratios are taken against.
     pub reference: System,
+    /// Goals the report judges as met or not met.
+    pub goals: Vec<GoalSpec>,
 }
 
 fn args(v: &[&str]) -> Vec<String> {
@@ -140,6 +191,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
                 n * 256
             )),
             guests: None,
+            interpreters: None,
             workloads: vec![identical.clone(), random.clone()],
             target: Some("duplicate_pages"),
             saved_by: SavedBy::Pss,
@@ -150,6 +202,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
             },
             window_s: window(15.0),
             reference: pagesift,
+            goals: Vec::new(),
         },
         Experiment {
             name: "static-mixed-random-first".into(),
@@ -157,12 +210,14 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
             paper: "UKSM §8.1.1",
             about: static_about("the random one started first"),
             guests: None,
+            interpreters: None,
             workloads: vec![random.clone(), identical.clone()],
             target: Some("duplicate_pages"),
             saved_by: SavedBy::Pss,
             systems: few.clone(),
             window_s: window(15.0),
             reference: pagesift,
+            goals: Vec::new(),
         },
         Experiment {
             name: "static-mixed-not-multiple".into(),
@@ -173,12 +228,14 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
                  identical pages are not a multiple of max_page_sharing",
             ),
             guests: None,
+            interpreters: None,
             workloads: vec![holed, random.clone()],
             target: Some("duplicate_pages"),
             saved_by: SavedBy::Pss,
             systems: few.clone(),
             window_s: window(15.0),
             reference: pagesift,
+            goals: Vec::new(),
         },
     ];
     let cow = scale(2048);
@@ -197,12 +254,14 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
                  start to end; both systems held to {p} % of one core"
             ),
             guests: None,
+            interpreters: None,
             workloads: vec![args(&["cow-broken", "--mib", &mib(cow), "--seed", "3"])],
             target: Some("duplicate_pages"),
             saved_by: SavedBy::Pss,
             systems: vec![me, System::KsmPaced { share }],
             window_s: window(12.0),
             reference: me,
+            goals: Vec::new(),
         });
     }
     let short = scale(512);
@@ -219,6 +278,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
                 "forever: map {short} MiB of one content, keep it {t_ms} ms, unmap, wait {t_ms} ms"
             ),
             guests: None,
+            interpreters: None,
             workloads: vec![args(&[
                 "short-lived",
                 "--mib",
@@ -237,6 +297,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
             },
             window_s: if full { 60.0 } else { 8.0 },
             reference: tuned,
+            goals: Vec::new(),
         });
     }
     let sparse = if full { 4096 } else { 256 };
@@ -246,6 +307,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         paper: "ksm-baseline.md §6",
         about: format!("{sparse} MiB of distinct pages: nothing to merge, all CPU is idle cost"),
         guests: None,
+        interpreters: None,
         workloads: vec![args(&["random", "--mib", &mib(sparse), "--seed", "5"])],
         target: None,
         saved_by: SavedBy::Pss,
@@ -256,6 +318,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         },
         window_s: window(10.0),
         reference: pagesift,
+        goals: Vec::new(),
     });
     let fam = scale(1024);
     v.push(Experiment {
@@ -267,6 +330,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
              children, each rewrites a quarter of the pages; saved = frames freed (PSS)"
         ),
         guests: None,
+        interpreters: None,
         workloads: vec![args(&[
             "fork-family",
             "--mib",
@@ -283,6 +347,58 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         systems: few,
         window_s: window(12.0),
         reference: pagesift,
+        goals: Vec::new(),
+    });
+    // Issue 10: six python3 interpreters, each holding the same 48 MiB
+    // file and 16 MiB of private data rewritten every 5 ms; quick: 4 × (24
+    // + 8) MiB, which KSM at 1000 pages merges well inside the window.
+    let workers = InterpreterPlan {
+        count: if full { 6 } else { 4 },
+        data_mib: if full { 48 } else { 24 },
+        private_mib: if full { 16 } else { 8 },
+        write_every_ms: 5,
+        write_bytes: 4096,
+    };
+    let ksm1000 = ksm(1000);
+    v.push(Experiment {
+        name: "interpreter-workers".into(),
+        group: "interpreter-workers",
+        paper: "issue 10",
+        about: format!(
+            "{} python3 processes ({}) each read the same {} MiB file of random bytes into a \
+             bytes object and keep a private bytearray of {} MiB, {} bytes of which they rewrite \
+             with new random bytes every {} ms; the target is the exact saving of `pagesift scan \
+             --exact` on the loaded workers before t = 0; saved = Σ (Anonymous − Pss_Anon) of \
+             the workers",
+            workers.count,
+            crate::interpreters::PYTHON,
+            workers.data_mib,
+            workers.private_mib,
+            workers.write_bytes,
+            workers.write_every_ms
+        ),
+        guests: None,
+        interpreters: Some(workers),
+        workloads: Vec::new(),
+        target: None,
+        saved_by: SavedBy::Pss,
+        systems: if full {
+            vec![pagesift, ksm1000, ksm(10000)]
+        } else {
+            vec![pagesift, ksm1000]
+        },
+        window_s: window(40.0),
+        reference: pagesift,
+        goals: vec![GoalSpec {
+            source: "issue 10, goal 2",
+            goal: Goal::ReachExact {
+                system: pagesift,
+                against: ksm1000,
+                fraction: 0.9,
+                within_s: 30.0,
+                max_cpu_ratio: 0.5,
+            },
+        }],
     });
     // UKSM §8.2.1 boots 25 VMs of 512 MB 10 s apart; scaled to this
     // machine (guest.rs measured the sizes).
@@ -300,13 +416,16 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         group: "vm-boot",
         paper: "UKSM §8.2.1",
         about: format!(
-            "{} QEMU/TCG guests of {} MiB booting Debian's kernel with a busybox initramfs that \
-             unpacks the same files into tmpfs, started {:.0} s apart from t = 0 (mem-merge=on \
-             for KSM, off for pagesift); saved = Σ (Anonymous − Pss_Anon) of the QEMUs",
+            "{} QEMU/TCG guests of {} MiB booting Debian's kernel with a busybox initramfs, \
+             each reading the same files from its own copy of an ext2 disk image (virtio-blk), \
+             copying them into tmpfs and running the same programs (gzip of a tar of the disk, \
+             sort), started {:.0} s apart from t = 0 (mem-merge=on for KSM, off for pagesift); \
+             saved = Σ (Anonymous − Pss_Anon) of the QEMUs",
             guests.count, guests.mem_mib, guests.interval_s
         ),
         workloads: Vec::new(),
         guests: Some(guests),
+        interpreters: None,
         target: None,
         saved_by: SavedBy::Pss,
         systems: if full {
@@ -314,8 +433,32 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         } else {
             vec![pagesift, ksm(1000)]
         },
-        window_s: (guests.count - 1) as f64 * guests.interval_s + if full { 120.0 } else { 30.0 },
+        // Quick: 40 s after the last start. A guest that reads and copies
+        // its disk and runs its programs is ready 10-20 s after its start
+        // on a quiet machine, 30 s or more on a loaded one; the mean of the
+        // window's second half should see every guest ready.
+        window_s: (guests.count - 1) as f64 * guests.interval_s + if full { 120.0 } else { 40.0 },
         reference: pagesift,
+        goals: vec![
+            GoalSpec {
+                source: "issue 10, goal 1",
+                goal: Goal::SaveAsMuch {
+                    system: pagesift,
+                    against: ksm1000,
+                    min_saved_ratio: 1.0,
+                    max_cpu_ratio: 1.0,
+                },
+            },
+            GoalSpec {
+                source: "issue 10, goal 1 (UKSM §8.2.1's 3×: twice)",
+                goal: Goal::SaveAsMuch {
+                    system: pagesift,
+                    against: ksm1000,
+                    min_saved_ratio: 2.0,
+                    max_cpu_ratio: 1.0,
+                },
+            },
+        ],
     });
     v
 }
@@ -362,6 +505,17 @@ mod tests {
         assert_eq!(n.len(), q.len());
         for e in q.iter().chain(&f) {
             assert!(e.systems.contains(&e.reference), "{}", e.name);
+            // A goal compares systems that both run.
+            for g in &e.goals {
+                let (Goal::ReachExact {
+                    system, against, ..
+                }
+                | Goal::SaveAsMuch {
+                    system, against, ..
+                }) = g.goal;
+                assert!(e.systems.contains(&system), "{}", e.name);
+                assert!(e.systems.contains(&against), "{}", e.name);
+            }
         }
     }
 
@@ -386,6 +540,37 @@ mod tests {
             "ksm-advisor",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} missing: {names:?}");
+        }
+    }
+
+    #[test]
+    fn interpreter_workers_follow_issue_10() {
+        for (mode, count, data, private) in [(Mode::Full, 6, 48, 16), (Mode::Quick, 4, 24, 8)] {
+            let all = all(mode);
+            let e = all
+                .iter()
+                .find(|e| e.name == "interpreter-workers")
+                .unwrap();
+            let p = e.interpreters.unwrap();
+            assert_eq!(
+                (p.count, p.data_mib, p.private_mib, p.write_every_ms),
+                (count, data, private, 5)
+            );
+            assert!(e.workloads.is_empty() && e.guests.is_none());
+            // The goal's 30 s must fit in the window.
+            assert!(e.window_s >= 30.0);
+            let names: Vec<String> = e.systems.iter().map(|s| s.name()).collect();
+            assert!(names.contains(&"pagesift-full".to_string()));
+            assert!(names.contains(&"ksm-1000".to_string()));
+            assert!(matches!(
+                e.goals[0].goal,
+                Goal::ReachExact {
+                    fraction: 0.9,
+                    within_s: 30.0,
+                    max_cpu_ratio: 0.5,
+                    ..
+                }
+            ));
         }
     }
 

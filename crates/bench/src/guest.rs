@@ -10,22 +10,33 @@
 //! one vCPU and [`DEFAULT_MEM_MIB`] of RAM that boots:
 //!
 //! - **the kernel**: the newest `/boot/vmlinuz-*` (package
-//!   `linux-image-amd64`). The guest loads no modules, so everything it
-//!   uses must be built in; [`HostTools::find`] checks the kernel's
-//!   `/boot/config-*` for that ([`host`]).
+//!   `linux-image-amd64`). What the initramfs itself needs must be built
+//!   in; [`HostTools::find`] checks the kernel's `/boot/config-*` for that
+//!   ([`host`]). The drivers for the disk (virtio-pci, virtio-blk, ext4)
+//!   are modules on Debian: the initramfs carries them ([`disk`]).
 //! - **the initramfs** ([`GuestImage::build`], [`image`]): an uncompressed
 //!   cpio (newc) archive holding `/bin/busybox` from `busybox-static` with
-//!   its applet links, a `/dev/console` node, an `/init` script, and a
-//!   *payload*: a fixed, sorted selection of the host's `/usr/lib` and
-//!   `/usr/share` files (tens of MiB, the same for every guest of a run).
+//!   its applet links, a `/dev/console` node, an `/init` script, and the
+//!   disk's modules.
+//! - **the payload**: a fixed, sorted selection of the host's `/usr/lib`
+//!   and `/usr/share` files (tens of MiB, the same for every guest of a
+//!   run), by default on an ext2 **disk image** ([`disk::DiskImage`]) of
+//!   which every guest gets its own copy as a virtio disk
+//!   (`-drive file=COPY,if=virtio,format=raw,cache=writeback,aio=threads`);
+//!   or, with [`ImageOptions::initramfs`], inside the initramfs.
 //!
-//! `/init` mounts proc, sysfs and devtmpfs, copies the payload into a fresh
-//! tmpfs, reads both copies in full (md5sum) and checks they agree, prints
-//! [`READY_MARKER`] on the serial console and idles. Every guest therefore
-//! ends up holding the same kernel, the same unpacked initramfs and the
-//! same tmpfs files: real duplicate page cache and anonymous memory across
-//! guests (and, rootfs against tmpfs, within one), as in the paper's boot
-//! of identical Ubuntu images.
+//! `/init` mounts proc, sysfs and devtmpfs; with a disk it loads the
+//! modules, mounts `/dev/vda` read-only and reads every file (md5sum),
+//! copies the files into a fresh tmpfs and checks the copy, runs the same
+//! programs as every guest (gzip of a tar of the disk into tmpfs, sort of
+//! the file list), prints [`READY_MARKER`] with the files' checksum on the
+//! serial console and idles. Without a disk it copies the initramfs
+//! payload into tmpfs and checks it the same way. Every guest therefore
+//! ends up holding the same kernel, the same page cache of the same files
+//! and the same tmpfs files: real duplicate page cache and anonymous
+//! memory across guests (and, page cache against tmpfs, within one), as in
+//! the paper's boot of identical Ubuntu images; the host's page cache
+//! holds each guest's disk copy once more.
 //!
 //! ## Lifecycle
 //!
@@ -44,12 +55,14 @@
 //! `MADV_MERGEABLE` itself, as a KSM user does; off leaves the choice to
 //! pagesift.
 
+pub mod disk;
 pub mod host;
 pub mod image;
 pub mod vm;
 
+pub use disk::{DiskImage, KernelModules};
 pub use host::HostTools;
-pub use image::{GuestImage, ImageOptions};
+pub use image::{GuestImage, ImageOptions, PayloadOn};
 pub use vm::{Guest, GuestOptions};
 
 use std::io;
@@ -76,7 +89,8 @@ pub const QUICK_GUESTS: usize = 4;
 pub const FULL_GUESTS: usize = 10;
 
 /// A booted guest prints this line (followed by ` files=... kib=...
-/// uptime=...`) on its serial console when it has read its payload.
+/// uptime=...`, and ` disk-md5=...` with a disk) on its serial console
+/// when it has read its payload.
 pub const READY_MARKER: &str = "pagesift-guest: ready";
 
 /// A guest whose `/init` failed prints this, then the reason, and powers

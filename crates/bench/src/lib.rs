@@ -25,6 +25,7 @@
 
 pub mod experiment;
 pub mod guest;
+pub mod interpreters;
 pub mod ksmtuned;
 pub mod measure;
 pub mod plot;
@@ -190,6 +191,23 @@ impl Context {
         self.lock_wait.set(self.lock_wait.get() + d);
     }
 
+    /// The interpreter workers' data file in the scratch directory,
+    /// written the first time it is asked for (one per invocation).
+    pub fn interpreter_data(
+        &self,
+        plan: &interpreters::InterpreterPlan,
+    ) -> Result<PathBuf, BenchError> {
+        let path = self.work_dir.join(plan.data_file_name());
+        if !path.is_file() {
+            self.progress.note(&format!(
+                "writing {} MiB of random data to {}",
+                plan.data_mib,
+                path.display()
+            ));
+        }
+        interpreters::data_file(&self.work_dir, plan)
+    }
+
     /// The guest image, built the first time it is asked for.
     pub fn guest_image(&self) -> Result<&guest::GuestImage, BenchError> {
         if let Some(i) = self.guest_image.get() {
@@ -280,6 +298,8 @@ pub struct ExperimentSummary {
     pub reference: String,
     /// The rows.
     pub rows: Vec<Row>,
+    /// Its goals, judged.
+    pub goals: Vec<report::Verdict>,
 }
 
 /// Checks what a run needs and names what is missing.
@@ -319,8 +339,18 @@ pub fn preflight(opts: &BenchOptions, experiments: &[Experiment]) -> Result<(), 
             ksmtuned::KSMTUNED
         )));
     }
+    if experiments.iter().any(|e| e.interpreters.is_some()) {
+        interpreters::check_python()?;
+    }
     if experiments.iter().any(|e| e.guests.is_some()) {
         guest::HostTools::find().map_err(|e| BenchError::Missing(e.to_string()))?;
+        if guest::host::find_in_path("mke2fs").is_none() {
+            return Err(BenchError::Missing(
+                "mke2fs (Debian package e2fsprogs; scripts/setup installs it), needed for the \
+                 guests' disk image"
+                    .into(),
+            ));
+        }
     }
     Ok(())
 }
@@ -498,6 +528,7 @@ fn run_all(
             name: r.experiment.name.clone(),
             reference: r.experiment.reference.name(),
             rows: report::rows(&r.runs, &r.experiment.reference.name()),
+            goals: report::verdicts(&r.experiment, &r.runs),
         })
         .collect();
     let json = serde_json::to_string_pretty(&summary).expect("a summary serializes");

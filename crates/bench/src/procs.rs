@@ -134,6 +134,20 @@ impl Workload {
     /// the way a KSM user makes all of a process's memory mergeable) and
     /// waits for its report line.
     pub fn start(bin: &Path, args: &[String], merge_any: bool) -> Result<Workload, BenchError> {
+        // The workload's kind, after any `workload` prefix (pagesift's own
+        // hidden subcommand).
+        let kind = args.iter().find(|a| *a != "workload").map_or("", |s| s);
+        Workload::start_named(&format!("pagesift-workload {kind}"), bin, args, merge_any)
+    }
+
+    /// [`start`](Self::start) for any program that prints one JSON line
+    /// when it is ready (the interpreter workers); `name` is for messages.
+    pub fn start_named(
+        name: &str,
+        bin: &Path,
+        args: &[String],
+        merge_any: bool,
+    ) -> Result<Workload, BenchError> {
         let mut cmd = Command::new(bin);
         cmd.args(args)
             .stdin(Stdio::null())
@@ -142,12 +156,8 @@ impl Workload {
         if merge_any {
             pagesift_linux::ksm::with_memory_merge(&mut cmd);
         }
-        // The workload's kind, after any `workload` prefix (pagesift's own
-        // hidden subcommand).
-        let kind = args.iter().find(|a| *a != "workload").map_or("", |s| s);
-        let name = format!("pagesift-workload {kind}");
         let t = Instant::now();
-        let mut proc = Spawned::spawn(&name, &mut cmd, DeathSignal::Kill, Duration::ZERO)?;
+        let mut proc = Spawned::spawn(name, &mut cmd, DeathSignal::Kill, Duration::ZERO)?;
         let mut out = BufReader::new(proc.take_stdout().expect("stdout is piped"));
         let mut line = String::new();
         let n = out
@@ -155,7 +165,7 @@ impl Workload {
             .map_err(|e| BenchError::Workload(format!("{name}: reading its report: {e}")))?;
         if n == 0 {
             return Err(BenchError::Workload(format!(
-                "{name} exited before printing its report (args {args:?})"
+                "{name} exited before printing its report"
             )));
         }
         let report: serde_json::Value = serde_json::from_str(&line)

@@ -9,7 +9,7 @@
 //! saved a tenth as much per CPU-second.
 
 use crate::BenchError;
-use crate::experiment::{Experiment, SavedBy};
+use crate::experiment::{Experiment, Goal, GoalSpec, SavedBy};
 use crate::measure::{self, ratio};
 use crate::run::{RunResult, sanitize};
 use crate::sampler::metric;
@@ -191,6 +191,227 @@ pub fn table(rows: &[Row], window_s: f64) -> String {
     s
 }
 
+/// A goal judged from the runs of one experiment.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Verdict {
+    /// Where the goal was set (`issue 10, goal 2`).
+    pub source: String,
+    /// The goal in words.
+    pub goal: String,
+    /// Met or not; `None` when it could not be judged (a system did not
+    /// run, failed, or a figure is missing).
+    pub met: Option<bool>,
+    /// The measured figures it was judged by.
+    pub evidence: String,
+}
+
+impl Verdict {
+    /// `met`, `not met` or `not judged`.
+    pub fn word(&self) -> &'static str {
+        match self.met {
+            Some(true) => "met",
+            Some(false) => "not met",
+            None => "not judged",
+        }
+    }
+}
+
+/// The run of `system` that produced series.
+fn run_of<'a>(runs: &'a [RunResult], system: &str) -> Option<&'a RunResult> {
+    runs.iter()
+        .find(|r| r.system == system && !r.series.is_empty())
+}
+
+/// When `r`'s saving reaches `fraction` of its exact saving at the start
+/// (its target), and that saving in MiB.
+pub fn time_to_fraction(r: &RunResult, fraction: f64) -> (Option<f64>, Option<f64>) {
+    let target = r.target_pages.map(|p| p as f64 * PAGE_MIB);
+    let saved = r
+        .series(metric::SAVED_PSS)
+        .map_or(&[][..], |s| s.points.as_slice());
+    let t = target
+        .filter(|&t| t > 0.0)
+        .and_then(|t| measure::time_to_reach(saved, fraction * t));
+    (t, target)
+}
+
+fn or_dash(v: Option<f64>, unit: &str) -> String {
+    v.map_or("–".into(), |v| format!("{v:.2}{unit}"))
+}
+
+/// Judges `spec` from `runs` (one experiment's runs, same invocation).
+pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
+    let (system, against) = match spec.goal {
+        Goal::ReachExact {
+            system, against, ..
+        }
+        | Goal::SaveAsMuch {
+            system, against, ..
+        } => (system.name(), against.name()),
+    };
+    let mut v = Verdict {
+        source: spec.source.to_string(),
+        goal: String::new(),
+        met: None,
+        evidence: String::new(),
+    };
+    match spec.goal {
+        Goal::ReachExact {
+            fraction,
+            within_s,
+            max_cpu_ratio,
+            ..
+        } => {
+            let pct = fraction * 100.0;
+            v.goal = format!(
+                "{system} reaches {pct:.0} % of the exact saving at the start within {within_s:.0} \
+                 s, at ≤ {max_cpu_ratio} × {against}'s CPU-seconds over the {window_s:.0} s window"
+            );
+            let (Some(me), Some(them)) = (run_of(runs, &system), run_of(runs, &against)) else {
+                v.evidence = format!("{system} and {against} must both run in the same invocation");
+                return v;
+            };
+            let (t, target) = time_to_fraction(me, fraction);
+            let (t_them, target_them) = time_to_fraction(them, fraction);
+            let (cpu, cpu_them) = (Figures::of(me).cpu_window_s, Figures::of(them).cpu_window_s);
+            let cpu_ratio = ratio(Some(cpu), (cpu_them > 0.0).then_some(cpu_them));
+            let reached = |t: Option<f64>| match t {
+                Some(t) => format!("at {t:.2} s"),
+                None => format!("not in {window_s:.0} s"),
+            };
+            v.evidence = format!(
+                "{system}: {pct:.0} % of {} MiB {}, {cpu:.2} CPU-s; {against}: {pct:.0} % of {} \
+                 MiB {}, {cpu_them:.2} CPU-s; CPU {}",
+                or_dash(target, ""),
+                reached(t),
+                or_dash(target_them, ""),
+                reached(t_them),
+                times(cpu_ratio),
+            );
+            if target.is_some_and(|t| t > 0.0) && cpu_ratio.is_some() {
+                v.met = Some(
+                    t.is_some_and(|t| t <= within_s)
+                        && cpu_ratio.is_some_and(|r| r <= max_cpu_ratio),
+                );
+            }
+        }
+        Goal::SaveAsMuch {
+            min_saved_ratio,
+            max_cpu_ratio,
+            ..
+        } => {
+            v.goal = format!(
+                "{system} saves ≥ {min_saved_ratio} × what {against} saves (PSS, mean of the 2nd \
+                 half), at ≤ {max_cpu_ratio} × its CPU-seconds over the {window_s:.0} s window"
+            );
+            let (Some(me), Some(them)) = (run_of(runs, &system), run_of(runs, &against)) else {
+                v.evidence = format!("{system} and {against} must both run in the same invocation");
+                return v;
+            };
+            let (f, g) = (Figures::of(me), Figures::of(them));
+            let saved_ratio = ratio(
+                Some(f.saved_pss_mean_mib),
+                (g.saved_pss_mean_mib > 0.0).then_some(g.saved_pss_mean_mib),
+            );
+            let cpu_ratio = ratio(
+                Some(f.cpu_window_s),
+                (g.cpu_window_s > 0.0).then_some(g.cpu_window_s),
+            );
+            v.evidence = format!(
+                "{system}: {:.1} MiB at {:.2} CPU-s; {against}: {:.1} MiB at {:.2} CPU-s; saved \
+                 {}, CPU {}",
+                f.saved_pss_mean_mib,
+                f.cpu_window_s,
+                g.saved_pss_mean_mib,
+                g.cpu_window_s,
+                times(saved_ratio),
+                times(cpu_ratio)
+            );
+            if let (Some(s), Some(c)) = (saved_ratio, cpu_ratio) {
+                v.met = Some(s >= min_saved_ratio && c <= max_cpu_ratio);
+            }
+        }
+    }
+    v
+}
+
+/// Every goal of `e`, judged.
+pub fn verdicts(e: &Experiment, runs: &[RunResult]) -> Vec<Verdict> {
+    e.goals.iter().map(|g| judge(g, runs, e.window_s)).collect()
+}
+
+/// The table behind a [`Goal::ReachExact`]: per system, the exact saving
+/// at the start, the time to `fraction` of it, the CPU-seconds over the
+/// window, and both as ratios to `against`.
+pub fn reach_table(runs: &[RunResult], fraction: f64, against: &str, window_s: f64) -> String {
+    let pct = fraction * 100.0;
+    let reference = run_of(runs, against);
+    let (t_ref, _) = reference.map_or((None, None), |r| time_to_fraction(r, fraction));
+    let cpu_ref = reference
+        .map(|r| Figures::of(r).cpu_window_s)
+        .filter(|&c| c > 0.0);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| system | exact saving at start [MiB] | time to {pct:.0} % of it [s] | CPU-s to then | CPU-s over {window_s:.0} s (daemon + ksmd) | time to {pct:.0} % ÷ {against} | CPU-s ÷ {against} |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
+    for r in runs.iter().filter(|r| !r.series.is_empty()) {
+        let (t, target) = time_to_fraction(r, fraction);
+        let f = Figures::of(r);
+        let cpu_then = t.and_then(|t| {
+            measure::value_at(
+                r.series(metric::CPU)
+                    .map_or(&[][..], |s| s.points.as_slice()),
+                t,
+            )
+        });
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {:.2} | {} | {} |",
+            r.system,
+            num(target, 1),
+            t.map_or(format!("not in {window_s:.0} s"), |t| format!("{t:.2}")),
+            num(cpu_then, 2),
+            f.cpu_window_s,
+            times(ratio(t, t_ref)),
+            times(ratio(Some(f.cpu_window_s), cpu_ref)),
+        );
+    }
+    s
+}
+
+/// The goals section of one experiment: the tables behind them and one
+/// line per goal, met or not met.
+pub fn goals_markdown(e: &Experiment, runs: &[RunResult]) -> String {
+    let mut s = String::new();
+    let mut tables = Vec::new();
+    for g in &e.goals {
+        if let Goal::ReachExact {
+            fraction, against, ..
+        } = g.goal
+        {
+            let key = (format!("{fraction}"), against.name());
+            if !tables.contains(&key) {
+                s.push('\n');
+                s.push_str(&reach_table(runs, fraction, &against.name(), e.window_s));
+                tables.push(key);
+            }
+        }
+    }
+    for v in verdicts(e, runs) {
+        let _ = writeln!(
+            s,
+            "\n**Goal ({}): {}: {}.** {}.",
+            v.source,
+            v.goal,
+            v.word(),
+            v.evidence
+        );
+    }
+    s
+}
+
 /// Everything the report needs about the whole invocation.
 #[derive(Clone, Debug, Serialize)]
 pub struct Header {
@@ -306,6 +527,7 @@ pub fn markdown(h: &Header, results: &[ExperimentResult], images: bool) -> Strin
                 let _ = writeln!(s, "\n- {}: {n}", row.system);
             }
         }
+        s.push_str(&goals_markdown(e, &r.runs));
         if images {
             for p in &r.plots {
                 let _ = writeln!(s, "\n![{p}]({p})");
@@ -440,6 +662,116 @@ mod tests {
         assert!(t.contains("| ksm-1000 | 3.96 |"), "{t}");
         assert!(t.contains("not in 10 s"), "{t}");
         assert!(t.contains("× 8.00"), "{t}");
+    }
+
+    fn reach_goal() -> GoalSpec {
+        GoalSpec {
+            source: "issue 10, goal 2",
+            goal: Goal::ReachExact {
+                system: crate::system::System::pagesift(pagesift_core::governor::Governor::Full),
+                against: crate::system::System::Ksm {
+                    pages_to_scan: 1000,
+                },
+                fraction: 0.9,
+                within_s: 30.0,
+                max_cpu_ratio: 0.5,
+            },
+        }
+    }
+
+    #[test]
+    fn reach_goal_is_judged_from_the_measured_figures() {
+        // Exact saving 100 MiB. pagesift: 90 MiB at 20 s with 2 CPU-s;
+        // KSM: 90 MiB at 5 s with 8 CPU-s over the 40 s window.
+        let me = run(
+            "pagesift-full",
+            &[(0.0, 0.0), (10.0, 0.0), (30.0, 180.0), (40.0, 180.0)],
+            &[(0.0, 0.0), (40.0, 2.0)],
+        );
+        let ksm = run(
+            "ksm-1000",
+            &[(0.0, 0.0), (10.0, 180.0), (40.0, 180.0)],
+            &[(0.0, 0.0), (40.0, 8.0)],
+        );
+        let mut runs = vec![me, ksm];
+        for r in &mut runs {
+            r.window_s = 40.0;
+        }
+        let v = judge(&reach_goal(), &runs, 40.0);
+        assert_eq!(v.met, Some(true), "{v:?}");
+        assert!(v.evidence.contains("at 20.00 s"), "{v:?}");
+        assert!(v.evidence.contains("× 0.25"), "{v:?}");
+        // Over half of KSM's CPU: not met.
+        runs[0].series[2] = {
+            let mut c = Series::new("pagesift-full", metric::CPU, "CPU-s");
+            c.push(0.0, 0.0);
+            c.push(40.0, 4.5);
+            c
+        };
+        assert_eq!(judge(&reach_goal(), &runs, 40.0).met, Some(false));
+        // 90 % never reached: not met.
+        let mut slow = runs.clone();
+        slow[0].series[1].points = vec![(0.0, 0.0), (40.0, 80.0)];
+        slow[0].series[2].points = vec![(0.0, 0.0), (40.0, 1.0)];
+        let v = judge(&reach_goal(), &slow, 40.0);
+        assert_eq!(v.met, Some(false), "{v:?}");
+        assert!(v.evidence.contains("not in 40 s"), "{v:?}");
+        // 90 % after 30 s: not met.
+        slow[0].series[1].points = vec![(0.0, 0.0), (35.0, 0.0), (36.0, 100.0)];
+        assert_eq!(judge(&reach_goal(), &slow, 40.0).met, Some(false));
+        // KSM did not run: not judged.
+        let v = judge(&reach_goal(), &runs[..1], 40.0);
+        assert_eq!((v.met, v.word()), (None, "not judged"));
+        let e = crate::experiment::all(crate::experiment::Mode::Quick)
+            .into_iter()
+            .find(|e| e.name == "interpreter-workers")
+            .unwrap();
+        let md = goals_markdown(&e, &runs);
+        assert!(md.contains("| pagesift-full | 100.0 | 20.00 |"), "{md}");
+        assert!(md.contains("| ksm-1000 | 100.0 | 5.00 |"), "{md}");
+        assert!(
+            md.contains("**Goal (issue 10, goal 2): pagesift-full reaches 90 %"),
+            "{md}"
+        );
+        assert!(md.contains(": not met.**"), "{md}");
+    }
+
+    #[test]
+    fn save_as_much_goal_compares_saving_and_cpu() {
+        let g = GoalSpec {
+            source: "issue 10, goal 1",
+            goal: Goal::SaveAsMuch {
+                system: crate::system::System::pagesift(pagesift_core::governor::Governor::Full),
+                against: crate::system::System::Ksm {
+                    pages_to_scan: 1000,
+                },
+                min_saved_ratio: 1.0,
+                max_cpu_ratio: 1.0,
+            },
+        };
+        let me = run(
+            "pagesift-full",
+            &[(0.0, 0.0), (10.0, 50.0)],
+            &[(0.0, 0.0), (10.0, 1.0)],
+        );
+        let ksm = run(
+            "ksm-1000",
+            &[(0.0, 0.0), (10.0, 100.0)],
+            &[(0.0, 0.0), (10.0, 2.0)],
+        );
+        let v = judge(&g, &[me.clone(), ksm.clone()], 10.0);
+        assert_eq!(v.met, Some(false), "{v:?}");
+        assert!(v.evidence.contains("saved × 0.50"), "{v:?}");
+        // Runs are found by name, not position.
+        assert_eq!(judge(&g, &[ksm.clone(), me], 10.0).met, Some(false));
+        let mut big = ksm;
+        big.system = "pagesift-full".into();
+        let small = run(
+            "ksm-1000",
+            &[(0.0, 0.0), (10.0, 80.0)],
+            &[(0.0, 0.0), (10.0, 3.0)],
+        );
+        assert_eq!(judge(&g, &[big, small], 10.0).met, Some(true));
     }
 
     #[test]

@@ -28,6 +28,7 @@
 
 use crate::experiment::{Experiment, SavedBy};
 use crate::guest::{Guest, GuestError, GuestOptions};
+use crate::interpreters;
 use crate::ksmtuned::{Ksmtuned, KsmtunedOptions};
 use crate::procs::{Spawned, Workload};
 use crate::sampler::{Sampler, metric};
@@ -67,6 +68,8 @@ impl RunResult {
         self.series.iter().find(|s| s.metric == metric)
     }
 }
+
+const PAGE_MIB: f64 = pagesift_linux::PAGE_SIZE as f64 / (1024.0 * 1024.0);
 
 /// How long a daemon gets to restore KSM after SIGTERM.
 const DAEMON_GRACE: Duration = Duration::from_secs(20);
@@ -193,10 +196,39 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
             system.workload_mergeable(),
         )?);
     }
-    let fill_seconds: f64 = loads.iter().map(|w| w.fill_seconds).sum::<f64>() + 0.0;
-    let target_pages = exp
+    let mut target_pages = exp
         .target
         .map(|k| loads.iter().map(|w| w.count(k)).sum::<u64>());
+    if let Some(plan) = &exp.interpreters {
+        if ctx.term.requested() {
+            return Err(BenchError::Interrupted);
+        }
+        let data = ctx.interpreter_data(plan)?;
+        ctx.progress.note(&format!(
+            "{} · {name}: starting {} × {} -c worker.py ({} MiB of {} + {} MiB private)",
+            exp.name,
+            plan.count,
+            interpreters::PYTHON,
+            plan.data_mib,
+            data.display(),
+            plan.private_mib
+        ));
+        let workers = interpreters::start_workers(plan, &data, system.workload_mergeable())?;
+        let pids: Vec<u32> = workers.iter().flat_map(|w| w.pids()).collect();
+        // The exact saving at the start: ksmd is stopped and no daemon
+        // runs yet, so nothing is merged.
+        let exact = interpreters::exact_saving(&ctx.pagesift_bin, &pids)?;
+        notes.push(format!(
+            "exact saving at the start (`pagesift scan --exact`, {} ms): {:.1} MiB of {:.1} MiB \
+             present",
+            exact.elapsed_ms,
+            exact.saving_pages as f64 * PAGE_MIB,
+            exact.present_pages as f64 * PAGE_MIB
+        ));
+        target_pages = Some(exact.saving_pages);
+        loads.extend(workers);
+    }
+    let fill_seconds: f64 = loads.iter().map(|w| w.fill_seconds).sum::<f64>() + 0.0;
     let groups: Vec<u32> = loads.iter().map(|w| w.pgid()).collect();
     // Step 4: t = 0.
     let mut daemon = None;

@@ -1,5 +1,7 @@
 //! Live tests of the VM-boot guests: real QEMU (TCG) booting Debian's
-//! kernel with the initramfs built by `pagesift_bench::guest`.
+//! kernel with the initramfs built by `pagesift_bench::guest`, reading the
+//! payload from its own copy of the disk image (or, in one test, from the
+//! initramfs).
 //!
 //! Without qemu-system-x86, busybox-static or a kernel image each test
 //! passes with a "skipped: ... run scripts/setup" line, unless
@@ -9,7 +11,10 @@
 #[path = "../../linux/tests/common/mod.rs"]
 mod common;
 
-use pagesift_bench::guest::{Guest, GuestError, GuestImage, GuestOptions, READY_MARKER};
+use pagesift_bench::guest::image::select_payload;
+use pagesift_bench::guest::{
+    Guest, GuestError, GuestImage, GuestOptions, ImageOptions, READY_MARKER,
+};
 use pagesift_linux::kpageflags::{KPageFlags, KpfFlags};
 use pagesift_linux::ksm::{self, KsmGuard, Run};
 use std::collections::HashSet;
@@ -25,9 +30,13 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 /// As root, builds the image in a fresh directory, or says why the test
 /// is skipped (`None`).
 fn image_or_skip() -> Option<(tempfile::TempDir, GuestImage)> {
+    image_with_or_skip(&ImageOptions::default())
+}
+
+fn image_with_or_skip(opts: &ImageOptions) -> Option<(tempfile::TempDir, GuestImage)> {
     common::require_root();
     let dir = tempfile::tempdir().unwrap();
-    match GuestImage::build(dir.path()) {
+    match GuestImage::build_with(dir.path(), opts) {
         Ok(image) => Some((dir, image)),
         Err(e @ GuestError::Missing { .. }) => {
             if std::env::var("PAGESIFT_REQUIRE_GUESTS").is_ok_and(|v| v == "1") {
@@ -53,14 +62,54 @@ fn ready_line(guest: &Guest) -> Vec<(String, String)> {
         .collect()
 }
 
-fn field(fields: &[(String, String)], key: &str) -> u64 {
-    fields
+fn text_field<'a>(fields: &'a [(String, String)], key: &str) -> &'a str {
+    &fields
         .iter()
         .find(|(k, _)| k == key)
         .unwrap_or_else(|| panic!("no {key} in {fields:?}"))
         .1
-        .parse()
+}
+
+fn field(fields: &[(String, String)], key: &str) -> u64 {
+    text_field(fields, key).parse().unwrap()
+}
+
+/// The host's own checksum of the default payload, computed here from the
+/// host files (not from the disk image): `md5sum` of every file as
+/// `./usr/...` in sorted order, then `md5sum` of that list, the guest's
+/// pipeline.
+fn host_checksum_of_default_payload() -> String {
+    let o = ImageOptions::default();
+    let mut paths: Vec<String> = select_payload(&o.payload_roots, o.payload_bytes)
         .unwrap()
+        .iter()
+        .map(|f| format!(".{}", f.source.display()))
+        .collect();
+    paths.sort();
+    let mut child = Command::new("sh")
+        .args(["-c", "cd / && xargs md5sum | md5sum"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        for p in &paths {
+            writeln!(stdin, "{p}").unwrap();
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()[..32].to_string()
+}
+
+/// Files QEMU `pid` has open.
+fn open_files(pid: u32) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .collect()
 }
 
 /// User + system CPU of a process, ms.
@@ -94,18 +143,40 @@ fn processes_mentioning(needle: &str) -> Vec<u32> {
 }
 
 #[test]
-fn one_guest_boots_reads_its_payload_and_stopping_leaves_no_qemu() {
+fn one_guest_boots_reads_its_own_disk_and_stopping_leaves_no_qemu() {
     let Some((dir, image)) = image_or_skip() else {
         return;
     };
+    let disk = image.disk().expect("the default image has a disk");
+    let host_sum = host_checksum_of_default_payload();
+    assert_eq!(disk.checksum(), host_sum, "the builder's checksum");
+    assert_eq!(disk.files(), image.payload_files());
+    assert!(
+        image.modules().iter().any(|m| m == "virtio_blk") && image.modules().len() >= 3,
+        "{:?}",
+        image.modules()
+    );
     let payload_kib = image.payload_bytes() / 1024;
     let mut opts = GuestOptions::new("solo", false);
     opts.mem_mib = 512;
     let mut guest = Guest::start(&image, opts).unwrap();
     let pid = guest.pid();
     let rss_at_start = guest.rss_kib().unwrap_or(0);
+    // Its own copy of the disk, open in its QEMU, and not the image itself.
+    let copy = guest.disk().expect("a disk copy").to_path_buf();
+    assert_ne!(copy, disk.path());
+    assert_eq!(
+        std::fs::read(&copy).unwrap(),
+        std::fs::read(disk.path()).unwrap()
+    );
 
-    let boot = guest.wait_ready(BOOT_TIMEOUT).unwrap();
+    let boot = guest.wait_ready(BOOT_TIMEOUT).unwrap_or_else(|e| {
+        let log = std::fs::read_to_string(guest.serial_log()).unwrap_or_default();
+        panic!("{e}; serial log:\n{log}")
+    });
+    let files = open_files(pid);
+    assert!(files.contains(&copy), "QEMU {pid} has {files:?} open");
+    assert!(!files.iter().any(|f| f == disk.path()), "{files:?}");
     let rss = guest.rss_kib().unwrap();
     let ram = guest.ram().unwrap();
     assert_eq!(ram.end - ram.start, 512 << 20);
@@ -126,10 +197,13 @@ fn one_guest_boots_reads_its_payload_and_stopping_leaves_no_qemu() {
             .ok(),
     );
 
-    // It read every payload file, and its tmpfs copy matched (else /init
-    // prints the failed marker and wait_ready errs).
+    // It read every file of its disk: the checksum of what it read is the
+    // host's checksum of the host's files; its tmpfs copy matched (else
+    // /init prints the failed marker and wait_ready errs).
     assert_eq!(field(&fields, "files"), image.payload_files() as u64);
     assert!(field(&fields, "kib") >= payload_kib, "{fields:?}");
+    assert_eq!(text_field(&fields, "disk-md5"), host_sum, "{fields:?}");
+    assert!(field(&fields, "archive-kib") > 0, "{fields:?}");
     // Its RAM grew and holds both copies of the payload (rootfs + tmpfs).
     assert!(
         rss > rss_at_start + 2 * payload_kib,
@@ -142,8 +216,24 @@ fn one_guest_boots_reads_its_payload_and_stopping_leaves_no_qemu() {
 
     guest.stop().unwrap();
     assert!(dead(pid), "QEMU {pid} still running after stop");
+    assert!(!copy.exists(), "{copy:?} left behind");
     let dir_name = dir.path().to_str().unwrap();
     assert_eq!(processes_mentioning(dir_name), Vec::<u32>::new());
+}
+
+#[test]
+fn initramfs_guest_without_disk_still_boots_and_reads_its_payload() {
+    let Some((_dir, image)) = image_with_or_skip(&ImageOptions::initramfs()) else {
+        return;
+    };
+    assert!(image.disk().is_none() && image.modules().is_empty());
+    let mut guest = Guest::start(&image, GuestOptions::new("initramfs", false)).unwrap();
+    assert!(guest.disk().is_none());
+    guest.wait_ready(BOOT_TIMEOUT).unwrap();
+    let fields = ready_line(&guest);
+    assert_eq!(field(&fields, "files"), image.payload_files() as u64);
+    assert!(field(&fields, "kib") >= image.payload_bytes() / 1024);
+    guest.stop().unwrap();
 }
 
 /// Started by the next test in a child process: boots a guest, prints its

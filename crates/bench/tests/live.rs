@@ -72,6 +72,7 @@ fn a_short_run_measures_both_systems_and_leaves_nothing_behind() {
         paper: "UKSM §8.1.1",
         about: "64 MiB identical + 64 MiB random".into(),
         guests: None,
+        interpreters: None,
         workloads: vec![
             ["static-dup", "--mib", "64", "--seed", "1"]
                 .map(String::from)
@@ -85,6 +86,7 @@ fn a_short_run_measures_both_systems_and_leaves_nothing_behind() {
         systems: vec![pagesift_full, ksm],
         window_s: 10.0,
         reference: pagesift_full,
+        goals: Vec::new(),
     };
     let mut opts = BenchOptions::new(out.clone(), pagesift, workload);
     opts.experiments = Some(vec![exp]);

@@ -9,8 +9,9 @@
 //!   `PT_INTERP` (a dynamic loader) is refused.
 //! - The **newest** `/boot/vmlinuz-*` (`linux-image-amd64`), newest by
 //!   natural order of the release string (`6.1.0-56` after `6.1.0-9`). If
-//!   its `/boot/config-*` exists, every option the guest relies on must be
-//!   built in (`=y`): the guest's initramfs carries no modules.
+//!   its `/boot/config-*` exists, every option the initramfs itself relies
+//!   on must be built in (`=y`); the disk's drivers may be modules, which
+//!   the initramfs then carries (`super::disk`).
 
 use super::GuestError;
 use std::cmp::Ordering;
@@ -18,8 +19,8 @@ use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-/// Kernel options the guest uses, all of which must be `=y` because the
-/// initramfs loads no modules: the initramfs itself, `#!` and ELF
+/// Kernel options the guest uses before it can load a module, all of
+/// which must be `=y`: the initramfs itself, `#!` and ELF
 /// executables, proc/sys/devtmpfs, tmpfs for the payload copy, and the
 /// 8250 UART as console (`console=ttyS0`).
 pub const REQUIRED_KERNEL_CONFIG: &[&str] = &[

@@ -1,4 +1,6 @@
-//! The guest image: Debian's kernel plus an initramfs built here.
+//! The guest image: Debian's kernel plus an initramfs built here, and,
+//! where the payload goes on a disk ([`PayloadOn::Disk`], the default), a
+//! disk image ([`super::disk`]).
 //!
 //! The initramfs is an uncompressed cpio "newc" archive (the format the
 //! kernel unpacks into its rootfs; written with the `cpio` crate), laid out
@@ -8,10 +10,19 @@
 //! bin/busybox            busybox-static's binary
 //! bin/sh, usr/bin/md5sum, ...   its applet links (`busybox --list-full`)
 //! dev/console            char 5:1, init's stdin/stdout before devtmpfs
-//! init                   the script below (INIT_SCRIPT)
-//! proc/ sys/ data/       mount points
-//! payload/usr/lib/...    the payload: host files, same paths as on the host
+//! init                   INIT_SCRIPT, or DISK_INIT_SCRIPT with a disk
+//! proc/ sys/ data/ disk/ mount points
+//! payload/usr/lib/...    initramfs payload: host files, same paths as on the host
+//! lib/modules/pagesift/NN-name.ko   disk payload: the modules to read it, in load order
 //! ```
+//!
+//! With the payload on a disk, each guest gets its own copy of the image
+//! as a virtio disk; its `/init` loads the modules, mounts the disk read-
+//! only, reads every file (`md5sum`, through the guest's page cache),
+//! copies the tree into tmpfs and checks the copy, and runs the same
+//! programs as every other guest (an archive of the disk compressed into
+//! tmpfs, a sort of the file list by hash), then prints the checksum of the files
+//! it read ([`super::disk::DiskImage::checksum`] on the host).
 //!
 //! **Payload selection** ([`select_payload`]): each root (by default
 //! `/usr/lib` then `/usr/share`: shared libraries and data, a realistic
@@ -25,6 +36,7 @@
 //! Everything has mtime 0 and uid/gid 0, so the archive depends only on
 //! the inputs' contents.
 
+use super::disk::{DISK_MODULES, DiskImage, KernelModules, OPTIONAL_DISK_MODULES};
 use super::{GuestError, HostTools};
 use std::collections::BTreeSet;
 use std::fs;
@@ -67,6 +79,58 @@ echo "pagesift-guest: ready files=$(wc -l < /data.md5) kib=$(du -sk /data | cut 
 while :; do sleep 3600; done
 "#;
 
+/// The guest's `/init` when the payload is on a disk (`/dev/vda`, ext2).
+/// It loads the modules the initramfs carries, reads every file of the
+/// disk, copies them into tmpfs, runs the same programs as every guest,
+/// prints the ready line with `disk-md5=` (md5 of the sorted `md5sum`
+/// list, as [`super::disk::tree_checksum`] computes on the host) and idles.
+pub const DISK_INIT_SCRIPT: &str = r#"#!/bin/sh
+# /init of a pagesift-bench guest with a disk (crates/bench/src/guest/image.rs).
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+fail() {
+    echo "pagesift-guest: failed: $*"
+    reboot -f
+    while :; do sleep 1; done
+}
+mount -t proc proc /proc || fail "mounting /proc"
+mount -t sysfs sysfs /sys || fail "mounting /sys"
+mount -t devtmpfs devtmpfs /dev || fail "mounting devtmpfs on /dev"
+mount -t tmpfs -o mode=0755 data /data || fail "mounting a tmpfs on /data"
+echo "pagesift-guest: init at $(cut -d' ' -f1 /proc/uptime) s; loading modules"
+for m in /lib/modules/pagesift/*.ko; do
+    [ -e "$m" ] || continue
+    insmod "$m" || fail "insmod $m"
+done
+i=0
+while [ ! -b /dev/vda ]; do
+    i=$((i + 1))
+    [ $i -le 600 ] || fail "no /dev/vda after 60 s"
+    sleep 0.1
+done
+mount -t ext2 -o ro /dev/vda /disk || fail "mounting /dev/vda (ext2) on /disk"
+echo "pagesift-guest: disk mounted at $(cut -d' ' -f1 /proc/uptime) s; reading it"
+(cd /disk && find . -type f | sort | xargs md5sum) > /disk.md5 || fail "reading /disk"
+sum=$(md5sum < /disk.md5 | cut -d' ' -f1)
+cp -a /disk/. /data/ || fail "copying /disk into the tmpfs /data"
+(cd /data && find . -type f | sort | xargs md5sum) > /data.md5 || fail "reading /data"
+cmp -s /disk.md5 /data.md5 || fail "the tmpfs copy differs from /disk"
+# The same programs in every guest.
+tar -cf - -C /disk . | gzip -1 > /data/disk.tar.gz || fail "archiving /disk"
+sort /disk.md5 > /data/by-hash || fail "sorting the file list"
+echo "pagesift-guest: ready files=$(wc -l < /disk.md5) kib=$(du -sk /disk | cut -f1) disk-md5=$sum archive-kib=$(du -sk /data/disk.tar.gz | cut -f1) uptime=$(cut -d' ' -f1 /proc/uptime)"
+while :; do sleep 3600; done
+"#;
+
+/// Where the payload goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PayloadOn {
+    /// In the initramfs (`/payload`), copied into tmpfs by `/init`.
+    Initramfs,
+    /// On an ext2 disk image each guest reads from its own copy
+    /// (virtio-blk), see [`super::disk`].
+    Disk,
+}
+
 /// What goes into the payload.
 #[derive(Clone, Debug)]
 pub struct ImageOptions {
@@ -74,6 +138,8 @@ pub struct ImageOptions {
     pub payload_bytes: u64,
     /// Host directories to take files from, in order.
     pub payload_roots: Vec<PathBuf>,
+    /// Initramfs or disk.
+    pub payload_on: PayloadOn,
 }
 
 impl Default for ImageOptions {
@@ -81,6 +147,17 @@ impl Default for ImageOptions {
         ImageOptions {
             payload_bytes: DEFAULT_PAYLOAD_BYTES,
             payload_roots: vec!["/usr/lib".into(), "/usr/share".into()],
+            payload_on: PayloadOn::Disk,
+        }
+    }
+}
+
+impl ImageOptions {
+    /// The default payload in the initramfs (no disk, no modules).
+    pub fn initramfs() -> ImageOptions {
+        ImageOptions {
+            payload_on: PayloadOn::Initramfs,
+            ..ImageOptions::default()
         }
     }
 }
@@ -112,11 +189,13 @@ pub struct GuestImage {
     payload_files: usize,
     payload_bytes: u64,
     initramfs_bytes: u64,
+    disk: Option<DiskImage>,
+    modules: Vec<String>,
 }
 
 impl GuestImage {
     /// Finds the host tools ([`HostTools::find`]) and writes
-    /// `dir/initramfs.cpio` with the default payload.
+    /// `dir/initramfs.cpio` and `dir/disk.ext2` with the default payload.
     pub fn build(dir: &Path) -> Result<GuestImage, GuestError> {
         GuestImage::build_with(dir, &ImageOptions::default())
     }
@@ -137,11 +216,33 @@ impl GuestImage {
                 ),
             });
         }
+        let (content, disk) = match opts.payload_on {
+            PayloadOn::Initramfs => (
+                Content {
+                    init: INIT_SCRIPT,
+                    payload: &payload,
+                    modules: KernelModules::default(),
+                },
+                None,
+            ),
+            PayloadOn::Disk => (
+                Content {
+                    init: DISK_INIT_SCRIPT,
+                    payload: &[],
+                    modules: KernelModules::collect(
+                        &tools.kernel_release,
+                        DISK_MODULES,
+                        OPTIONAL_DISK_MODULES,
+                    )?,
+                },
+                Some(DiskImage::build(dir, &payload)?),
+            ),
+        };
         let initramfs = dir.join("initramfs.cpio");
         let tmp = dir.join("initramfs.cpio.tmp");
         let write = || -> io::Result<u64> {
             let out = BufWriter::new(fs::File::create(&tmp)?);
-            let bytes = write_initramfs(out, &tools.busybox, &applets, &payload)?;
+            let bytes = write_initramfs(out, &tools.busybox, &applets, &content)?;
             fs::rename(&tmp, &initramfs)?;
             Ok(bytes)
         };
@@ -154,7 +255,25 @@ impl GuestImage {
             payload_files: payload.len(),
             payload_bytes: payload.iter().map(|f| f.bytes).sum(),
             initramfs_bytes,
+            disk,
+            modules: content
+                .modules
+                .modules
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect(),
         })
+    }
+
+    /// The disk image every guest gets a copy of, when the payload is on a
+    /// disk.
+    pub fn disk(&self) -> Option<&DiskImage> {
+        self.disk.as_ref()
+    }
+
+    /// The kernel modules the initramfs carries, in load order.
+    pub fn modules(&self) -> &[String] {
+        &self.modules
     }
 
     /// The directory holding the initramfs and the guests' logs.
@@ -275,13 +394,24 @@ fn walk_sorted(dir: &Path, visit: &mut dyn FnMut(&Path, u64) -> bool) -> io::Res
     Ok(true)
 }
 
+/// What an initramfs holds besides busybox.
+#[derive(Clone, Debug)]
+pub struct Content<'a> {
+    /// The `/init` script.
+    pub init: &'a str,
+    /// Host files under `payload/`.
+    pub payload: &'a [PayloadFile],
+    /// Modules under `lib/modules/pagesift/`, in load order.
+    pub modules: KernelModules,
+}
+
 /// Writes the initramfs (see the module header) to `out`; returns its
 /// size in bytes.
 pub fn write_initramfs<W: Write>(
     out: W,
     busybox: &Path,
     applets: &[String],
-    payload: &[PayloadFile],
+    content: &Content,
 ) -> io::Result<u64> {
     let mut w = ArchiveWriter {
         out: CountingWriter { inner: out, n: 0 },
@@ -289,7 +419,7 @@ pub fn write_initramfs<W: Write>(
         dirs: BTreeSet::new(),
     };
     for d in [
-        "bin", "sbin", "usr/bin", "usr/sbin", "proc", "sys", "dev", "data",
+        "bin", "sbin", "usr/bin", "usr/sbin", "proc", "sys", "dev", "data", "disk",
     ] {
         w.dir_all(d)?;
     }
@@ -302,8 +432,16 @@ pub fn write_initramfs<W: Write>(
         }
         w.entry(applet, 0o120_777, (0, 0), b"/bin/busybox")?;
     }
-    w.entry("init", 0o100_755, (0, 0), INIT_SCRIPT.as_bytes())?;
-    for f in payload {
+    w.entry("init", 0o100_755, (0, 0), content.init.as_bytes())?;
+    if !content.modules.modules.is_empty() {
+        w.dir_all("lib/modules/pagesift")?;
+    }
+    for (i, (name, bytes)) in content.modules.modules.iter().enumerate() {
+        // The number keeps the shell's sorted glob in load order.
+        let path = format!("lib/modules/pagesift/{i:02}-{name}.ko");
+        w.entry(&path, 0o100_644, (0, 0), bytes)?;
+    }
+    for f in content.payload {
         let path = f.archive_path();
         if let Some((parent, _)) = path.rsplit_once('/') {
             w.dir_all(parent)?;
@@ -461,7 +599,17 @@ mod tests {
         let applets = vec!["bin/sh".to_string(), "usr/sbin/chroot".to_string()];
         let payload = select_payload(&[d.path().join("b")], 1 << 20).unwrap();
         let mut bytes = Vec::new();
-        let n = write_initramfs(&mut bytes, &busybox, &applets, &payload).unwrap();
+        let content = Content {
+            init: INIT_SCRIPT,
+            payload: &payload,
+            modules: KernelModules {
+                modules: vec![
+                    ("virtio".into(), b"first".to_vec()),
+                    ("virtio_blk".into(), b"second".to_vec()),
+                ],
+            },
+        };
+        let n = write_initramfs(&mut bytes, &busybox, &applets, &content).unwrap();
         assert_eq!(n, bytes.len() as u64);
         let e = read_archive(&bytes);
 
@@ -474,7 +622,9 @@ mod tests {
         assert_eq!(e["dev/console"].rdev, (5, 1));
         assert_eq!(e["init"].data, INIT_SCRIPT.as_bytes());
         assert_eq!(e["init"].mode, 0o100_755);
-        for dir in ["proc", "sys", "dev", "data", "usr", "usr/sbin"] {
+        assert_eq!(e["lib/modules/pagesift/00-virtio.ko"].data, b"first");
+        assert_eq!(e["lib/modules/pagesift/01-virtio_blk.ko"].data, b"second");
+        for dir in ["proc", "sys", "dev", "data", "disk", "usr", "usr/sbin"] {
             assert_eq!(e[dir].mode, 0o040_755, "{dir}");
         }
         for f in &payload {
@@ -494,8 +644,12 @@ mod tests {
 
     #[test]
     fn init_prints_the_markers_the_harness_waits_for() {
-        assert!(INIT_SCRIPT.contains(&format!("echo \"{} files=", super::super::READY_MARKER)));
-        assert!(INIT_SCRIPT.contains(&format!("echo \"{} $*\"", super::super::FAILED_MARKER)));
-        assert!(INIT_SCRIPT.starts_with("#!/bin/sh\n"));
+        for init in [INIT_SCRIPT, DISK_INIT_SCRIPT] {
+            assert!(init.contains(&format!("echo \"{} files=", super::super::READY_MARKER)));
+            assert!(init.contains(&format!("echo \"{} $*\"", super::super::FAILED_MARKER)));
+            assert!(init.starts_with("#!/bin/sh\n"));
+        }
+        assert!(DISK_INIT_SCRIPT.contains("disk-md5=$sum"));
+        assert!(DISK_INIT_SCRIPT.contains("/dev/vda"));
     }
 }

@@ -14,7 +14,11 @@
 //!   -serial file:<dir>/<name>.serial
 //!   -kernel <vmlinuz> -initrd <initramfs.cpio>
 //!   -append "console=ttyS0 panic=-1"
+//!   -drive file=<dir>/<name>.disk,if=virtio,format=raw,cache=writeback,aio=threads
+//!                                    with a disk image: the guest's own copy
 //! ```
+//!
+//! The copy is made when the guest starts and removed when it is dropped.
 //!
 //! QEMU's stderr goes to `<dir>/<name>.qemu.log`. Readiness is polled from
 //! the serial log (the whole log is re-read: it stays a few tens of KiB).
@@ -93,6 +97,9 @@ pub struct Guest {
     started: Instant,
     ready_after: Option<Duration>,
     ram: Option<Range<u64>>,
+    disk: Option<PathBuf>,
+    /// The checksum a guest that read every file of its disk prints.
+    disk_md5: Option<String>,
 }
 
 impl Guest {
@@ -111,6 +118,7 @@ impl Guest {
         }
         let stderr = fs::File::create(&qemu_log)
             .map_err(|e| GuestError::io(format!("creating {}", qemu_log.display()), e))?;
+        let disk = image.disk().map(|d| d.copy_for(&opts.name)).transpose()?;
         let tools = image.tools();
         let merge = if opts.mem_merge { "on" } else { "off" };
         let mut cmd = Command::new(&tools.setpriv);
@@ -128,14 +136,29 @@ impl Guest {
             .arg(image.kernel())
             .arg("-initrd")
             .arg(image.initramfs())
-            .args(["-append", "console=ttyS0 panic=-1"])
-            .process_group(0)
+            .args(["-append", "console=ttyS0 panic=-1"]);
+        if let Some(d) = &disk {
+            cmd.arg("-drive").arg(format!(
+                "file={},if=virtio,format=raw,cache=writeback,aio=threads",
+                d.display()
+            ));
+        }
+        cmd.process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
-        let child = cmd
-            .spawn()
-            .map_err(|e| GuestError::io(format!("starting {}", tools.setpriv.display()), e))?;
+        let child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(d) = &disk {
+                    let _ = fs::remove_file(d);
+                }
+                return Err(GuestError::io(
+                    format!("starting {}", tools.setpriv.display()),
+                    e,
+                ));
+            }
+        };
         Ok(Guest {
             child,
             opts,
@@ -144,6 +167,8 @@ impl Guest {
             started: Instant::now(),
             ready_after: None,
             ram: None,
+            disk,
+            disk_md5: image.disk().map(|d| d.checksum().to_string()),
         })
     }
 
@@ -165,6 +190,11 @@ impl Guest {
     /// Guest RAM, MiB.
     pub fn mem_mib(&self) -> u32 {
         self.opts.mem_mib
+    }
+
+    /// This guest's copy of the disk image, if it has one.
+    pub fn disk(&self) -> Option<&Path> {
+        self.disk.as_deref()
     }
 
     /// The serial console's log file.
@@ -190,7 +220,23 @@ impl Guest {
         }
         let elapsed = self.started.elapsed();
         let log = fs::read_to_string(&self.serial).unwrap_or_default();
-        if log.lines().any(|l| l.starts_with(READY_MARKER)) {
+        if let Some(line) = log.lines().find(|l| l.starts_with(READY_MARKER)) {
+            // A guest with a disk proves it read every file of it.
+            if let Some(want) = &self.disk_md5 {
+                let got = line
+                    .split_whitespace()
+                    .find_map(|kv| kv.strip_prefix("disk-md5="));
+                if got != Some(want.as_str()) {
+                    return Err(GuestError::Failed {
+                        name: self.opts.name.clone(),
+                        reason: format!(
+                            "it read disk-md5={}, the host's files give {want}",
+                            got.unwrap_or("(none)")
+                        ),
+                        log: self.serial.clone(),
+                    });
+                }
+            }
             self.ready_after = Some(elapsed);
             // QEMU mapped guest RAM long before the guest printed anything.
             let _ = self.ram();
@@ -303,10 +349,16 @@ impl Guest {
     fn kill_and_reap(&mut self) -> Result<(), GuestError> {
         // An exited-and-reaped child makes kill() a no-op Ok.
         let _ = self.child.kill();
-        self.child
+        let reaped = self
+            .child
             .wait()
             .map(|_| ())
-            .map_err(|e| GuestError::io(format!("reaping QEMU {}", self.pid()), e))
+            .map_err(|e| GuestError::io(format!("reaping QEMU {}", self.pid()), e));
+        // QEMU is gone: its disk copy goes too.
+        if let Some(d) = self.disk.take() {
+            let _ = fs::remove_file(d);
+        }
+        reaped
     }
 
     /// The last lines of QEMU's stderr and of the serial log.
