@@ -403,3 +403,113 @@ fn an_execd_workload_is_mergeable_and_its_memory_is_what_it_would_be() {
         let _ = c.wait();
     }
 }
+
+/// A workload whose command name is `name` (it runs through a symlink of
+/// that name), as `uid` (and gid) when given, through `setpriv`.
+fn named_workload(dir: &std::path::Path, name: &str, uid: Option<u32>, args: &[&str]) -> Workload {
+    let link = dir.join(name);
+    if !link.exists() {
+        std::os::unix::fs::symlink(workload_bin(), &link).unwrap();
+    }
+    let cmd = match uid {
+        Some(uid) => {
+            let mut c = Command::new("setpriv");
+            c.args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+            ])
+            .arg(&link)
+            .args(args);
+            c
+        }
+        None => {
+            let mut c = Command::new(&link);
+            c.args(args);
+            c
+        }
+    };
+    Workload::spawn(cmd, args)
+}
+
+/// `ksm_merging_pages` of /proc/PID/ksm_stat.
+fn ksm_stat_merging(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/ksm_stat")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("ksm_merging_pages"))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or_else(|| panic!("no ksm_merging_pages in {text}"))
+}
+
+fn uid_of(pid: u32) -> u32 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_name_alone_does_not_let_another_users_process_in() {
+    require_root();
+    let _serial = serial();
+    let dir = tmpdir("trust");
+    // A name no other test uses, so the daemon sees these two only.
+    let name = format!("pstrust{}", std::process::id() % 100_000);
+    let args = ["static-dup", "--mib", "32", "--seed", "11"];
+    let mut root = named_workload(&dir, &name, None, &args);
+    let mut nobody = named_workload(&dir, &name, Some(65534), &args);
+    assert_eq!(uid_of(nobody.pid()), 65534);
+    assert_eq!(uid_of(root.pid()), 0);
+    let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+    assert_eq!(comm(root.pid()).trim(), name);
+    assert_eq!(comm(nobody.pid()).trim(), name);
+    let (root_sum, nobody_sum) = (root.checksum(), nobody.checksum());
+    assert_eq!(root_sum, nobody_sum, "the same content");
+    let (root_start, pages) = root.region();
+    let (nobody_start, _) = nobody.region();
+    let config = dir.join("pagesift.toml");
+    std::fs::write(
+        &config,
+        format!("governor = \"full\"\n[eligible]\ncomms = [\"{name}\"]\n"),
+    )
+    .unwrap();
+    let mut d = Daemon::start(&dir, &["--config", config.to_str().unwrap()], false);
+    let want = pages * 99 / 100;
+    let st = d.wait_for(Duration::from_secs(90), "root's process merged", |s| {
+        s["totals"]["merged_pages"].as_u64().unwrap_or(0) >= want
+    });
+    // Root's process is in; nobody's is refused, and status says why.
+    assert!(vm_flags(root.pid(), root_start).contains(&"mg".to_string()));
+    assert!(merging_pages(root.pid()) >= want - 256);
+    let skipped = st["skipped"].as_array().unwrap();
+    let entry = skipped
+        .iter()
+        .find(|s| s["pid"].as_u64() == Some(nobody.pid() as u64))
+        .unwrap_or_else(|| panic!("uid 65534 not listed as skipped: {st}"));
+    let reason = entry["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("untrusted uid 65534") && reason.contains("eligible.uids"),
+        "{reason}"
+    );
+    // A few more wake-ups and refreshes: still nothing of nobody's is
+    // mergeable, so ksmd cannot merge any of it.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        vmas(nobody.pid()).iter().all(|v| !v.mergeable()),
+        "a VMA of uid 65534's process was marked:\n{}",
+        vmas_in(nobody.pid(), nobody_start, pages * 4096)
+    );
+    assert_eq!(ksm_stat_merging(nobody.pid()), 0);
+    assert_eq!(merging_pages(nobody.pid()), 0);
+    assert!(ksm_stat_merging(root.pid()) > 0);
+    // Both ran on, memory as it was.
+    assert_eq!(root.checksum(), root_sum);
+    assert_eq!(nobody.checksum(), nobody_sum);
+    let st = d.stop();
+    assert!(st.success(), "exit {st}:\n{}", d.log());
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}

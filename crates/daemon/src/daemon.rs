@@ -746,7 +746,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 }
                 Err(reason) => {
                     // Processes that were never candidates are not news.
-                    if reason.starts_with("excluded") || reason.contains("pagesift") {
+                    if crate::eligibility::refusal_is_news(&reason) {
                         self.skipped.insert(
                             p.key.pid,
                             SkipEntry {

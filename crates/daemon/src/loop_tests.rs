@@ -437,8 +437,25 @@ fn ineligible_processes_are_neither_sampled_nor_marked() {
         )
     };
     // 82 is a "guest" too, but denied by pid through --pid narrowing.
+    // The simulated processes run as uid 1000: a name alone does not admit
+    // them (names are not trust), a name with their uid does.
     let mut d = daemon(&w, "[eligible]\ncomms = [\"guest\"]\n", &[]);
     let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert!(
+        !w.borrow().spans[&yes].mergeable,
+        "uid 1000 admitted by name"
+    );
+    assert_eq!(d.distiller().ladder().level_of(yes), None, "sampled");
+    let st = d.status(now);
+    assert!(
+        st.skipped
+            .iter()
+            .any(|s| s.pid == 80 && s.reason.starts_with("untrusted uid 1000")),
+        "{:?}",
+        st.skipped
+    );
+    let mut d = daemon(&w, "[eligible]\ncomms = [\"guest\"]\nuids = [1000]\n", &[]);
     run(&mut d, &mut now, 300);
     assert!(w.borrow().spans[&yes].mergeable);
     assert!(!w.borrow().spans[&no].mergeable);
@@ -814,3 +831,4 @@ fn the_daemon_wakes_once_a_second_while_only_the_bottom_has_work() {
     assert_eq!(d.mode(dup), Some(Mode::Promoted));
     assert_eq!(d.wake(now).sleep, 1_000_000_000);
 }
+
