@@ -513,3 +513,117 @@ fn a_name_alone_does_not_let_another_users_process_in() {
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn userfaultfds(pid: u32) -> usize {
+    pagesift_linux::uffd::count_userfaultfds(pid)
+}
+
+/// Polls `pred` every 50 ms for at most `timeout`; how long it took.
+fn within(timeout: Duration, mut pred: impl FnMut() -> bool) -> Option<Duration> {
+    let t0 = Instant::now();
+    while t0.elapsed() < timeout {
+        if pred() {
+            return Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+#[test]
+fn leaving_the_eligible_set_unmarks_and_a_new_source_unregisters_write_tracking() {
+    require_root();
+    let _serial = serial();
+    let dir = tmpdir("leave");
+    let name = format!("psleave{}", std::process::id() % 100_000);
+    let mut dup = named_workload(
+        &dir,
+        &name,
+        None,
+        &["static-dup", "--mib", "32", "--seed", "12"],
+    );
+    let mut cow = Workload::start(&["cow-broken", "--mib", "64"]);
+    let (dup_sum, cow_sum) = (dup.checksum(), cow.checksum());
+    let (start, pages) = dup.region();
+    let config = dir.join("pagesift.toml");
+    std::fs::write(&config, "governor = \"full\"\n[actuate]\nrecheck_s = 1\n").unwrap();
+    let (pd, pc) = (dup.pid().to_string(), cow.pid().to_string());
+    let mut d = Daemon::start(
+        &dir,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--pid",
+            &pd,
+            "--pid",
+            &pc,
+        ],
+        false,
+    );
+    let want = pages * 99 / 100;
+    let cow_pid = cow.pid();
+    d.wait_for(
+        Duration::from_secs(120),
+        "the dup merged and the cow-broken one write-tracked",
+        |s| {
+            s["totals"]["merged_pages"].as_u64().unwrap_or(0) >= want
+                && s["totals"]["write_tracked_ranges"].as_u64().unwrap_or(0) >= 1
+                && userfaultfds(cow_pid) >= 1
+        },
+    );
+    assert!(mergeable_pages(dup.pid(), start, pages * 4096) == pages);
+    assert!(merging_pages(dup.pid()) >= want - 256);
+
+    // The dup becomes ineligible; in the same reload the sub-region size
+    // changes (a new source) and write tracking is turned off.
+    std::fs::write(
+        &config,
+        format!(
+            "governor = \"full\"\n[scan]\nsubregion_mib = 32\n[actuate]\nrecheck_s = 1\n\
+             write_tracking = false\n[ineligible]\ncomms = [\"{name}\"]\n"
+        ),
+    )
+    .unwrap();
+    d.signal("HUP");
+    // A refresh follows a reload at the next wake-up (at most 1 s).
+    let took = within(Duration::from_secs(5), || {
+        !any_mergeable(dup.pid(), start, pages * 4096)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "still marked 5 s after the reload:\n{}\n{}",
+            vmas_in(dup.pid(), start, pages * 4096),
+            d.log()
+        )
+    });
+    eprintln!("unmarked {:.2} s after SIGHUP", took.as_secs_f64());
+    // MADV_UNMERGEABLE broke its KSM pages: nothing of it is merged.
+    assert_eq!(merging_pages(dup.pid()), 0);
+    assert!(
+        within(Duration::from_secs(5), || userfaultfds(cow_pid) == 0).is_some(),
+        "the old source's userfaultfd is still in the target:\n{}",
+        d.log()
+    );
+    // Status (published about once a second) lists it as excluded.
+    let dup_pid = dup.pid() as u64;
+    d.wait_for(Duration::from_secs(5), "the dup listed as excluded", |st| {
+        st["skipped"].as_array().unwrap().iter().any(|s| {
+            s["pid"].as_u64() == Some(dup_pid) && s["reason"] == "excluded by ineligible.comms"
+        })
+    });
+    assert!(
+        d.log().contains("left the eligible set: unmarked"),
+        "{}",
+        d.log()
+    );
+    // Never marked again while ineligible.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!any_mergeable(dup.pid(), start, pages * 4096));
+    // Both ran on, memory as it was.
+    assert_eq!(dup.checksum(), dup_sum);
+    assert_eq!(cow.checksum(), cow_sum);
+    let st = d.stop();
+    assert!(st.success(), "exit {st}:\n{}", d.log());
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}
