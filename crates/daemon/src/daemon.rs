@@ -1197,6 +1197,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let Some(&key) = self.allowed.get(&pid) else {
             return;
         };
+        if !self.target.same_process(key) {
+            // It exec'd (or exited) since the refresh: these ranges are the
+            // old image's. Judge the new one at the next refresh.
+            self.force_refresh = true;
+            return;
+        }
         let calls = coalesce(items.iter().map(|i| i.advice).collect());
         // VMA splits: a marked range that starts or ends inside its VMA.
         let splits_of = |c: &Advice| -> u64 {

@@ -90,8 +90,9 @@ pub trait Target: MemorySource {
     fn cow_ksm(&self) -> Option<u64>;
     /// Pids that exited since the last call.
     fn take_gone(&mut self) -> Vec<u32>;
-    /// Whether the process `key` names still lives (its pid was not reused
-    /// by another), selected or not. The default knows the selected ones.
+    /// Whether the process `key` names still lives as that process (its
+    /// pid was not reused, it did not exec), selected or not, as of now:
+    /// checked before every injection. The default knows the selected ones.
     fn same_process(&self, key: ProcKey) -> bool {
         self.processes().iter().any(|p| p.key == key)
     }
@@ -313,8 +314,9 @@ impl Target for LinuxTarget {
     }
 
     fn same_process(&self, key: ProcKey) -> bool {
-        self.procs.iter().any(|p| p.key == key)
-            || pagesift_linux::discover::identity(key.pid) == Some((key.start_time, key.image))
+        // Read now, not from the last refresh: an exec since then must stop
+        // an injection of the old image's ranges.
+        pagesift_linux::discover::identity(key.pid) == Some((key.start_time, key.image))
     }
 
     fn cow_ksm(&self) -> Option<u64> {
