@@ -627,3 +627,52 @@ fn leaving_the_eligible_set_unmarks_and_a_new_source_unregisters_write_tracking(
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_socket_path_that_is_not_a_socket_is_refused_and_kept() {
+    let dir = tmpdir("notsock");
+    let file = dir.join("notes.txt");
+    std::fs::write(&file, "keep me").unwrap();
+    let me = std::process::id().to_string();
+    let out = run(&["run", "--socket", file.to_str().unwrap(), "--pid", &me]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(file.to_str().unwrap())
+            && err.contains("is not a socket (a regular file)")
+            && err.contains("refusing to replace it"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn as_root_a_config_file_others_could_change_is_refused() {
+    require_root();
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tmpdir("cfgmode");
+    let p = dir.join("pagesift.toml");
+    std::fs::write(&p, "[eligible]\nall = true\n").unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = run(&["run", "--config", p.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(p.to_str().unwrap())
+            && err.contains("not trusted")
+            && err.contains("0666 lets group or others write it"),
+        "{err}"
+    );
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+    let out = run(&["run", "--config", p.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("owned by uid 65534, not by root"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&p).unwrap(),
+        "[eligible]\nall = true\n"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

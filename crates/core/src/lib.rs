@@ -63,6 +63,7 @@ pub mod sim;
 pub mod source;
 pub mod strength;
 pub mod superfasthash;
+pub mod text;
 
 /// Bytes in a page. pagesift works on 4 KiB base pages, as KSM does.
 pub const PAGE_SIZE: usize = 4096;

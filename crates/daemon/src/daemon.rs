@@ -92,6 +92,7 @@ use crate::target::{Span, Target, View};
 use pagesift_core::distill::{Distiller, DistillerConfig, DupRun};
 use pagesift_core::governor::{MAX_SLEEP, sleep_for_share};
 use pagesift_core::source::{PageState, SourceError};
+use pagesift_core::text::printable;
 use pagesift_core::{Nanos, RegionId};
 use pagesift_linux::host;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -920,15 +921,15 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 Unmarked::Done(bytes) => {
                     self.counters.unmarks += 1;
                     self.force_refresh = true;
-                    info!(pid = key.pid, comm = %comm, bytes, "left the eligible set: unmarked");
+                    info!(pid = key.pid, comm = %printable(&comm), bytes, "left the eligible set: unmarked");
                 }
                 Unmarked::Partly(failed) => {
-                    warn!(pid = key.pid, comm = %comm, ?failed, "left the eligible set: some ranges could not be unmarked");
+                    warn!(pid = key.pid, comm = %printable(&comm), ?failed, "left the eligible set: some ranges could not be unmarked");
                     self.departed.forget(key);
                 }
                 Unmarked::Gone => {}
                 Unmarked::NotNow(reason) => {
-                    warn!(pid = key.pid, comm = %comm, reason = %reason, "left the eligible set, but cannot be unmarked now: trying again at the next refresh");
+                    warn!(pid = key.pid, comm = %printable(&comm), reason = %reason, "left the eligible set, but cannot be unmarked now: trying again at the next refresh");
                 }
             }
         }
@@ -1374,7 +1375,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             .get(&pid)
             .is_none_or(|s| s.reason != reason)
         {
-            info!(pid, comm = %comm, reason = %reason, "process skipped");
+            info!(pid, comm = %printable(&comm), reason = %reason, "process skipped");
         }
         self.inject_skips.insert(
             pid,
