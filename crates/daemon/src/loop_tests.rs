@@ -983,3 +983,32 @@ fn exec_starts_a_new_identity_whose_old_marks_are_forgotten_not_unmarked() {
     let key = w.borrow().procs[0].key;
     assert!(!d.marks().ranges(key).is_empty());
 }
+
+#[test]
+fn a_uid_change_out_of_the_set_unmarks_at_the_next_refresh() {
+    let w = world();
+    let r = {
+        let mut m = w.borrow_mut();
+        m.spawn(66, "svc", false);
+        m.map(66, &[8; 512], false)
+    };
+    let mut d = daemon(&w, "[eligible]\nuids = [1000]\n", &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert!(w.borrow().spans[&r].mergeable);
+    let before = w.borrow().batches.len();
+    // The process drops to another uid (setuid): same process, no longer
+    // in the set. The next refresh unmarks it.
+    w.borrow_mut().procs[0].facts.uid = 1001;
+    d.request_refresh();
+    run(&mut d, &mut now, 1);
+    let m = w.borrow();
+    assert!(!m.spans[&r].mergeable, "still marked after leaving by uid");
+    assert!(
+        m.batches[before..]
+            .iter()
+            .all(|(pid, b)| *pid == 66 && b.iter().all(|c| !c.mergeable)),
+        "{:?}",
+        &m.batches[before..]
+    );
+}
