@@ -403,3 +403,276 @@ fn an_execd_workload_is_mergeable_and_its_memory_is_what_it_would_be() {
         let _ = c.wait();
     }
 }
+
+/// A workload whose command name is `name` (it runs through a symlink of
+/// that name), as `uid` (and gid) when given, through `setpriv`.
+fn named_workload(dir: &std::path::Path, name: &str, uid: Option<u32>, args: &[&str]) -> Workload {
+    let link = dir.join(name);
+    if !link.exists() {
+        std::os::unix::fs::symlink(workload_bin(), &link).unwrap();
+    }
+    let cmd = match uid {
+        Some(uid) => {
+            let mut c = Command::new("setpriv");
+            c.args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+            ])
+            .arg(&link)
+            .args(args);
+            c
+        }
+        None => {
+            let mut c = Command::new(&link);
+            c.args(args);
+            c
+        }
+    };
+    Workload::spawn(cmd, args)
+}
+
+/// `ksm_merging_pages` of /proc/PID/ksm_stat.
+fn ksm_stat_merging(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/ksm_stat")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("ksm_merging_pages"))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or_else(|| panic!("no ksm_merging_pages in {text}"))
+}
+
+fn uid_of(pid: u32) -> u32 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_name_alone_does_not_let_another_users_process_in() {
+    require_root();
+    let _serial = serial();
+    let dir = tmpdir("trust");
+    // A name no other test uses, so the daemon sees these two only.
+    let name = format!("pstrust{}", std::process::id() % 100_000);
+    let args = ["static-dup", "--mib", "32", "--seed", "11"];
+    let mut root = named_workload(&dir, &name, None, &args);
+    let mut nobody = named_workload(&dir, &name, Some(65534), &args);
+    assert_eq!(uid_of(nobody.pid()), 65534);
+    assert_eq!(uid_of(root.pid()), 0);
+    let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+    assert_eq!(comm(root.pid()).trim(), name);
+    assert_eq!(comm(nobody.pid()).trim(), name);
+    let (root_sum, nobody_sum) = (root.checksum(), nobody.checksum());
+    assert_eq!(root_sum, nobody_sum, "the same content");
+    let (root_start, pages) = root.region();
+    let (nobody_start, _) = nobody.region();
+    let config = dir.join("pagesift.toml");
+    std::fs::write(
+        &config,
+        format!("governor = \"full\"\n[eligible]\ncomms = [\"{name}\"]\n"),
+    )
+    .unwrap();
+    let mut d = Daemon::start(&dir, &["--config", config.to_str().unwrap()], false);
+    let want = pages * 99 / 100;
+    let st = d.wait_for(Duration::from_secs(90), "root's process merged", |s| {
+        s["totals"]["merged_pages"].as_u64().unwrap_or(0) >= want
+    });
+    // Root's process is in; nobody's is refused, and status says why.
+    assert!(vm_flags(root.pid(), root_start).contains(&"mg".to_string()));
+    assert!(merging_pages(root.pid()) >= want - 256);
+    let skipped = st["skipped"].as_array().unwrap();
+    let entry = skipped
+        .iter()
+        .find(|s| s["pid"].as_u64() == Some(nobody.pid() as u64))
+        .unwrap_or_else(|| panic!("uid 65534 not listed as skipped: {st}"));
+    let reason = entry["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("untrusted uid 65534") && reason.contains("eligible.uids"),
+        "{reason}"
+    );
+    // A few more wake-ups and refreshes: still nothing of nobody's is
+    // mergeable, so ksmd cannot merge any of it.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        vmas(nobody.pid()).iter().all(|v| !v.mergeable()),
+        "a VMA of uid 65534's process was marked:\n{}",
+        vmas_in(nobody.pid(), nobody_start, pages * 4096)
+    );
+    assert_eq!(ksm_stat_merging(nobody.pid()), 0);
+    assert_eq!(merging_pages(nobody.pid()), 0);
+    assert!(ksm_stat_merging(root.pid()) > 0);
+    // Both ran on, memory as it was.
+    assert_eq!(root.checksum(), root_sum);
+    assert_eq!(nobody.checksum(), nobody_sum);
+    let st = d.stop();
+    assert!(st.success(), "exit {st}:\n{}", d.log());
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn userfaultfds(pid: u32) -> usize {
+    pagesift_linux::uffd::count_userfaultfds(pid)
+}
+
+/// Polls `pred` every 50 ms for at most `timeout`; how long it took.
+fn within(timeout: Duration, mut pred: impl FnMut() -> bool) -> Option<Duration> {
+    let t0 = Instant::now();
+    while t0.elapsed() < timeout {
+        if pred() {
+            return Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+#[test]
+fn leaving_the_eligible_set_unmarks_and_a_new_source_unregisters_write_tracking() {
+    require_root();
+    let _serial = serial();
+    let dir = tmpdir("leave");
+    let name = format!("psleave{}", std::process::id() % 100_000);
+    let mut dup = named_workload(
+        &dir,
+        &name,
+        None,
+        &["static-dup", "--mib", "32", "--seed", "12"],
+    );
+    let mut cow = Workload::start(&["cow-broken", "--mib", "64"]);
+    let (dup_sum, cow_sum) = (dup.checksum(), cow.checksum());
+    let (start, pages) = dup.region();
+    let config = dir.join("pagesift.toml");
+    std::fs::write(&config, "governor = \"full\"\n[actuate]\nrecheck_s = 1\n").unwrap();
+    let (pd, pc) = (dup.pid().to_string(), cow.pid().to_string());
+    let mut d = Daemon::start(
+        &dir,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--pid",
+            &pd,
+            "--pid",
+            &pc,
+        ],
+        false,
+    );
+    let want = pages * 99 / 100;
+    let cow_pid = cow.pid();
+    d.wait_for(
+        Duration::from_secs(120),
+        "the dup merged and the cow-broken one write-tracked",
+        |s| {
+            s["totals"]["merged_pages"].as_u64().unwrap_or(0) >= want
+                && s["totals"]["write_tracked_ranges"].as_u64().unwrap_or(0) >= 1
+                && userfaultfds(cow_pid) >= 1
+        },
+    );
+    assert!(mergeable_pages(dup.pid(), start, pages * 4096) == pages);
+    assert!(merging_pages(dup.pid()) >= want - 256);
+
+    // The dup becomes ineligible; in the same reload the sub-region size
+    // changes (a new source) and write tracking is turned off.
+    std::fs::write(
+        &config,
+        format!(
+            "governor = \"full\"\n[scan]\nsubregion_mib = 32\n[actuate]\nrecheck_s = 1\n\
+             write_tracking = false\n[ineligible]\ncomms = [\"{name}\"]\n"
+        ),
+    )
+    .unwrap();
+    d.signal("HUP");
+    // A refresh follows a reload at the next wake-up (at most 1 s).
+    let took = within(Duration::from_secs(5), || {
+        !any_mergeable(dup.pid(), start, pages * 4096)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "still marked 5 s after the reload:\n{}\n{}",
+            vmas_in(dup.pid(), start, pages * 4096),
+            d.log()
+        )
+    });
+    eprintln!("unmarked {:.2} s after SIGHUP", took.as_secs_f64());
+    // MADV_UNMERGEABLE broke its KSM pages: nothing of it is merged.
+    assert_eq!(merging_pages(dup.pid()), 0);
+    assert!(
+        within(Duration::from_secs(5), || userfaultfds(cow_pid) == 0).is_some(),
+        "the old source's userfaultfd is still in the target:\n{}",
+        d.log()
+    );
+    // Status (published about once a second) lists it as excluded.
+    let dup_pid = dup.pid() as u64;
+    d.wait_for(Duration::from_secs(5), "the dup listed as excluded", |st| {
+        st["skipped"].as_array().unwrap().iter().any(|s| {
+            s["pid"].as_u64() == Some(dup_pid) && s["reason"] == "excluded by ineligible.comms"
+        })
+    });
+    assert!(
+        d.log().contains("left the eligible set: unmarked"),
+        "{}",
+        d.log()
+    );
+    // Never marked again while ineligible.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!any_mergeable(dup.pid(), start, pages * 4096));
+    // Both ran on, memory as it was.
+    assert_eq!(dup.checksum(), dup_sum);
+    assert_eq!(cow.checksum(), cow_sum);
+    let st = d.stop();
+    assert!(st.success(), "exit {st}:\n{}", d.log());
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_socket_path_that_is_not_a_socket_is_refused_and_kept() {
+    let dir = tmpdir("notsock");
+    let file = dir.join("notes.txt");
+    std::fs::write(&file, "keep me").unwrap();
+    let me = std::process::id().to_string();
+    let out = run(&["run", "--socket", file.to_str().unwrap(), "--pid", &me]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(file.to_str().unwrap())
+            && err.contains("is not a socket (a regular file)")
+            && err.contains("refusing to replace it"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn as_root_a_config_file_others_could_change_is_refused() {
+    require_root();
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tmpdir("cfgmode");
+    let p = dir.join("pagesift.toml");
+    std::fs::write(&p, "[eligible]\nall = true\n").unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = run(&["run", "--config", p.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(p.to_str().unwrap())
+            && err.contains("not trusted")
+            && err.contains("0666 lets group or others write it"),
+        "{err}"
+    );
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+    let out = run(&["run", "--config", p.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("owned by uid 65534, not by root"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&p).unwrap(),
+        "[eligible]\nall = true\n"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -63,6 +63,7 @@ pub mod sim;
 pub mod source;
 pub mod strength;
 pub mod superfasthash;
+pub mod text;
 pub mod write_watch;
 
 /// Bytes in a page. pagesift works on 4 KiB base pages, as KSM does.

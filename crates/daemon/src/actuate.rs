@@ -55,13 +55,18 @@ pub trait Actuator {
 }
 
 /// A process as the ledger keys it: a pid with its start time, so a reused
-/// pid is a different process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+/// pid is a different process, and the image it runs, so that a process
+/// that calls execve is a different process too: the ranges recorded for
+/// the old image are forgotten (never marked or unmarked in the new one,
+/// which may be a setuid program) and the new image is judged afresh.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct ProcKey {
     /// pid.
     pub pid: u32,
     /// Start time (clock ticks after boot).
     pub start_time: u64,
+    /// Identity of the program image (`pagesift_linux::discover::image_id`).
+    pub image: u64,
 }
 
 /// The address ranges pagesift marked mergeable, per process. Ranges are
@@ -167,6 +172,69 @@ impl Marks {
     }
 }
 
+/// What [`unmark_all`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unmarked {
+    /// Every range was unmarked (bytes); the process is out of the ledger.
+    Done(u64),
+    /// Some calls failed (errno per range start); those ranges stay in the
+    /// ledger, the rest left it.
+    Partly(Vec<(u64, i32)>),
+    /// The process exited: forgotten.
+    Gone,
+    /// Not attempted or failed (traced, seccomp, …): everything stays in
+    /// the ledger, to be tried again.
+    NotNow(String),
+}
+
+/// Unmarks (`MADV_UNMERGEABLE`) every range `ledger` holds for `p`, in one
+/// batch through `actuator` (the same injection that marked them), and
+/// takes what was unmarked out of the ledger. Only ledger ranges are
+/// touched, so nothing the process made mergeable itself is undone.
+pub fn unmark_all<A: Actuator + ?Sized>(
+    actuator: &mut A,
+    ledger: &mut Marks,
+    p: ProcKey,
+) -> Unmarked {
+    let calls: Vec<Advice> = ledger
+        .ranges(p)
+        .into_iter()
+        .map(|(s, e)| Advice {
+            start: s,
+            len: e - s,
+            mergeable: false,
+        })
+        .collect();
+    if calls.is_empty() {
+        return Unmarked::Done(0);
+    }
+    match actuator.advise(p.pid, &calls) {
+        BatchOutcome::Done(results) => {
+            let mut failed = Vec::new();
+            let mut bytes = 0;
+            for (c, r) in calls.iter().zip(results) {
+                match r {
+                    Ok(()) => {
+                        ledger.remove(p, c.start, c.end());
+                        bytes += c.len;
+                    }
+                    Err(errno) => failed.push((c.start, errno)),
+                }
+            }
+            if failed.is_empty() {
+                Unmarked::Done(bytes)
+            } else {
+                Unmarked::Partly(failed)
+            }
+        }
+        BatchOutcome::Gone => {
+            ledger.forget(p);
+            Unmarked::Gone
+        }
+        BatchOutcome::Skipped(r) | BatchOutcome::Failed(r) => Unmarked::NotNow(r),
+    }
+}
+
 /// Joins advice for adjacent ranges (same direction, end of one = start of
 /// the next) into one call, so a promoted run of sub-regions costs one call
 /// and one VMA split at most on each side. Input order is kept for the
@@ -251,6 +319,7 @@ mod tests {
     const P: ProcKey = ProcKey {
         pid: 1,
         start_time: 5,
+        image: 0,
     };
 
     #[test]
@@ -268,13 +337,90 @@ mod tests {
         let other = ProcKey {
             pid: 1,
             start_time: 6,
+            image: 0,
         };
         assert!(
             !m.overlaps(other, 0x1000, 0x5000),
             "a reused pid is another process"
         );
+        let execd = ProcKey { image: 9, ..P };
+        assert!(
+            !m.overlaps(execd, 0x1000, 0x5000),
+            "an exec'd image is another process"
+        );
         m.forget(P);
         assert_eq!(m.bytes(), 0);
+    }
+
+    /// Records calls; answers with a scripted outcome.
+    struct Scripted {
+        calls: Vec<(u32, Vec<Advice>)>,
+        answer: fn(&[Advice]) -> BatchOutcome,
+    }
+
+    impl Actuator for Scripted {
+        fn advise(&mut self, pid: u32, batch: &[Advice]) -> BatchOutcome {
+            self.calls.push((pid, batch.to_vec()));
+            (self.answer)(batch)
+        }
+    }
+
+    #[test]
+    fn unmark_all_unmarks_exactly_the_ledger_and_keeps_what_failed() {
+        let mut m = Marks::new();
+        m.add(P, 0x1000, 0x3000);
+        m.add(P, 0x8000, 0x9000);
+        let other = ProcKey {
+            pid: 2,
+            start_time: 5,
+            image: 0,
+        };
+        m.add(other, 0x1000, 0x2000);
+        let mut a = Scripted {
+            calls: Vec::new(),
+            answer: |b| BatchOutcome::Done(b.iter().map(|_| Ok(())).collect()),
+        };
+        assert_eq!(unmark_all(&mut a, &mut m, P), Unmarked::Done(0x3000));
+        assert_eq!(a.calls.len(), 1);
+        assert_eq!(a.calls[0].0, 1);
+        assert!(a.calls[0].1.iter().all(|c| !c.mergeable));
+        assert_eq!(
+            a.calls[0]
+                .1
+                .iter()
+                .map(|c| (c.start, c.end()))
+                .collect::<Vec<_>>(),
+            vec![(0x1000, 0x3000), (0x8000, 0x9000)]
+        );
+        assert!(m.ranges(P).is_empty());
+        assert_eq!(m.ranges(other), vec![(0x1000, 0x2000)], "others untouched");
+        // Nothing in the ledger: no injection at all.
+        assert_eq!(unmark_all(&mut a, &mut m, P), Unmarked::Done(0));
+        assert_eq!(a.calls.len(), 1);
+        // A failed call keeps its range; a skipped batch keeps everything.
+        m.add(P, 0x1000, 0x2000);
+        m.add(P, 0x4000, 0x5000);
+        let mut a = Scripted {
+            calls: Vec::new(),
+            answer: |b| BatchOutcome::Done(vec![Ok(()), Err(12)][..b.len()].to_vec()),
+        };
+        assert_eq!(
+            unmark_all(&mut a, &mut m, P),
+            Unmarked::Partly(vec![(0x4000, 12)])
+        );
+        assert_eq!(m.ranges(P), vec![(0x4000, 0x5000)]);
+        let mut a = Scripted {
+            calls: Vec::new(),
+            answer: |_| BatchOutcome::Skipped("traced".into()),
+        };
+        assert!(matches!(unmark_all(&mut a, &mut m, P), Unmarked::NotNow(_)));
+        assert_eq!(m.ranges(P), vec![(0x4000, 0x5000)]);
+        let mut a = Scripted {
+            calls: Vec::new(),
+            answer: |_| BatchOutcome::Gone,
+        };
+        assert_eq!(unmark_all(&mut a, &mut m, P), Unmarked::Gone);
+        assert!(m.ranges(P).is_empty());
     }
 
     #[test]

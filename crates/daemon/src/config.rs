@@ -49,6 +49,15 @@ pub enum ConfigError {
         /// Why.
         source: std::io::Error,
     },
+    /// Run as root, the file is one another user could change (not owned
+    /// by root, writable by group or others, not a regular file).
+    #[error("{path}: not trusted as root's configuration: {reason}")]
+    Untrusted {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// The text is not valid TOML.
     #[error("{path}: not valid TOML: {reason}")]
     Syntax {
@@ -83,7 +92,9 @@ impl ConfigError {
     /// The dotted key the error is about.
     pub fn key(&self) -> Option<&str> {
         match self {
-            ConfigError::Read { .. } | ConfigError::Syntax { .. } => None,
+            ConfigError::Read { .. }
+            | ConfigError::Syntax { .. }
+            | ConfigError::Untrusted { .. } => None,
             ConfigError::Parse { key, .. } | ConfigError::Invalid { key, .. } => Some(key),
         }
     }
@@ -405,8 +416,9 @@ impl Config {
             Some(p) => (p.to_path_buf(), true),
             None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
         };
-        match std::fs::read_to_string(&path) {
-            Ok(text) => Ok((
+        match read_trusted(&path) {
+            Ok(Err(reason)) => Err(ConfigError::Untrusted { path, reason }),
+            Ok(Ok(text)) => Ok((
                 Config::from_toml(&text, &path.display().to_string())?,
                 Some(path),
             )),
@@ -426,7 +438,7 @@ impl Config {
             return bad(&format!("ladder.{field}"), reason.to_string());
         }
         let s = &self.scan;
-        if s.sleep_ms == 0 || s.sleep_ms * MS > MAX_SLEEP {
+        if s.sleep_ms == 0 || s.sleep_ms.checked_mul(MS).is_none_or(|t| t > MAX_SLEEP) {
             return bad(
                 "scan.sleep_ms",
                 format!(
@@ -462,7 +474,11 @@ impl Config {
                 );
             }
         }
-        if s.subregion_mib == 0 || s.subregion_mib * 256 > u32::MAX as u64 {
+        if s.subregion_mib == 0
+            || s.subregion_mib
+                .checked_mul(256)
+                .is_none_or(|p| p > u32::MAX as u64)
+        {
             return bad(
                 "scan.subregion_mib",
                 format!(
@@ -472,8 +488,14 @@ impl Config {
                 ),
             );
         }
-        if s.refresh_ms == 0 {
-            return bad("scan.refresh_ms", "must be at least 1 ms".into());
+        if s.refresh_ms == 0 || s.refresh_ms > 3_600_000 {
+            return bad(
+                "scan.refresh_ms",
+                format!(
+                    "must be between 1 ms and one hour (3600000), got {}",
+                    s.refresh_ms
+                ),
+            );
         }
         if !(s.refresh_cpu > 0.0 && s.refresh_cpu <= 1.0) {
             return bad(
@@ -500,8 +522,14 @@ impl Config {
                 format!("must be at most 1048576 (4 GiB), got {}", a.run_pad_pages),
             );
         }
-        if a.recheck_s == 0 {
-            return bad("actuate.recheck_s", "must be at least 1 second".into());
+        if a.recheck_s == 0 || a.recheck_s > 86_400 {
+            return bad(
+                "actuate.recheck_s",
+                format!(
+                    "must be at least 1 second and at most a day (86400), got {}",
+                    a.recheck_s
+                ),
+            );
         }
         if a.write_hold_s == 0 {
             return bad("actuate.write_hold_s", "must be at least 1 second".into());
@@ -605,6 +633,25 @@ impl Config {
             ..d
         }
     }
+}
+
+/// Reads the config file; run as root (effective uid 0), only if it is a
+/// file no other user can change (`pagesift_linux::secure::check_trusted`
+/// on the opened file: owned by root, not writable by group or others),
+/// else `Ok(Err(reason))`. The config decides which processes are merged,
+/// so a file another user can write would let them into the trust set.
+fn read_trusted(path: &Path) -> std::io::Result<Result<String, String>> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let euid = rustix::process::geteuid().as_raw();
+    if euid == 0
+        && let Err(reason) = pagesift_linux::secure::check_trusted(&f.metadata()?, euid)
+    {
+        return Ok(Err(reason));
+    }
+    let mut text = String::new();
+    f.read_to_string(&mut text)?;
+    Ok(Ok(text))
 }
 
 /// Parses a metrics address: `HOST:PORT`, `[V6]:PORT`, or a bare `PORT`
@@ -762,6 +809,75 @@ address = "9100"
         assert_eq!(e.key(), Some("metrics.address"), "{e}");
         let e = err("governor = \"turbo\"\n");
         assert_eq!(e.key(), Some("governor"), "{e}");
+    }
+
+    #[test]
+    fn sizes_and_times_that_would_overflow_are_refused_with_the_key() {
+        for (text, key) in [
+            // 2^56 MiB: 2^64 pages, which wrapped to 0 and was accepted.
+            (
+                "[scan]\nsubregion_mib = 72057594037927936\n",
+                "scan.subregion_mib",
+            ),
+            (
+                "[scan]\nsubregion_mib = 9223372036854775807\n",
+                "scan.subregion_mib",
+            ),
+            ("[scan]\nsubregion_mib = 16777216\n", "scan.subregion_mib"),
+            ("[scan]\nsleep_ms = 9223372036854775807\n", "scan.sleep_ms"),
+            ("[scan]\nsleep_ms = 18446744073710\n", "scan.sleep_ms"),
+            (
+                "[scan]\nrefresh_ms = 9223372036854775807\n",
+                "scan.refresh_ms",
+            ),
+            (
+                "[actuate]\nrecheck_s = 9223372036854775807\n",
+                "actuate.recheck_s",
+            ),
+        ] {
+            let e = err(text);
+            assert_eq!(e.key(), Some(key), "{text}: {e}");
+            assert!(e.to_string().contains("must be"), "{e}");
+        }
+        // The largest sub-region that fits is accepted.
+        let c = Config::from_toml("[scan]\nsubregion_mib = 16777215\n", "t").unwrap();
+        assert_eq!(c.subregion_pages(), 16_777_215 * 256);
+    }
+
+    #[test]
+    fn as_root_a_config_another_user_could_change_is_refused() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: needs root (the check applies to root only)");
+            return;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("pagesift-cfgmode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("p.toml");
+        std::fs::write(&p, "governor = \"quiet\"\n").unwrap();
+        let set = |m| std::fs::set_permissions(&p, std::fs::Permissions::from_mode(m)).unwrap();
+        set(0o644);
+        assert!(Config::load(Some(&p)).is_ok());
+        set(0o666);
+        let e = Config::load(Some(&p)).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, ConfigError::Untrusted { .. }), "{e}");
+        assert!(
+            msg.contains(&p.display().to_string()) && msg.contains("group or others"),
+            "{msg}"
+        );
+        set(0o640);
+        std::os::unix::fs::chown(&p, Some(65534), None).unwrap();
+        let msg = Config::load(Some(&p)).unwrap_err().to_string();
+        assert!(msg.contains("owned by uid 65534"), "{msg}");
+        // The file is read, never changed.
+        std::os::unix::fs::chown(&p, Some(0), None).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            "governor = \"quiet\"\n"
+        );
+        assert!(Config::load(Some(&p)).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

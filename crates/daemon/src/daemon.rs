@@ -81,7 +81,7 @@
 //!    ([`IDLE_SLEEP`]) and the distiller's budgets grow with it: the same
 //!    samples per second in a tenth of the wake-ups.
 
-use crate::actuate::{Actuator, Advice, BatchOutcome, Marks, ProcKey, coalesce};
+use crate::actuate::{Actuator, Advice, BatchOutcome, Marks, ProcKey, Unmarked, coalesce};
 use crate::config::Config;
 use crate::eligibility::Policy;
 use crate::ksmd::{KsmControl, KsmSample, Pacing};
@@ -92,6 +92,7 @@ use crate::target::{Span, Target, View};
 use pagesift_core::distill::{Distiller, DistillerConfig, DupRun};
 use pagesift_core::governor::{MAX_SLEEP, sleep_for_share};
 use pagesift_core::source::{PageState, SourceError};
+use pagesift_core::text::printable;
 use pagesift_core::write_watch::{WriteRules, WriteVerdict, WriteWatch};
 use pagesift_core::{Nanos, RegionId};
 use pagesift_linux::host;
@@ -339,6 +340,9 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     ksm: K,
     books: BTreeMap<RegionId, Book>,
     marks: Marks,
+    /// Marks of processes that left the eligible set, still to be unmarked
+    /// (see [`Daemon::unmark_departed`]).
+    departed: Marks,
     allowed: HashMap<u32, ProcKey>,
     comms: HashMap<u32, String>,
     self_managed: HashSet<u32>,
@@ -398,6 +402,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             ksm,
             books: BTreeMap::new(),
             marks: Marks::new(),
+            departed: Marks::new(),
             allowed: HashMap::new(),
             comms: HashMap::new(),
             self_managed: HashSet::new(),
@@ -620,6 +625,13 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 }
             }
         }
+        // Processes that left the eligible set are unmarked whatever
+        // `unmerge` says (ineligible always wins).
+        for key in self.departed.processes() {
+            if self.target.same_process(key) {
+                let _ = crate::actuate::unmark_all(&mut self.actuator, &mut self.departed, key);
+            }
+        }
         self.target.sync_write_tracking(&[]);
         self.ksm.restore()
     }
@@ -771,7 +783,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 }
                 Err(reason) => {
                     // Processes that were never candidates are not news.
-                    if reason.starts_with("excluded") || reason.contains("pagesift") {
+                    if crate::eligibility::refusal_is_news(&reason) {
                         self.skipped.insert(
                             p.key.pid,
                             SkipEntry {
@@ -796,6 +808,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         }
         self.inject_skips
             .retain(|pid, _| self.allowed.contains_key(pid));
+        self.unmark_departed();
         // Regions of eligible processes.
         let regions = self.target.regions();
         let mut seen = BTreeSet::new();
@@ -894,6 +907,57 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             }
         }
         self.need_sync = true;
+    }
+
+    /// Unmarks what pagesift marked in processes that left the eligible
+    /// set ("ineligible always wins", issue 11 item 4): an `[ineligible]`
+    /// entry after a reload, a uid or cgroup change, an exec (a new
+    /// identity, see [`ProcKey`]). Their ledger ranges move to `departed`
+    /// and get `MADV_UNMERGEABLE` in one batch per process, through the
+    /// actuator that marked them, at this refresh; a batch that cannot run
+    /// now (traced, seccomp) is tried again at the next refresh. A process
+    /// that exited, or whose pid now names another process or image, is
+    /// forgotten untouched: its marks went with it.
+    fn unmark_departed(&mut self) {
+        for key in self.marks.processes() {
+            if self.allowed.get(&key.pid) != Some(&key) {
+                for (s, e) in self.marks.ranges(key) {
+                    self.departed.add(key, s, e);
+                }
+                self.marks.forget(key);
+            }
+        }
+        for key in self.departed.processes() {
+            if self.allowed.get(&key.pid) == Some(&key) {
+                // Eligible again before the unmark could run: still marked.
+                for (s, e) in self.departed.ranges(key) {
+                    self.marks.add(key, s, e);
+                }
+                self.departed.forget(key);
+                continue;
+            }
+            if !self.target.same_process(key) {
+                self.departed.forget(key);
+                continue;
+            }
+            let comm = self.comms.get(&key.pid).cloned().unwrap_or_default();
+            self.counters.batches += 1;
+            match crate::actuate::unmark_all(&mut self.actuator, &mut self.departed, key) {
+                Unmarked::Done(bytes) => {
+                    self.counters.unmarks += 1;
+                    self.force_refresh = true;
+                    info!(pid = key.pid, comm = %printable(&comm), bytes, "left the eligible set: unmarked");
+                }
+                Unmarked::Partly(failed) => {
+                    warn!(pid = key.pid, comm = %printable(&comm), ?failed, "left the eligible set: some ranges could not be unmarked");
+                    self.departed.forget(key);
+                }
+                Unmarked::Gone => {}
+                Unmarked::NotNow(reason) => {
+                    warn!(pid = key.pid, comm = %printable(&comm), reason = %reason, "left the eligible set, but cannot be unmarked now: trying again at the next refresh");
+                }
+            }
+        }
     }
 
     fn distil(&mut self, now: Nanos) -> u64 {
@@ -1207,6 +1271,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let Some(&key) = self.allowed.get(&pid) else {
             return;
         };
+        if !self.target.same_process(key) {
+            // It exec'd (or exited) since the refresh: these ranges are the
+            // old image's. Judge the new one at the next refresh.
+            self.force_refresh = true;
+            return;
+        }
         let calls = coalesce(items.iter().map(|i| i.advice).collect());
         // VMA splits: a marked range that starts or ends inside its VMA.
         let splits_of = |c: &Advice| -> u64 {
@@ -1378,7 +1448,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             .get(&pid)
             .is_none_or(|s| s.reason != reason)
         {
-            info!(pid, comm = %comm, reason = %reason, "process skipped");
+            info!(pid, comm = %printable(&comm), reason = %reason, "process skipped");
         }
         self.inject_skips.insert(
             pid,

@@ -10,7 +10,18 @@
 //!    decide), else `[eligible] all = true`, else every *kind* of
 //!    `[eligible]` that has entries (cgroups AND uids AND exes AND comms,
 //!    any entry of a kind); with no entry at all nothing is eligible;
-//! 3. it matches no entry of `[ineligible]`, of any kind.
+//! 3. it matches no entry of `[ineligible]`, of any kind;
+//! 4. names are not trust: when the allow side names processes only by
+//!    name (`[eligible]` has `exes` and/or `comms` but no `uids` and no
+//!    `cgroups`), the process must run as root (effective uid 0). Any
+//!    local user can take a command name (`PR_SET_NAME`) or run an
+//!    eligible executable, and would otherwise put their memory in the
+//!    trust set, with the side channel merging opens (README, Security).
+//!    To admit other users' processes, list their uids in
+//!    `[eligible] uids` (kinds combine with AND, so `comms` and `uids`
+//!    together admit exactly those uids), or select by cgroup, which only
+//!    root arranges. `--pid` and `all = true` are explicit and not
+//!    narrowed.
 //!
 //! Deny wins over allow. The allow side's cgroups, uids and comms are also
 //! handed to discovery ([`Policy::process_filter`]) so that processes that
@@ -118,8 +129,35 @@ impl Policy {
         if let Some(kind) = first_matched_kind(&self.deny, p) {
             return Err(format!("excluded by ineligible.{kind}"));
         }
+        if self.pids.is_empty() && !self.all && self.names_only() && p.uid != 0 {
+            return Err(format!(
+                "{UNTRUSTED} {}: eligible.comms and eligible.exes alone admit only root's \
+                 processes (anyone can take a name); list the uid in eligible.uids to admit it",
+                p.uid
+            ));
+        }
         Ok(())
     }
+
+    /// Whether the allow side selects by name only (`exes`, `comms`), with
+    /// nothing that says who may be merged (`uids`, `cgroups`).
+    fn names_only(&self) -> bool {
+        self.allow.uids.is_empty()
+            && self.allow.cgroups.is_empty()
+            && !(self.allow.exes.is_empty() && self.allow.comms.is_empty())
+    }
+}
+
+/// How [`Policy::judge`]'s reason starts when a process matched the allow
+/// side by name only and does not run as root (rule 4 of the module
+/// header).
+pub const UNTRUSTED: &str = "untrusted uid";
+
+/// Whether a refusal is worth listing in status: the process was a
+/// candidate (it matched the allow side) but something keeps it out.
+/// Processes that were never candidates are not news.
+pub fn refusal_is_news(reason: &str) -> bool {
+    reason.starts_with("excluded") || reason.starts_with(UNTRUSTED) || reason.contains("pagesift")
 }
 
 /// The first kind with entries that `p` does not match (allow lists: AND).
@@ -313,6 +351,60 @@ mod tests {
             Some(Path::new("/usr/bin/qemu"))
         ));
         assert!(!exe_matches(Path::new("/usr/bin/"), None));
+    }
+
+    #[test]
+    fn names_alone_admit_only_root() {
+        for text in [
+            "[eligible]\ncomms = [\"wl\"]\n",
+            "[eligible]\nexes = [\"/usr/bin/wl\"]\n",
+            "[eligible]\ncomms = [\"wl\"]\nexes = [\"/usr/bin/wl\"]\n",
+        ] {
+            let p = policy(text, &[]);
+            assert!(
+                p.judge(&facts(5, "wl", 0, "/", "/usr/bin/wl")).is_ok(),
+                "{text}"
+            );
+            let e = p
+                .judge(&facts(6, "wl", 65534, "/", "/usr/bin/wl"))
+                .unwrap_err();
+            assert!(e.starts_with("untrusted uid 65534"), "{e}");
+            assert!(e.contains("eligible.uids"), "{e}");
+            assert!(refusal_is_news(&e));
+        }
+        // uids alongside say who: exactly those uids, root included only
+        // if listed.
+        let p = policy("[eligible]\ncomms = [\"wl\"]\nuids = [1000]\n", &[]);
+        assert!(p.judge(&facts(6, "wl", 1000, "/", "/usr/bin/wl")).is_ok());
+        assert_eq!(
+            p.judge(&facts(6, "wl", 0, "/", "/usr/bin/wl")).unwrap_err(),
+            "not matched by eligible.uids"
+        );
+        // A cgroup is arranged by root: it says who, too.
+        let p = policy(
+            "[eligible]\ncomms = [\"wl\"]\ncgroups = [\"/machine.slice\"]\n",
+            &[],
+        );
+        assert!(
+            p.judge(&facts(6, "wl", 65534, "/machine.slice/a", "/w"))
+                .is_ok()
+        );
+        // --pid and all = true are explicit.
+        let p = policy("[eligible]\ncomms = [\"wl\"]\n", &[6]);
+        assert!(p.judge(&facts(6, "wl", 65534, "/", "/w")).is_ok());
+        let p = policy("[eligible]\nall = true\n", &[]);
+        assert!(p.judge(&facts(6, "wl", 65534, "/", "/w")).is_ok());
+        // Deny still names itself first.
+        let p = policy(
+            "[eligible]\ncomms = [\"wl\"]\n[ineligible]\nuids = [65534]\n",
+            &[],
+        );
+        assert_eq!(
+            p.judge(&facts(6, "wl", 65534, "/", "/w")).unwrap_err(),
+            "excluded by ineligible.uids"
+        );
+        // Processes that never matched are not news.
+        assert!(!refusal_is_news("not matched by eligible.comms"));
     }
 
     proptest! {

@@ -183,7 +183,8 @@ fn what_a_process_marked_itself_is_accounted_but_never_touched() {
     assert!(!d.marks().overlaps(
         crate::actuate::ProcKey {
             pid: 20,
-            start_time: 120
+            start_time: 120,
+            image: 0,
         },
         0,
         u64::MAX
@@ -437,8 +438,25 @@ fn ineligible_processes_are_neither_sampled_nor_marked() {
         )
     };
     // 82 is a "guest" too, but denied by pid through --pid narrowing.
+    // The simulated processes run as uid 1000: a name alone does not admit
+    // them (names are not trust), a name with their uid does.
     let mut d = daemon(&w, "[eligible]\ncomms = [\"guest\"]\n", &[]);
     let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert!(
+        !w.borrow().spans[&yes].mergeable,
+        "uid 1000 admitted by name"
+    );
+    assert_eq!(d.distiller().ladder().level_of(yes), None, "sampled");
+    let st = d.status(now);
+    assert!(
+        st.skipped
+            .iter()
+            .any(|s| s.pid == 80 && s.reason.starts_with("untrusted uid 1000")),
+        "{:?}",
+        st.skipped
+    );
+    let mut d = daemon(&w, "[eligible]\ncomms = [\"guest\"]\nuids = [1000]\n", &[]);
     run(&mut d, &mut now, 300);
     assert!(w.borrow().spans[&yes].mergeable);
     assert!(!w.borrow().spans[&no].mergeable);
@@ -813,4 +831,184 @@ fn the_daemon_wakes_once_a_second_while_only_the_bottom_has_work() {
     // Once merged and settled, only the bottom has work again: 1 s sleeps.
     assert_eq!(d.mode(dup), Some(Mode::Promoted));
     assert_eq!(d.wake(now).sleep, 1_000_000_000);
+}
+
+/// Reloads `d` with `toml` (as SIGHUP does) and returns the wake-ups until
+/// (and including) the next refresh.
+fn reload(d: &mut D, toml: &str, now: &mut Nanos) -> Vec<WakeSummary> {
+    let config = Config::from_toml(toml, "test").unwrap();
+    let policy = Policy::new(&config, &[], 1, Some("/usr/sbin/pagesift".into()));
+    d.reload(config, policy);
+    let mut out = Vec::new();
+    loop {
+        *now += WAKE;
+        let s = d.wake(*now);
+        let refreshed = s.refreshed;
+        out.push(s);
+        if refreshed {
+            return out;
+        }
+    }
+}
+
+#[test]
+fn a_process_that_leaves_the_eligible_set_is_unmarked_at_the_next_refresh() {
+    let w = world();
+    let (a, b) = {
+        let mut m = w.borrow_mut();
+        m.spawn(60, "stay", false);
+        m.spawn(61, "leave", false);
+        (m.map(60, &[3; 512], false), m.map(61, &[4; 512], false))
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert!(w.borrow().spans[&a].mergeable && w.borrow().spans[&b].mergeable);
+    let key_b = w.borrow().spans[&b].proc;
+    assert!(!d.marks().ranges(key_b).is_empty());
+    let before = w.borrow().batches.len();
+    // [ineligible] names it: within the refresh that follows the reload,
+    // one MADV_UNMERGEABLE batch of exactly its marks.
+    reload(
+        &mut d,
+        "[eligible]\nall = true\n[ineligible]\ncomms = [\"leave\"]\n",
+        &mut now,
+    );
+    {
+        let m = w.borrow();
+        assert!(!m.spans[&b].mergeable, "still marked after leaving the set");
+        assert!(m.spans[&a].mergeable, "the one that stayed was unmarked");
+        let unmarks: Vec<_> = m.batches[before..]
+            .iter()
+            .filter(|(pid, batch)| *pid == 61 && batch.iter().all(|c| !c.mergeable))
+            .collect();
+        assert_eq!(unmarks.len(), 1, "{:?}", &m.batches[before..]);
+        let span = &m.spans[&b];
+        assert!(
+            unmarks[0]
+                .1
+                .iter()
+                .any(|c| c.start <= span.start && span.end() <= c.end())
+        );
+    }
+    assert!(d.marks().ranges(key_b).is_empty());
+    // And it is never marked again while ineligible.
+    run(&mut d, &mut now, 300);
+    assert!(!w.borrow().spans[&b].mergeable);
+    assert!(
+        w.borrow().batches[before..]
+            .iter()
+            .filter(|(pid, _)| *pid == 61)
+            .all(|(_, batch)| batch.iter().all(|c| !c.mergeable))
+    );
+}
+
+#[test]
+fn a_departed_process_that_cannot_be_injected_now_is_unmarked_later() {
+    let w = world();
+    let b = {
+        let mut m = w.borrow_mut();
+        m.spawn(62, "leave", false);
+        m.map(62, &[4; 512], false)
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert!(w.borrow().spans[&b].mergeable);
+    w.borrow_mut().refuse.insert(62, "traced".into());
+    reload(
+        &mut d,
+        "[eligible]\nall = true\n[ineligible]\ncomms = [\"leave\"]\n",
+        &mut now,
+    );
+    assert!(w.borrow().spans[&b].mergeable, "refused, so still marked");
+    w.borrow_mut().refuse.remove(&62);
+    d.request_refresh();
+    run(&mut d, &mut now, 2);
+    assert!(!w.borrow().spans[&b].mergeable, "not unmarked on the retry");
+}
+
+#[test]
+fn exec_starts_a_new_identity_whose_old_marks_are_forgotten_not_unmarked() {
+    let w = world();
+    let old = {
+        let mut m = w.borrow_mut();
+        m.spawn(64, "guest", false);
+        m.map(64, &[5; 512], false)
+    };
+    let mut d = daemon(&w, "[eligible]\ncomms = [\"guest\"]\nuids = [1000]\n", &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert!(w.borrow().spans[&old].mergeable);
+    let old_key = w.borrow().procs[0].key;
+    assert!(!d.marks().ranges(old_key).is_empty());
+    // execve: same pid and start time, a new image mapped at the very
+    // addresses the old one had marked, not eligible under its new name.
+    let (new, before) = {
+        let mut m = w.borrow_mut();
+        m.exec(64, "setuid-tool");
+        m.next_addr = 0x7f00_0000_0000;
+        (m.map(64, &[5; 512], false), m.batches.len())
+    };
+    let new_key = w.borrow().procs[0].key;
+    assert_ne!(new_key, old_key);
+    assert_eq!(
+        (new_key.pid, new_key.start_time),
+        (old_key.pid, old_key.start_time)
+    );
+    // No refresh asked for: the pid set did not change, so nothing but the
+    // identity check before each injection stands between the old image's
+    // ranges and the new image until the daemon refreshes.
+    run(&mut d, &mut now, 300);
+    let m = w.borrow();
+    assert!(
+        m.batches[before..].iter().all(|(pid, _)| *pid != 64),
+        "the new image was injected into: {:?}",
+        &m.batches[before..]
+    );
+    assert!(!m.spans[&new].mergeable);
+    assert!(d.marks().ranges(old_key).is_empty(), "old marks kept");
+    assert!(d.marks().ranges(new_key).is_empty());
+    drop(m);
+    // Under an eligible name the new image is judged afresh: sampled from
+    // the bottom and marked on its own merits.
+    let again = {
+        let mut m = w.borrow_mut();
+        m.exec(64, "guest");
+        m.map(64, &[6; 512], false)
+    };
+    d.request_refresh();
+    run(&mut d, &mut now, 300);
+    assert!(w.borrow().spans[&again].mergeable);
+    let key = w.borrow().procs[0].key;
+    assert!(!d.marks().ranges(key).is_empty());
+}
+
+#[test]
+fn a_uid_change_out_of_the_set_unmarks_at_the_next_refresh() {
+    let w = world();
+    let r = {
+        let mut m = w.borrow_mut();
+        m.spawn(66, "svc", false);
+        m.map(66, &[8; 512], false)
+    };
+    let mut d = daemon(&w, "[eligible]\nuids = [1000]\n", &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert!(w.borrow().spans[&r].mergeable);
+    let before = w.borrow().batches.len();
+    // The process drops to another uid (setuid): same process, no longer
+    // in the set. The next refresh unmarks it.
+    w.borrow_mut().procs[0].facts.uid = 1001;
+    d.request_refresh();
+    run(&mut d, &mut now, 1);
+    let m = w.borrow();
+    assert!(!m.spans[&r].mergeable, "still marked after leaving by uid");
+    assert!(
+        m.batches[before..]
+            .iter()
+            .all(|(pid, b)| *pid == 66 && b.iter().all(|c| !c.mergeable)),
+        "{:?}",
+        &m.batches[before..]
+    );
 }

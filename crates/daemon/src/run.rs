@@ -156,6 +156,14 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
     use crate::actuate::InjectActuator;
 
     let (config, config_path) = effective_config(&opts)?;
+    // Before anything is touched: a --socket that names a regular file (or
+    // a live daemon's socket) fails here, and the file is kept.
+    crate::status::check_socket_path(&config.status.socket).map_err(|e| {
+        RunError::Start(format!(
+            "cannot serve status on {}: {e}",
+            config.status.socket.display()
+        ))
+    })?;
     let term = TerminationWatch::install(TERM_GRACE)
         .map_err(|e| RunError::Start(format!("cannot handle SIGTERM: {e}")))?;
     let hup = Arc::new(AtomicBool::new(false));

@@ -33,7 +33,7 @@ pub struct World {
     pub restored: u32,
     /// Injection attempts per pid (refused ones included).
     pub attempts: HashMap<u32, u32>,
-    next_addr: u64,
+    pub next_addr: u64,
     pub gone: Vec<u32>,
     /// Mergeable ranges inside regions: (pid, start, end).
     pub partial: Vec<(u32, u64, u64)>,
@@ -66,6 +66,7 @@ impl World {
             key: ProcKey {
                 pid,
                 start_time: 100 + pid as u64,
+                image: 0,
             },
             facts: ProcessFacts {
                 pid,
@@ -155,6 +156,30 @@ impl World {
         }
         self.procs.retain(|p| p.key.pid != pid);
         self.gone.push(pid);
+    }
+
+    /// The process calls execve: its memory goes (a new mm), it keeps its
+    /// pid and start time, runs a new image (a new [`ProcKey::image`]),
+    /// and takes the new program's name.
+    pub fn exec(&mut self, pid: u32, comm: &str) {
+        let ids: Vec<RegionId> = self
+            .spans
+            .iter()
+            .filter(|(_, s)| s.proc.pid == pid)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.spans.remove(&id);
+            self.mem.unmap(id);
+        }
+        let p = self
+            .procs
+            .iter_mut()
+            .find(|p| p.key.pid == pid)
+            .expect("spawned");
+        p.key.image += 1;
+        p.facts.comm = comm.into();
+        p.facts.exe = Some(format!("/usr/bin/{comm}").into());
     }
 
     /// Pages of a region in the given state.

@@ -11,9 +11,10 @@
 //! [`render`] turns a snapshot into the human table; `--json` prints the
 //! document as received.
 
+use pagesift_core::text::printable;
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -203,6 +204,48 @@ pub struct Status {
     pub skipped: Vec<Skipped>,
 }
 
+/// Whether `path` can become the status socket: `Ok(false)` if nothing is
+/// there, `Ok(true)` if a stale socket is (nobody listens: it may be
+/// replaced), an error naming the path and the reason if a daemon listens
+/// on it or it is anything but a socket (a regular file, a link, a
+/// directory), which is never deleted.
+pub fn check_socket_path(path: &Path) -> std::io::Result<bool> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_socket() => Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!(
+                "{} exists and is not a socket ({}): refusing to replace it; \
+                 remove it or choose another --socket",
+                path.display(),
+                file_kind(&meta.file_type())
+            ),
+        )),
+        Ok(_) if UnixStream::connect(path).is_ok() => Err(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            format!(
+                "{} is in use: another pagesift daemon is running",
+                path.display()
+            ),
+        )),
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// What a file that is not a socket is, for the error.
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_file() {
+        "a regular file"
+    } else {
+        "a special file"
+    }
+}
+
 /// The latest snapshot, shared between the loop and the servers.
 pub type Shared = Arc<Mutex<Option<Arc<Status>>>>;
 
@@ -214,19 +257,12 @@ pub struct StatusServer {
 }
 
 impl StatusServer {
-    /// Binds `path` (replacing a stale socket, refusing a live one) and
-    /// serves `shared` from a thread.
+    /// Binds `path` (replacing a stale socket, refusing a live one and
+    /// anything that is not a socket) and serves `shared` from a thread.
+    /// The socket file is created with mode 0600, never looser.
     pub fn start(path: &Path, shared: Shared) -> std::io::Result<StatusServer> {
-        if path.exists() {
-            if UnixStream::connect(path).is_ok() {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::AddrInUse,
-                    format!(
-                        "{} is in use: another pagesift daemon is running",
-                        path.display()
-                    ),
-                ));
-            }
+        if check_socket_path(path)? {
+            // A stale socket (its daemon died): ours to replace.
             std::fs::remove_file(path)?;
         }
         if let Some(dir) = path.parent()
@@ -234,8 +270,7 @@ impl StatusServer {
         {
             std::fs::create_dir_all(dir)?;
         }
-        let listener = UnixListener::bind(path)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let listener = pagesift_linux::secure::bind_unix_listener(path, 0o600)?;
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
@@ -356,7 +391,7 @@ fn region_line(r: &RegionStatus) -> String {
         "  {:>6}  {:>7}  {:<15}  {:#014x}  {:>9.1}  {:>5}  {:<9}  {:>10.1}  {:>8}  {:>7.1}  {}",
         r.id,
         r.pid,
-        r.comm,
+        printable(&r.comm),
         r.start,
         mib(r.pages as u64),
         r.level.map_or("-".to_string(), |l| l.to_string()),
@@ -364,7 +399,7 @@ fn region_line(r: &RegionStatus) -> String {
         mib(r.merged_pages),
         r.cow_breaks,
         r.age_s,
-        r.name.as_deref().unwrap_or("")
+        printable(r.name.as_deref().unwrap_or(""))
     )
 }
 
@@ -486,7 +521,13 @@ pub fn render(s: &Status) -> String {
     if !s.skipped.is_empty() {
         let _ = writeln!(o, "\nprocesses skipped:");
         for p in &s.skipped {
-            let _ = writeln!(o, "  {:>7}  {:<15}  {}", p.pid, p.comm, p.reason);
+            let _ = writeln!(
+                o,
+                "  {:>7}  {:<15}  {}",
+                p.pid,
+                printable(&p.comm),
+                printable(&p.reason)
+            );
         }
     }
     o
@@ -495,6 +536,7 @@ pub fn render(s: &Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn sample() -> Status {
         let r = RegionStatus {
@@ -554,6 +596,26 @@ mod tests {
     }
 
     #[test]
+    fn names_chosen_by_processes_are_escaped_in_the_table() {
+        let mut s = sample();
+        let evil = "x\x1b]0;owned\x07\x1b[2J\r\u{202e}";
+        s.top_regions[0].comm = evil.into();
+        s.top_regions[0].name = Some(format!("/tmp/{evil}\nfake line"));
+        s.levels[1].regions[0].comm = evil.into();
+        s.skipped[0].comm = evil.into();
+        let t = render(&s);
+        assert!(
+            t.chars()
+                .all(|c| c == '\n' || !(c.is_control() || c == '\u{202e}')),
+            "{t:?}"
+        );
+        assert!(t.contains("x\\x1b]0;owned\\x07"), "{t}");
+        assert!(t.contains("/tmp/x\\x1b"), "{t}");
+        assert!(t.contains("\\x0afake line"), "{t}");
+        assert_eq!(t.lines().count(), render(&sample()).lines().count());
+    }
+
+    #[test]
     fn the_table_shows_the_numbers() {
         let t = render(&sample());
         assert!(t.contains("16000 pages merged (62.5 MiB)"), "{t}");
@@ -589,6 +651,36 @@ mod tests {
         assert!(!path.exists(), "the socket is removed on stop");
         let e = query(&path).unwrap_err();
         assert!(matches!(e, QueryError::NotRunning { .. }), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_socket_is_refused_and_kept() {
+        let dir = std::env::temp_dir().join(format!("pagesift-notsock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let shared: Shared = Arc::new(Mutex::new(Some(Arc::new(sample()))));
+        let file = dir.join("precious.txt");
+        std::fs::write(&file, "do not delete").unwrap();
+        let e = StatusServer::start(&file, shared.clone())
+            .err()
+            .expect("a regular file taken as the socket");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&file.display().to_string())
+                && msg.contains("not a socket (a regular file)")
+                && msg.contains("refusing to replace it"),
+            "{msg}"
+        );
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "do not delete");
+        // A symbolic link (even to a socket path) and a directory too.
+        let link = dir.join("link.sock");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let e = StatusServer::start(&link, shared.clone()).err().unwrap();
+        assert!(e.to_string().contains("a symbolic link"), "{e}");
+        assert!(std::fs::symlink_metadata(&link).is_ok());
+        let e = StatusServer::start(&dir, shared).err().unwrap();
+        assert!(e.to_string().contains("a directory"), "{e}");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "do not delete");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -90,6 +90,12 @@ pub trait Target: MemorySource {
     fn cow_ksm(&self) -> Option<u64>;
     /// Pids that exited since the last call.
     fn take_gone(&mut self) -> Vec<u32>;
+    /// Whether the process `key` names still lives as that process (its
+    /// pid was not reused, it did not exec), selected or not, as of now:
+    /// checked before every injection. The default knows the selected ones.
+    fn same_process(&self, key: ProcKey) -> bool {
+        self.processes().iter().any(|p| p.key == key)
+    }
     /// Selects other processes, or cuts sub-regions at another size (a
     /// reloaded config); region ids may all change.
     fn reconfigure(&mut self, _filter: ProcessFilter, _subregion_pages: u32) -> Result<(), String> {
@@ -165,6 +171,7 @@ impl LinuxTarget {
                     key: ProcKey {
                         pid: p.pid,
                         start_time: p.start_time,
+                        image: p.image,
                     },
                     facts: ProcessFacts {
                         pid: p.pid,
@@ -246,16 +253,13 @@ impl Target for LinuxTarget {
 
     fn span(&self, id: RegionId) -> Option<Span> {
         let r = self.src.region(id)?;
-        let start_time = self
+        let proc = self
             .procs
             .iter()
             .find(|p| p.key.pid == r.pid)
-            .map(|p| p.key.start_time)?;
+            .map(|p| p.key)?;
         Some(Span {
-            proc: ProcKey {
-                pid: r.pid,
-                start_time,
-            },
+            proc,
             start: r.start,
             pages: r.pages,
             vma_start: r.vma_start,
@@ -289,6 +293,13 @@ impl Target for LinuxTarget {
             return Ok(());
         }
         let src = open_source(&filter, subregion_pages)?;
+        // The old source's write tracker goes with it: unregister its
+        // ranges first (and close its userfaultfds in the targets), or
+        // they would stay registered in processes nobody tracks any more.
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.src.write_tracker().untrack_all(&mut self.injector);
+        }
         // Processes of the old source that the new one does not select are
         // not "gone": forget them quietly.
         self.src = src;
@@ -300,6 +311,12 @@ impl Target for LinuxTarget {
 
     fn max_map_count(&self) -> u64 {
         self.max_map_count
+    }
+
+    fn same_process(&self, key: ProcKey) -> bool {
+        // Read now, not from the last refresh: an exec since then must stop
+        // an injection of the old image's ranges.
+        pagesift_linux::discover::identity(key.pid) == Some((key.start_time, key.image))
     }
 
     fn cow_ksm(&self) -> Option<u64> {
@@ -323,6 +340,9 @@ impl Target for LinuxTarget {
         // Stop first: a range leaves tracking before anything marks it.
         let mut pids: BTreeSet<u32> = wanted.iter().map(|w| w.0).collect();
         pids.extend(self.procs.iter().map(|p| p.key.pid));
+        // Processes that left the selection keep their registrations until
+        // they are unregistered here.
+        pids.extend(wt.pids());
         for &pid in &pids {
             let gone: Vec<(u64, u64)> = wt
                 .ranges(pid)

@@ -115,6 +115,36 @@ pub struct ProcessInfo {
     /// Start time in clock ticks after boot; with the pid it identifies the
     /// process even if the pid is reused later.
     pub start_time: u64,
+    /// Which program image the process runs: changes when it calls execve
+    /// (see [`image_id`]); with pid and start time it identifies what
+    /// pagesift marked.
+    pub image: u64,
+}
+
+/// An identity of the program image process `pid` runs, which changes on
+/// execve (the pid and start time do not). It hashes
+/// - `start_code`, `end_code` and `start_stack` of `/proc/PID/stat`: the
+///   new image's text and stack. With ASLR (the default, and always for a
+///   setuid or file-capability exec, which clears ADDR_NO_RANDOMIZE) the
+///   stack top is randomized on every exec, so even the same program
+///   exec'd again gets a new identity;
+/// - the device and inode of `/proc/PID/exe`: a different program gets a
+///   new identity even with ASLR off.
+///
+/// Both are cheap (the stat line is read anyway, plus one `stat`) and need
+/// no access to the target's memory, which a process could rewrite. What
+/// it misses: the same executable exec'd again by a process that turned
+/// ASLR off for itself, which gets the very same layout of the very same
+/// program of the same user. Zero when the fields are hidden (a zombie).
+pub fn image_id(pid: u32, stat: &procfs::process::Stat) -> u64 {
+    use std::hash::{Hash, Hasher};
+    use std::os::unix::fs::MetadataExt;
+    let exe = std::fs::metadata(format!("/proc/{pid}/exe"))
+        .map(|m| (m.dev(), m.ino()))
+        .unwrap_or((0, 0));
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (stat.startcode, stat.endcode, stat.startstack, exe).hash(&mut h);
+    h.finish()
 }
 
 /// Why a process is not listed when it is looked at.
@@ -142,6 +172,7 @@ fn process_info(pid: u32) -> Result<ProcessInfo, Skip> {
     let mut cgroups: Vec<String> = all.into_iter().map(|c| c.pathname).collect();
     cgroups.sort();
     cgroups.dedup();
+    let image = image_id(pid, &stat);
     Ok(ProcessInfo {
         pid,
         comm: stat.comm,
@@ -149,7 +180,21 @@ fn process_info(pid: u32) -> Result<ProcessInfo, Skip> {
         cgroup,
         cgroups,
         start_time: stat.starttime,
+        image,
     })
+}
+
+/// The start time (clock ticks after boot) and [`image_id`] of the
+/// process `pid` now, if it lives and has memory: with the pid, what tells
+/// a process from a later one that reuses its pid, and an image from the
+/// one it exec'd.
+pub fn identity(pid: u32) -> Option<(u64, u64)> {
+    let p = Process::new(pid as i32).ok()?;
+    let stat = p.stat().ok()?;
+    if stat.state == 'Z' || stat.state == 'X' {
+        return None;
+    }
+    Some((stat.starttime, image_id(pid, &stat)))
 }
 
 /// Lists the processes `filter` selects, never pagesift's own. A pid named
@@ -432,6 +477,48 @@ mod tests {
 
     fn f(s: &str) -> VmaFlags {
         VmaFlags::parse(s)
+    }
+
+    /// A shell that waits for a line on stdin, then execs `then`.
+    fn exec_after_a_line(then: &str) -> std::process::Child {
+        std::process::Command::new("sh")
+            .args(["-c", &format!("read l; exec {then}")])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// Polls until `pid`'s identity is not `old` (at most 5 s).
+    fn identity_after_exec(pid: u32, old: (u64, u64)) -> Option<(u64, u64)> {
+        for _ in 0..500 {
+            match identity(pid) {
+                Some(id) if id != old => return Some(id),
+                _ => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
+        identity(pid)
+    }
+
+    #[test]
+    fn exec_changes_the_image_identity_but_not_the_start_time() {
+        use std::io::Write;
+        // Another program, and the same program again (ASLR on).
+        for then in ["sleep 30", "sh -c 'read m'"] {
+            let mut c = exec_after_a_line(then);
+            let pid = c.id();
+            let before = identity(pid).expect("the shell lives");
+            assert_eq!(identity(pid), Some(before), "stable while nothing happens");
+            let info = process_info(pid).ok().unwrap();
+            assert_eq!((info.start_time, info.image), before);
+            let mut stdin = c.stdin.take().unwrap();
+            writeln!(stdin, "go").unwrap();
+            let after = identity_after_exec(pid, before).expect("still alive");
+            let _ = c.kill();
+            let _ = c.wait();
+            assert_eq!(after.0, before.0, "{then}: the start time survives exec");
+            assert_ne!(after.1, before.1, "{then}: exec kept the image identity");
+        }
+        assert_eq!(identity(u32::MAX / 2), None, "no such process");
     }
 
     #[test]

@@ -308,6 +308,19 @@ pub enum KsmError {
         /// How long we waited.
         waited: Duration,
     },
+    /// The lock file is one another user could have written (a symbolic
+    /// link, not a regular file, not owned by root, writable by group or
+    /// others): the knob values in it are not trusted, and it is not used.
+    #[error(
+        "the KSM lock {path} is not trusted: {reason}; the knob values in it are not \
+         written to sysfs (remove it and let pagesift create it again)"
+    )]
+    UntrustedLock {
+        /// The lock file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// A termination signal restored KSM; the guard accepts no more writes.
     #[error("KSM was restored after a termination signal; no more changes are accepted")]
     Closed,
@@ -933,14 +946,34 @@ struct LockFile {
 }
 
 impl LockFile {
+    /// Opens (creating it 0600 if missing) and locks the lock file. The
+    /// next owner writes the knob values it holds to sysfs, so it is opened
+    /// without following a symbolic link (O_NOFOLLOW) and used only if it
+    /// is a regular file owned by root (or by us) that group and others
+    /// cannot write ([`crate::secure::check_trusted`]).
     fn acquire(path: &Path, wait: Option<Duration>) -> Result<LockFile, KsmError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let untrusted = |reason: String| KsmError::UntrustedLock {
+            path: path.into(),
+            reason,
+        };
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)
-            .map_err(|e| KsmError::io(format!("opening the KSM lock {}", path.display()), e))?;
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => untrusted("it is a symbolic link".into()),
+                _ => KsmError::io(format!("opening the KSM lock {}", path.display()), e),
+            })?;
+        let meta = file
+            .metadata()
+            .map_err(|e| KsmError::io(format!("reading the KSM lock {}", path.display()), e))?;
+        let euid = rustix::process::geteuid().as_raw();
+        crate::secure::check_trusted(&meta, euid).map_err(untrusted)?;
         let start = Instant::now();
         match wait {
             None => file
@@ -1721,6 +1754,65 @@ mod tests {
         assert_eq!(g.snapshot(), &before);
         let r = g.release();
         assert!(r.is_complete());
+    }
+
+    #[test]
+    fn a_lock_file_another_user_could_write_is_not_trusted() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tmpdir("untrusted");
+        fake_ksm(&d.join("ksm"));
+        let ksm = Ksm::at(d.join("ksm")).unwrap();
+        // "Owed" values someone planted: run=1 and a huge pages_to_scan.
+        let planted = "# pagesift KSM lock: owner pid 1\nrun 1\npages_to_scan 99999\n";
+        let target = d.join("planted");
+        std::fs::write(&target, planted).unwrap();
+        let expect_refused = |what: &str, reason: &str| {
+            let e = KsmGuard::acquire_with(opts(&d)).expect_err(what);
+            let msg = e.to_string();
+            assert!(matches!(e, KsmError::UntrustedLock { .. }), "{what}: {e}");
+            assert!(msg.contains(&d.join("lock").display().to_string()), "{msg}");
+            assert!(msg.contains(reason), "{what}: {msg}");
+            // Nothing planted reached sysfs.
+            assert_eq!(ksm.run().unwrap(), Run::Stop, "{what}");
+            assert_eq!(ksm.pages_to_scan().unwrap(), 100, "{what}");
+        };
+        // A symbolic link: not followed (O_NOFOLLOW).
+        std::os::unix::fs::symlink(&target, d.join("lock")).unwrap();
+        expect_refused("a symlinked lock", "symbolic link");
+        assert_eq!(
+            std::fs::read_to_string(&target).unwrap(),
+            planted,
+            "written through the link"
+        );
+        std::fs::remove_file(d.join("lock")).unwrap();
+        // Writable by others.
+        std::fs::write(d.join("lock"), planted).unwrap();
+        std::fs::set_permissions(d.join("lock"), std::fs::Permissions::from_mode(0o666)).unwrap();
+        expect_refused("a world-writable lock", "group or others");
+        if rustix::process::geteuid().is_root() {
+            // Owned by another user.
+            std::fs::set_permissions(d.join("lock"), std::fs::Permissions::from_mode(0o600))
+                .unwrap();
+            std::os::unix::fs::chown(d.join("lock"), Some(65534), None).unwrap();
+            expect_refused("another user's lock", "uid 65534");
+        }
+        // Not a file at all.
+        std::fs::remove_file(d.join("lock")).unwrap();
+        std::fs::create_dir(d.join("lock")).unwrap();
+        let e = KsmGuard::acquire_with(opts(&d)).expect_err("a directory");
+        assert!(!e.to_string().is_empty());
+        assert_eq!(ksm.run().unwrap(), Run::Stop);
+        std::fs::remove_dir(d.join("lock")).unwrap();
+        // A missing lock is created 0600, and a trusted one is used.
+        let g = KsmGuard::acquire_with(opts(&d)).unwrap();
+        let mode = std::fs::metadata(d.join("lock"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600);
+        assert!(g.release().is_complete());
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

@@ -76,6 +76,7 @@ pub mod procstat;
 #[cfg(target_arch = "x86_64")]
 pub mod ptrace;
 pub mod read;
+pub mod secure;
 pub mod source;
 pub mod sys;
 #[cfg(target_arch = "x86_64")]

@@ -99,6 +99,13 @@ impl WriteTracker {
         self.procs.len()
     }
 
+    /// The processes with tracked ranges.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.procs.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
     /// The tracked ranges of `pid`.
     pub fn ranges(&self, pid: u32) -> &[(u64, u64)] {
         self.procs.get(&pid).map_or(&[], |t| &t.ranges)

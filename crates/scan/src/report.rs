@@ -36,6 +36,7 @@
 //! totals line, then a legend); `serde_json` of the [`Report`] is the
 //! `--json` format.
 
+use pagesift_core::text::printable;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
@@ -359,10 +360,20 @@ impl Report {
         };
         let shown = opts.processes.unwrap_or(usize::MAX);
         for p in self.processes.iter().take(shown) {
-            row(&mut o, &p.pid.to_string(), &p.comm, &p.counts, "");
+            // comm and mapping names are chosen by the process: escaped.
+            row(
+                &mut o,
+                &p.pid.to_string(),
+                &printable(&p.comm),
+                &p.counts,
+                "",
+            );
             for r in p.regions.iter().take(opts.regions) {
                 let addr = format!("  {:#x} ", r.start);
-                let name = format!("{addr}{}", truncate(&r.name, 32 - addr.chars().count()));
+                let name = format!(
+                    "{addr}{}",
+                    truncate(&printable(&r.name), 32 - addr.chars().count())
+                );
                 row(
                     &mut o,
                     "",
@@ -415,7 +426,7 @@ impl Report {
             );
         }
         for (pid, why) in &self.skipped {
-            let _ = writeln!(o, "skipped {pid}: {why}");
+            let _ = writeln!(o, "skipped {pid}: {}", printable(why));
         }
         o
     }
@@ -498,6 +509,23 @@ mod tests {
             cpu_ms: 1400,
             pages_read: 3_000_000,
         }
+    }
+
+    #[test]
+    fn names_chosen_by_processes_are_escaped_in_the_table() {
+        let mut r = report();
+        r.processes[0].comm = "a\x1b[2Jb".into();
+        r.processes[0].regions[0].name = "/x\x07\ny".into();
+        r.skipped[0].1 = "gone\x1b[31m".into();
+        let t = r.to_table(&TableOptions::default());
+        assert!(t.chars().all(|c| c == '\n' || !c.is_control()), "{t:?}");
+        assert!(t.contains("a\\x1b[2Jb"), "{t}");
+        assert!(t.contains("/x\\x07\\x0ay"), "{t}");
+        assert!(t.contains("gone\\x1b[31m"), "{t}");
+        assert_eq!(
+            t.lines().count(),
+            report().to_table(&TableOptions::default()).lines().count()
+        );
     }
 
     #[test]

@@ -81,8 +81,15 @@ pub struct Workload {
 impl Workload {
     /// Starts `pagesift-workload <args>` and waits for its report line.
     pub fn start(args: &[&str]) -> Workload {
-        let mut child = Command::new(workload_bin())
-            .args(args)
+        let mut cmd = Command::new(workload_bin());
+        cmd.args(args);
+        Workload::spawn(cmd, args)
+    }
+
+    /// Starts `cmd`, which must run (or exec) `pagesift-workload` with
+    /// `args` (through `setpriv`, say), and waits for its report line.
+    pub fn spawn(mut cmd: Command, args: &[&str]) -> Workload {
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
