@@ -25,14 +25,19 @@
 //!    region were merged (writes × the region's duplicate share × pass /
 //!    watched time) are below `min_breaks`: **Cold**, mark it all;
 //! 3. else, if the writes fell into at most `max_zones` zones covering at
-//!    most `max_zone_share` of the region, and the zones stopped spreading
-//!    (what they covered at half the watch is, within a quarter, what they
-//!    cover now): **ColdExcept** those zones
+//!    most `max_zone_share` of the region: a zone still spreading (it
+//!    covers more than a quarter beyond what it covered at half the watch)
+//!    is a writer sweeping the region, **Hot**; zones that stopped
+//!    spreading give **ColdExcept** those zones
 //!    (widened to `align` pages): mark the rest, which no write touched
 //!    while it was watched, and leave the zones to the ladder (they become
 //!    regions of their own once the marks split the VMA);
-//! 4. else (writes everywhere, or still spreading): **Hot**, hold the
-//!    region.
+//! 4. else the writes are scattered (a guest's page allocator, say):
+//!    **Hot** if the predicted breaks per pass exceed V_cow of the region's
+//!    duplicates (`v_cow × dup × pages`), the same ratio accounting
+//!    demotes a merged region at; otherwise **Cold**: merging saves more
+//!    than the writes undo, and accounting backs out after the fact if
+//!    they outgrow it.
 //!
 //! The spreading test tells a buffer rewritten in place (its zone is as
 //! wide after a quarter second as after a second) from a writer sweeping
@@ -84,6 +89,9 @@ pub struct WriteRules {
     pub max_zones: usize,
     /// Largest share of the region the zones may cover.
     pub max_zone_share: f64,
+    /// V_cow: the share of a region's duplicates that scattered writes may
+    /// break per pass before the region counts as hot.
+    pub v_cow: f64,
 }
 
 impl Default for WriteRules {
@@ -96,6 +104,7 @@ impl Default for WriteRules {
             align: 16,
             max_zones: 4,
             max_zone_share: 0.5,
+            v_cow: 0.5,
         }
     }
 }
@@ -231,8 +240,19 @@ impl WriteWatch {
         if per_pass < rules.min_breaks as f64 {
             return WriteVerdict::Cold;
         }
+        // Scattered writes: hot only if a pass would break more than V_cow
+        // of the region's duplicates; below that, merging saves more than
+        // the writes undo, and accounting demotes the region after the
+        // fact if its breaks outgrow its merges.
+        let scattered = |per_pass: f64| {
+            if per_pass > rules.v_cow * dup * f64::from(self.pages) {
+                WriteVerdict::Hot
+            } else {
+                WriteVerdict::Cold
+            }
+        };
         if self.diffuse || self.zones.is_empty() || self.zones.len() > rules.max_zones {
-            return WriteVerdict::Hot;
+            return scattered(per_pass);
         }
         let align = rules.align.max(1);
         let mut widened: Vec<(u32, u32)> = Vec::with_capacity(self.zones.len());
@@ -246,7 +266,7 @@ impl WriteWatch {
         }
         let covered: u64 = widened.iter().map(|&(s, e)| u64::from(e - s)).sum();
         if covered as f64 > rules.max_zone_share * f64::from(self.pages) {
-            return WriteVerdict::Hot;
+            return scattered(per_pass);
         }
         match self.spreading(now) {
             None => WriteVerdict::Watching,
@@ -306,15 +326,26 @@ mod tests {
     }
 
     #[test]
-    fn writes_everywhere_are_hot() {
-        // UKSM §8.1.2: one page every 10 ms anywhere in the region.
+    fn scattered_writes_are_hot_only_past_v_cow_of_the_duplicates() {
+        // One page every 10 ms anywhere in 2 GiB: 3000 breaks a pass of
+        // 524 288 duplicates, far below V_cow: merging wins.
         let mut w = WriteWatch::new(524_288, 0);
         for i in 0..100u32 {
             let p = i.wrapping_mul(2_654_435_761) % 524_288;
             w.record(p, p + 1, 64);
         }
         assert!(w.is_diffuse());
+        assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Cold);
+        // The same writes in 4096 pages: 3000 a pass > half of them.
+        let mut w = WriteWatch::new(4096, 0);
+        for i in 0..100u32 {
+            let p = i.wrapping_mul(2_654_435_761) % 4096;
+            w.record(p, p + 1, 64);
+        }
+        assert!(w.is_diffuse() || w.zones().len() > rules().max_zones);
         assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Hot);
+        // Whatever its duplicate share, while writes would break any.
+        assert_eq!(w.verdict(0.05, S, &rules()), WriteVerdict::Hot);
     }
 
     #[test]
@@ -345,21 +376,35 @@ mod tests {
     }
 
     #[test]
-    fn zones_covering_most_of_the_region_are_hot() {
+    fn zones_covering_most_of_the_region_are_judged_as_scattered() {
         let mut w = WriteWatch::new(1000, 0);
         w.record(0, 600, 64);
         assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Hot);
+        // One zone over 60 % of 100 000 pages, 1000 writes a second: 30 000
+        // a pass, below half the region.
+        let mut w = WriteWatch::new(100_000, 0);
+        for i in 0..1000 {
+            w.record(i * 60, i * 60 + 1, 64);
+        }
+        assert_eq!(w.zones().len(), 1);
+        assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Cold);
     }
 
     #[test]
-    fn too_many_zones_are_hot() {
-        let mut w = WriteWatch::new(100_000, 0);
+    fn too_many_zones_are_judged_as_scattered() {
+        let mut w = WriteWatch::new(10_000, 0);
         for z in 0..6u32 {
-            w.record(z * 10_000, z * 10_000 + 20, 64);
-            w.record(z * 10_000, z * 10_000 + 20, 64);
+            w.record(z * 1_000, z * 1_000 + 20, 64);
+            w.record(z * 1_000, z * 1_000 + 20, 64);
         }
         assert_eq!(w.zones().len(), 6);
+        // 240 writes a second: 7200 a pass, past half of 10 000 pages; the
+        // duplicate share cancels out (breaks and duplicates both scale
+        // with it).
         assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Hot);
+        assert_eq!(w.verdict(0.2, S, &rules()), WriteVerdict::Hot);
+        // Over three seconds: 2400 a pass, below.
+        assert_eq!(w.verdict(1.0, 3 * S, &rules()), WriteVerdict::Cold);
     }
 
     #[test]

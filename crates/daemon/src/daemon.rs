@@ -53,12 +53,19 @@
 //!    later present but not merged is a COW break. After a whole pass the
 //!    region's COW-broken ratio is compared with V_cow: above it, the region
 //!    is unmarked. The ratio is UKSM's (§5.2, notes §3.4: COW faults on
-//!    merged pages in a round over pages merged in that round): breaks seen
-//!    in this pass over pages newly seen merged in it. A static region has
-//!    no breaks; one that ksmd merges while the owner keeps writing it
-//!    (UKSM §8.1.2's COW-broken workload) settles at about one re-merge per
-//!    break, a ratio near 1, however small the written share of the region
-//!    is, which is what UKSM filters. At least [`MIN_BREAKS_FOR_DEMOTION`]
+//!    merged pages in a round over pages merged in that round), with one
+//!    change: breaks seen in this pass over the larger of the pages newly
+//!    seen merged in it and the pages merged at the end of the previous
+//!    pass. UKSM's own denominator alone calls any region with steady
+//!    churn thrashing: once a region is merged, each pass's new merges are
+//!    mostly the re-merges of its breaks, a ratio near 1 however small the
+//!    written share is. Booting guests were unmarked that way (64 MiB of
+//!    guest RAM held for a minute for breaks on 2 % of its merged pages).
+//!    Over the merged pages, the ratio says how much of what is saved a
+//!    pass undoes: above V_cow, merged pages live less than two passes on
+//!    average and the region thrashes. Regions whose writes would make them
+//!    thrash are found before they are marked (the write watch), so this is
+//!    the backstop. At least [`MIN_BREAKS_FOR_DEMOTION`]
 //!    breaks are needed (a one-off write is no thrashing), and V_cow = 100 %
 //!    turns demotion off. A region is *settled* once a pass that started three ksmd
 //!    full scans after it was marked has ended: by then ksmd has visited
@@ -1603,7 +1610,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                         && b.passes >= 2
                         && prev_merged >= min_merged.max(1)
                         && b.last.cow >= MIN_BREAKS_FOR_DEMOTION
-                        && b.last.cow as f64 / b.last.fresh.max(1) as f64 > v_cow
+                        && b.last.cow as f64 / b.last.fresh.max(prev_merged).max(1) as f64 > v_cow
                     {
                         self.pending_unmarks.push(id);
                     }
@@ -1858,6 +1865,7 @@ fn write_rules(config: &Config) -> WriteRules {
         pass: config.actuate.recheck_s * SEC,
         min_breaks: MIN_BREAKS_FOR_DEMOTION,
         align: RUN_ALIGN_PAGES as u32,
+        v_cow: config.ladder.v_cow,
         ..WriteRules::default()
     }
 }
