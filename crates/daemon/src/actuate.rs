@@ -151,6 +151,18 @@ impl Marks {
             .unwrap_or_default()
     }
 
+    /// The `MADV_UNMERGEABLE` calls that undo every mark of `p`.
+    pub fn unmark_calls(&self, p: ProcKey) -> Vec<Advice> {
+        self.ranges(p)
+            .into_iter()
+            .map(|(s, e)| Advice {
+                start: s,
+                len: e - s,
+                mergeable: false,
+            })
+            .collect()
+    }
+
     /// Processes with marks.
     pub fn processes(&self) -> Vec<ProcKey> {
         let mut v: Vec<ProcKey> = self.procs.keys().copied().collect();
@@ -196,15 +208,7 @@ pub fn unmark_all<A: Actuator + ?Sized>(
     ledger: &mut Marks,
     p: ProcKey,
 ) -> Unmarked {
-    let calls: Vec<Advice> = ledger
-        .ranges(p)
-        .into_iter()
-        .map(|(s, e)| Advice {
-            start: s,
-            len: e - s,
-            mergeable: false,
-        })
-        .collect();
+    let calls = ledger.unmark_calls(p);
     if calls.is_empty() {
         return Unmarked::Done(0);
     }

@@ -175,6 +175,21 @@ struct Item {
     whole: bool,
 }
 
+impl Item {
+    /// `MADV_MERGEABLE` on `[start, end)`, a part of region `id`.
+    fn mark_part(id: RegionId, start: u64, end: u64) -> Item {
+        Item {
+            id,
+            advice: Advice {
+                start,
+                len: end - start,
+                mergeable: true,
+            },
+            whole: false,
+        }
+    }
+}
+
 /// What pagesift does with a region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -601,16 +616,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     pub fn shutdown(&mut self, unmerge: bool) -> Result<(), String> {
         if unmerge {
             for key in self.marks.processes() {
-                let calls: Vec<Advice> = self
-                    .marks
-                    .ranges(key)
-                    .into_iter()
-                    .map(|(s, e)| Advice {
-                        start: s,
-                        len: e - s,
-                        mergeable: false,
-                    })
-                    .collect();
+                let calls = self.marks.unmark_calls(key);
                 match self.actuator.advise(key.pid, &calls) {
                     BatchOutcome::Done(results) => {
                         for (c, r) in calls.iter().zip(results) {
@@ -1100,15 +1106,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 if zs >= from + min {
                     let (s, e) = (b.span.start + from * PAGE, b.span.start + zs * PAGE);
                     if !self.marks.covers(b.span.proc, s, e) {
-                        batches.entry(pid).or_default().push(Item {
-                            id,
-                            advice: Advice {
-                                start: s,
-                                len: e - s,
-                                mergeable: true,
-                            },
-                            whole: false,
-                        });
+                        batches
+                            .entry(pid)
+                            .or_default()
+                            .push(Item::mark_part(id, s, e));
                         pieces += 1;
                     }
                 }
@@ -1257,18 +1258,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 }
                 used += n;
                 taken += 1;
-                out.push((
-                    pid,
-                    Item {
-                        id,
-                        advice: Advice {
-                            start: s,
-                            len: e - s,
-                            mergeable: true,
-                        },
-                        whole: false,
-                    },
-                ));
+                out.push((pid, Item::mark_part(id, s, e)));
             }
         }
         out

@@ -142,8 +142,8 @@ impl World {
             .collect()
     }
 
-    /// Lets a process exit.
-    pub fn exit(&mut self, pid: u32) {
+    /// Unmaps every region of a process (its mm goes: exit or exec).
+    fn unmap_all(&mut self, pid: u32) {
         let ids: Vec<RegionId> = self
             .spans
             .iter()
@@ -154,6 +154,11 @@ impl World {
             self.spans.remove(&id);
             self.mem.unmap(id);
         }
+    }
+
+    /// Lets a process exit.
+    pub fn exit(&mut self, pid: u32) {
+        self.unmap_all(pid);
         self.procs.retain(|p| p.key.pid != pid);
         self.gone.push(pid);
     }
@@ -162,16 +167,7 @@ impl World {
     /// pid and start time, runs a new image (a new [`ProcKey::image`]),
     /// and takes the new program's name.
     pub fn exec(&mut self, pid: u32, comm: &str) {
-        let ids: Vec<RegionId> = self
-            .spans
-            .iter()
-            .filter(|(_, s)| s.proc.pid == pid)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
-            self.spans.remove(&id);
-            self.mem.unmap(id);
-        }
+        self.unmap_all(pid);
         let p = self
             .procs
             .iter_mut()
