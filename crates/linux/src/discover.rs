@@ -506,7 +506,19 @@ mod tests {
         for then in ["sleep 30", "sh -c 'read m'"] {
             let mut c = exec_after_a_line(then);
             let pid = c.id();
-            let before = identity(pid).expect("the shell lives");
+            // spawn returns once the child's exec has replaced its mm (the
+            // vfork release), before the new image's code and stack
+            // addresses are set: wait for the identity to settle.
+            let mut before = identity(pid).expect("the shell lives");
+            for _ in 0..100 {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                let now = identity(pid).expect("the shell lives");
+                if now == before {
+                    break;
+                }
+                before = now;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
             assert_eq!(identity(pid), Some(before), "stable while nothing happens");
             let info = process_info(pid).ok().unwrap();
             assert_eq!((info.start_time, info.image), before);
