@@ -59,8 +59,9 @@
 //!    pass. UKSM's own denominator alone calls any region with steady
 //!    churn thrashing: once a region is merged, each pass's new merges are
 //!    mostly the re-merges of its breaks, a ratio near 1 however small the
-//!    written share is. Booting guests were unmarked that way (64 MiB of
-//!    guest RAM held for a minute for breaks on 2 % of its merged pages).
+//!    written share is. Booting guests were unmarked that way: each
+//!    `pagesift bench --quick --only vm-boot` run logged 2–6 demotions of
+//!    64 MiB guest-RAM regions, each then held for a minute.
 //!    Over the merged pages, the ratio says how much of what is saved a
 //!    pass undoes: above V_cow, merged pages live less than two passes on
 //!    average and the region thrashes. Regions whose writes would make them
@@ -616,25 +617,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     pub fn shutdown(&mut self, unmerge: bool) -> Result<(), String> {
         if unmerge {
             for key in self.marks.processes() {
-                let calls = self.marks.unmark_calls(key);
-                match self.actuator.advise(key.pid, &calls) {
-                    BatchOutcome::Done(results) => {
-                        for (c, r) in calls.iter().zip(results) {
-                            match r {
-                                Ok(()) => self.marks.remove(key, c.start, c.end()),
-                                Err(errno) => warn!(
-                                    pid = key.pid,
-                                    start = c.start,
-                                    errno,
-                                    "could not unmark a range on exit"
-                                ),
-                            }
-                        }
+                match crate::actuate::unmark_all(&mut self.actuator, &mut self.marks, key) {
+                    Unmarked::Partly(failed) => {
+                        warn!(pid = key.pid, ?failed, "could not unmark ranges on exit")
                     }
-                    BatchOutcome::Gone => self.marks.forget(key),
-                    BatchOutcome::Skipped(r) | BatchOutcome::Failed(r) => {
+                    Unmarked::NotNow(r) => {
                         warn!(pid = key.pid, reason = %r, "could not unmark on exit")
                     }
+                    Unmarked::Done(_) | Unmarked::Gone => {}
                 }
             }
         }

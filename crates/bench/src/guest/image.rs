@@ -55,10 +55,11 @@ pub const MAX_FILE_BYTES: u64 = 4 << 20;
 /// and tmpfs) dominate what it holds, inside [`super::DEFAULT_MEM_MIB`].
 pub const DEFAULT_PAYLOAD_BYTES: u64 = 32 << 20;
 
-/// The guest's `/init`. It must never exit (PID 1 exiting panics the
-/// kernel); on failure it prints [`super::FAILED_MARKER`] and powers off,
-/// which ends QEMU (`-no-reboot`).
-pub const INIT_SCRIPT: &str = r#"#!/bin/sh
+/// The start of every guest `/init`: PATH, `fail` (print the failure
+/// marker and power off), and the pseudo file systems and tmpfs `/data`.
+macro_rules! init_prelude {
+    () => {
+        r#"#!/bin/sh
 # /init of a pagesift-bench guest (crates/bench/src/guest/image.rs).
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 fail() {
@@ -70,33 +71,33 @@ mount -t proc proc /proc || fail "mounting /proc"
 mount -t sysfs sysfs /sys || fail "mounting /sys"
 mount -t devtmpfs devtmpfs /dev || fail "mounting devtmpfs on /dev"
 mount -t tmpfs -o mode=0755 data /data || fail "mounting a tmpfs on /data"
-echo "pagesift-guest: init at $(cut -d' ' -f1 /proc/uptime) s; copying the payload into tmpfs"
+"#
+    };
+}
+
+/// The guest's `/init`. It must never exit (PID 1 exiting panics the
+/// kernel); on failure it prints [`super::FAILED_MARKER`] and powers off,
+/// which ends QEMU (`-no-reboot`).
+pub const INIT_SCRIPT: &str = concat!(
+    init_prelude!(),
+    r#"echo "pagesift-guest: init at $(cut -d' ' -f1 /proc/uptime) s; copying the payload into tmpfs"
 cp -a /payload/. /data/ || fail "copying /payload into the tmpfs /data"
 (cd /payload && find . -type f | sort | xargs md5sum) > /payload.md5 || fail "reading /payload"
 (cd /data && find . -type f | sort | xargs md5sum) > /data.md5 || fail "reading /data"
 cmp -s /payload.md5 /data.md5 || fail "the tmpfs copy differs from /payload"
 echo "pagesift-guest: ready files=$(wc -l < /data.md5) kib=$(du -sk /data | cut -f1) uptime=$(cut -d' ' -f1 /proc/uptime)"
 while :; do sleep 3600; done
-"#;
+"#
+);
 
 /// The guest's `/init` when the payload is on a disk (`/dev/vda`, ext2).
 /// It loads the modules the initramfs carries, reads every file of the
 /// disk, copies them into tmpfs, runs the same programs as every guest,
 /// prints the ready line with `disk-md5=` (md5 of the sorted `md5sum`
 /// list, as [`super::disk::tree_checksum`] computes on the host) and idles.
-pub const DISK_INIT_SCRIPT: &str = r#"#!/bin/sh
-# /init of a pagesift-bench guest with a disk (crates/bench/src/guest/image.rs).
-export PATH=/bin:/sbin:/usr/bin:/usr/sbin
-fail() {
-    echo "pagesift-guest: failed: $*"
-    reboot -f
-    while :; do sleep 1; done
-}
-mount -t proc proc /proc || fail "mounting /proc"
-mount -t sysfs sysfs /sys || fail "mounting /sys"
-mount -t devtmpfs devtmpfs /dev || fail "mounting devtmpfs on /dev"
-mount -t tmpfs -o mode=0755 data /data || fail "mounting a tmpfs on /data"
-echo "pagesift-guest: init at $(cut -d' ' -f1 /proc/uptime) s; loading modules"
+pub const DISK_INIT_SCRIPT: &str = concat!(
+    init_prelude!(),
+    r#"echo "pagesift-guest: init at $(cut -d' ' -f1 /proc/uptime) s; loading modules"
 for m in /lib/modules/pagesift/*.ko; do
     [ -e "$m" ] || continue
     insmod "$m" || fail "insmod $m"
@@ -119,7 +120,8 @@ tar -cf - -C /disk . | gzip -1 > /data/disk.tar.gz || fail "archiving /disk"
 sort /disk.md5 > /data/by-hash || fail "sorting the file list"
 echo "pagesift-guest: ready files=$(wc -l < /disk.md5) kib=$(du -sk /disk | cut -f1) disk-md5=$sum archive-kib=$(du -sk /data/disk.tar.gz | cut -f1) uptime=$(cut -d' ' -f1 /proc/uptime)"
 while :; do sleep 3600; done
-"#;
+"#
+);
 
 /// Where the payload goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
