@@ -231,6 +231,11 @@ impl Distiller {
     pub fn ladder(&self) -> &Ladder {
         &self.ladder
     }
+    /// Raises a region to the top level on outside evidence
+    /// ([`Ladder::raise`]); returns whether it moved.
+    pub fn raise(&mut self, id: RegionId, dup_ratio: f64, now: Nanos) -> bool {
+        self.ladder.raise(id, dup_ratio, now).is_some()
+    }
     pub fn index(&self) -> &SampleIndex {
         &self.index
     }

@@ -949,6 +949,35 @@ impl Ladder {
         moves
     }
 
+    /// Moves a region to the top level on evidence from outside the
+    /// sampling rounds (the exact sweep measured `dup_ratio` of its present
+    /// pages as duplicates), if the ratio passes V_dup and the region is
+    /// older than V_life: the evidence is there, so the region need not
+    /// climb round by round. Its judgement counts as one. Returns the move,
+    /// or `None` if the region stays where it is (unknown, already on top,
+    /// too young or too poor).
+    pub fn raise(&mut self, id: RegionId, dup_ratio: f64, now: Nanos) -> Option<Move> {
+        let top = self.levels.len() - 1;
+        let r = self.regions.get_mut(&id)?;
+        if r.level == top
+            || !(dup_ratio > 0.0 && dup_ratio >= self.config.v_dup)
+            || now.saturating_sub(r.inserted_at) <= self.config.v_life
+        {
+            return None;
+        }
+        let (from, seq, pages) = (r.level, r.seq, r.pages);
+        r.last_dup_ratio = dup_ratio;
+        r.judged += 1;
+        r.round = SampleCounts::default();
+        r.listed = false;
+        self.detach(from, seq, pages);
+        self.attach(id, top);
+        Some(Move::Climb {
+            region: id,
+            to: top,
+        })
+    }
+
     /// What the ladder knows about a region.
     pub fn region_stats(&self, id: RegionId) -> Option<RegionStats> {
         self.regions.get(&id).map(|r| RegionStats {
@@ -979,6 +1008,31 @@ mod tests {
             got.entry(p.region).or_default().push(p.page);
         }
         got
+    }
+
+    #[test]
+    fn a_raised_region_is_on_top_only_with_the_evidence_and_the_age() {
+        let cfg = LadderConfig::default();
+        let top = cfg.levels - 1;
+        let old = cfg.v_life + 1;
+        let mut l = Ladder::new(cfg.clone(), 3);
+        l.insert(RegionId(1), 512, 0);
+        l.insert(RegionId(2), 512, 0);
+        // Too young, then too poor.
+        assert_eq!(l.raise(RegionId(1), 0.9, cfg.v_life), None);
+        assert_eq!(l.raise(RegionId(1), cfg.v_dup / 2.0, old), None);
+        assert_eq!(l.level_of(RegionId(1)), Some(0));
+        assert!(
+            matches!(l.raise(RegionId(1), 0.5, old), Some(Move::Climb { to, .. }) if to == top)
+        );
+        assert_eq!(l.level_of(RegionId(1)), Some(top));
+        assert_eq!(l.level_pages(top), 512);
+        assert_eq!(l.level_pages(0), 512);
+        let s = l.region_stats(RegionId(1)).unwrap();
+        assert_eq!((s.judged, s.last_dup_ratio), (1, 0.5));
+        // Already on top: nothing to do; the other region still samples.
+        assert_eq!(l.raise(RegionId(1), 0.9, old), None);
+        assert_eq!(l.regions_at(0), vec![RegionId(2)]);
     }
 
     #[test]

@@ -59,10 +59,12 @@ pub mod hints;
 pub mod index;
 pub mod ladder;
 pub mod pacing;
+pub mod ranges;
 pub mod sim;
 pub mod source;
 pub mod strength;
 pub mod superfasthash;
+pub mod sweep;
 pub mod text;
 pub mod write_watch;
 

@@ -184,6 +184,12 @@ pub struct ScanSection {
     /// than this share. pagesift's choice, a quarter of the bottom level's
     /// 0.2 % (§7).
     pub refresh_cpu: f64,
+    /// CPU share (fraction of one core) of the exact sweep, which hashes
+    /// every present page of the sampling regions, a slice per wake-up, so
+    /// that duplicates are found wherever their twins live (0: off).
+    pub sweep_share: f64,
+    /// Shortest time between the starts of two sweeps, in seconds.
+    pub sweep_every_s: u64,
     /// Seed of the sampling permutations and the hash (fixed so that runs
     /// can be compared).
     pub seed: u64,
@@ -198,6 +204,8 @@ impl Default for ScanSection {
             subregion_mib: 64,
             refresh_ms: 1000,
             refresh_cpu: 0.0005,
+            sweep_share: 0.03,
+            sweep_every_s: 5,
             seed: 0x7061_6765_7369_6674,
         }
     }
@@ -504,6 +512,21 @@ impl Config {
                     "must be a fraction of one core above 0 and at most 1, got {}",
                     s.refresh_cpu
                 ),
+            );
+        }
+        if !(0.0..=1.0).contains(&s.sweep_share) {
+            return bad(
+                "scan.sweep_share",
+                format!(
+                    "must be a fraction of one core from 0 (off) to 1, got {}",
+                    s.sweep_share
+                ),
+            );
+        }
+        if !(1..=86_400).contains(&s.sweep_every_s) {
+            return bad(
+                "scan.sweep_every_s",
+                format!("must be between 1 s and a day, got {}", s.sweep_every_s),
             );
         }
         let a = &self.actuate;

@@ -18,6 +18,16 @@
 //!    duplicates that got them promoted). The thread's CPU time over the
 //!    wake, per sampled page, feeds `observe_cost` (UKSM measures its
 //!    scanner the same way, notes §3.6).
+//!    Then one slice of the **exact sweep** ([`crate::sweep`],
+//!    `scan.sweep_share`): every present page of the sampling regions is
+//!    hashed, a slice per wake-up, so that duplicates are found wherever
+//!    their twins live (sampling meets twins at unrelated offsets only by
+//!    chance). At the end of an epoch a region whose present pages are at
+//!    least V_dup duplicates is raised straight to the top level; it then
+//!    waits for a write watch and its verdict (up to [`RAISED_WATCH_WAIT`])
+//!    like any region that climbed. In a poorer region each run of
+//!    duplicates of at least `actuate.run_min_pages` waits for its region's
+//!    watch to judge it cold, then is marked like a sampled run.
 //!    Then **watch writes** (`actuate.write_tracking`): unmarked regions on
 //!    level 1 and up (at most [`MAX_TRACKED_RANGES`] in
 //!    [`MAX_TRACKED_PROCS`] processes) are write-tracked through
@@ -96,6 +106,7 @@ use crate::ksmd::{KsmControl, KsmSample, Pacing};
 use crate::status::{
     DaemonStatus, KsmStatus, LevelStatus, MAX_LISTED, RegionStatus, Skipped, Status, Totals,
 };
+use crate::sweep::Sweeper;
 use crate::target::{Span, Target, View};
 use pagesift_core::distill::{Distiller, DistillerConfig, DupRun};
 use pagesift_core::governor::{MAX_SLEEP, sleep_for_share};
@@ -147,6 +158,12 @@ pub const MIN_BREAKS_FOR_DEMOTION: u64 = 16;
 /// that runs found near each other mark overlapping ranges that join into
 /// one VMA instead of splitting it again and again. pagesift's choice.
 pub const RUN_ALIGN_PAGES: u64 = 16;
+/// Longest a region raised by the sweep waits for a write watch before it
+/// may be marked without one (the watch's capacity is bounded).
+const RAISED_WATCH_WAIT: Nanos = 5 * SEC;
+/// Fewest present pages a region needs before the sweep's duplicate
+/// ratio raises it (fewer are too few to judge by).
+const SWEEP_MIN_PRESENT: u32 = 64;
 /// Most runs marked in one process per wake-up: bounds the VMA splits one
 /// wake can add (two per run at most) well below any split budget.
 pub const MAX_RUN_MARKS_PER_WAKE: usize = 16;
@@ -244,9 +261,24 @@ struct Book {
     /// markable around them: marking leaves them out, however long the
     /// marking waits (core::write_watch, ColdExcept).
     exclude: Option<Vec<(u32, u32)>>,
+    /// When the exact sweep raised it to the top level (see
+    /// [`Book::awaits_watch`]).
+    raised_at: Option<Nanos>,
 }
 
 impl Book {
+    /// A region the sweep raised straight to the top level has not been
+    /// watched on the way up, as a climbing one is from level 1: with write
+    /// watching on, it waits up to [`RAISED_WATCH_WAIT`] for a watch (and
+    /// its verdict) before it may be marked, so that a region rewritten
+    /// with the same bytes (which the sweep cannot see) is not marked on
+    /// the sweep's word alone.
+    fn awaits_watch(&self, watching: bool, now: Nanos) -> bool {
+        watching
+            && self.watch.is_none()
+            && self.raised_at.is_some_and(|t| now < t + RAISED_WATCH_WAIT)
+    }
+
     fn new(span: Span, now: Nanos) -> Book {
         let words = (span.pages as usize).div_ceil(64);
         Book {
@@ -267,6 +299,7 @@ impl Book {
             cow_total: 0,
             watch: None,
             exclude: None,
+            raised_at: None,
         }
     }
 
@@ -399,6 +432,11 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// Ranges write-tracked now, and when their writes were last read.
     tracked: usize,
     last_write_read: Nanos,
+    /// The exact sweep (see [`crate::sweep`] and [`Daemon::sweep`]).
+    sweeper: Sweeper,
+    /// Duplicate runs the last sweep found, waiting for their region's
+    /// write watch (see [`Daemon::ready_sweep_runs`]).
+    sweep_runs: Vec<DupRun>,
 }
 
 impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
@@ -414,6 +452,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         now: Nanos,
     ) -> Self {
         let distiller = new_distiller(&config);
+        let sweeper = Sweeper::new(config.scan.sweep_share, config.scan.sweep_every_s * SEC);
         let cow_ksm_start = target.cow_ksm();
         let mut d = Daemon {
             config,
@@ -457,6 +496,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             cpu_window: VecDeque::new(),
             last_publish: None,
             states: Vec::new(),
+            sweeper,
+            sweep_runs: Vec::new(),
         };
         if let Ok(s) = d.ksm.sample() {
             d.ksm_now = s;
@@ -525,6 +566,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         }
         self.config = config;
         self.policy = policy;
+        self.sweeper.set_pace(
+            self.config.scan.sweep_share,
+            self.config.scan.sweep_every_s * SEC,
+        );
         if ladder_changed || sleep_changed {
             info!("ladder thresholds changed: distilling restarts from the bottom");
             self.distiller = new_distiller(&self.config);
@@ -545,6 +590,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         };
         self.release_holds(now);
         summary.sampled = self.distil(now);
+        self.sweep(now);
         self.account(now);
         self.watch_writes(now);
         self.actuate(now, &mut summary);
@@ -558,6 +604,85 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         summary.sleep = sleep;
         self.counters.wakes += 1;
         summary
+    }
+
+    /// One slice of the exact sweep over the sampling regions of eligible
+    /// processes; when it finishes an epoch, its findings steer the ladder
+    /// (`core::sweep`): a region with at least V_dup duplicates among its
+    /// present pages is raised to the top level, where the write watch
+    /// and marking take over; in a poorer region each long enough run of
+    /// duplicates joins this wake's runs, marked like sampled ones (each
+    /// side is found by the sweep, so no twin is needed).
+    fn sweep(&mut self, now: Nanos) {
+        let (books, hidden, allowed, managed) =
+            (&self.books, &self.hidden, &self.allowed, &self.self_managed);
+        let regions = || {
+            books
+                .iter()
+                .filter(|(id, b)| {
+                    b.mode == Mode::Sampling
+                        && !hidden.contains(id)
+                        && allowed.contains_key(&b.span.proc.pid)
+                        && !managed.contains(&b.span.proc.pid)
+                })
+                .map(|(&id, _)| id)
+                .collect()
+        };
+        let min_run = self.config.actuate.run_min_pages.max(1);
+        let Some(findings) = self.sweeper.step(&mut self.target, now, min_run, regions) else {
+            return;
+        };
+        // The new epoch's runs replace the last one's that still wait.
+        self.sweep_runs.clear();
+        let top = self.distiller.ladder().levels() - 1;
+        let (mut raised, mut runs) = (0u64, 0u64);
+        for f in findings {
+            let Some(b) = self.books.get(&f.region) else {
+                continue;
+            };
+            if b.mode != Mode::Sampling || self.hidden.contains(&f.region) {
+                continue;
+            }
+            if f.present >= SWEEP_MIN_PRESENT && self.distiller.raise(f.region, f.dup_ratio(), now)
+            {
+                raised += 1;
+                if let Some(b) = self.books.get_mut(&f.region) {
+                    b.raised_at = Some(now);
+                }
+                let b = &self.books[&f.region];
+                debug!(
+                    pid = b.span.proc.pid,
+                    start = b.span.start,
+                    present = f.present,
+                    dups = f.dups,
+                    "sweep: duplicates all over, raised to the top level"
+                );
+                continue;
+            }
+            if self.distiller.ladder().level_of(f.region) == Some(top) {
+                continue;
+            }
+            for (first, end) in f.runs {
+                runs += 1;
+                self.sweep_runs.push(DupRun {
+                    region: f.region,
+                    first,
+                    pages: end - first,
+                    twin: None,
+                });
+            }
+        }
+        self.sweeper.fruitful(raised + runs > 0);
+        self.sweeper.stats.raised += raised;
+        self.sweeper.stats.runs += runs;
+        info!(
+            epoch = self.sweeper.stats.epochs,
+            seconds = self.sweeper.stats.last_epoch_ns as f64 / SEC as f64,
+            ns_per_page = self.sweeper.ns_per_page() as u64,
+            raised,
+            runs,
+            "sweep done"
+        );
     }
 
     /// Held regions are out of the ladder: one that cannot be promoted
@@ -640,7 +765,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     }
 
     /// Reads the writes of the tracked regions, then tracks exactly the
-    /// candidates: unmarked regions on level 1 and up, highest first,
+    /// candidates: unmarked regions on level 1 and up, or holding duplicate
+    /// runs the sweep found, highest first,
     /// bounded; never a range that this wake may mark (a top-level region
     /// watched long enough and cold, a region with a duplicate run), so
     /// tracking always stops before marking.
@@ -662,6 +788,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let runs: BTreeSet<RegionId> = (self.runs.iter())
             .flat_map(|r| std::iter::once(r.region).chain(r.twin.map(|t| t.region)))
             .collect();
+        let swept: BTreeSet<RegionId> = self.sweep_runs.iter().map(|r| r.region).collect();
+        let (mut swept_ready, mut swept_hot) = (BTreeSet::new(), BTreeSet::new());
         let mut candidates: Vec<(usize, RegionId)> = Vec::new();
         let rules = write_rules(&self.config);
         for (&id, b) in &mut self.books {
@@ -681,23 +809,46 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             }
             let level = ladder.level_of(id).unwrap_or(0);
             let verdict = write_verdict(b, dup_share(ladder, id), &self.config, now);
+            if swept.contains(&id) && b.watch.is_some() {
+                match verdict {
+                    WriteVerdict::Cold => {
+                        swept_ready.insert(id);
+                    }
+                    WriteVerdict::Watching => {}
+                    WriteVerdict::Hot | WriteVerdict::ColdExcept(_) => {
+                        swept_hot.insert(id);
+                    }
+                }
+            }
             // Duplicate runs are marked only in regions cold all over.
             let verdict_cold = verdict == WriteVerdict::Cold;
             let cold = verdict_cold || matches!(verdict, WriteVerdict::ColdExcept(_));
-            let markable = level == top && b.mode == Mode::Sampling && cold;
+            let markable =
+                level == top && b.mode == Mode::Sampling && cold && !b.awaits_watch(true, now);
             if markable && let WriteVerdict::ColdExcept(zones) = verdict {
                 // Tracking stops below; the zones must outlive the watch.
                 b.exclude = Some(zones);
             }
-            if level >= 1
+            if (level >= 1 || swept.contains(&id))
                 && matches!(b.mode, Mode::Sampling | Mode::Held { .. })
                 && !markable
                 && !(runs.contains(&id) && verdict_cold)
+                && !swept_ready.contains(&id)
                 && self.allowed.contains_key(&b.span.proc.pid)
                 && !self.self_managed.contains(&b.span.proc.pid)
                 && !self.marks.overlaps(b.span.proc, b.span.start, b.span.end())
             {
                 candidates.push((level, id));
+            }
+        }
+        // The sweep's runs in regions judged cold are marked this wake
+        // (tracking stops below first); in regions found hot they are
+        // dropped; the others wait for their watch.
+        for run in std::mem::take(&mut self.sweep_runs) {
+            if swept_ready.contains(&run.region) {
+                self.runs.push(run);
+            } else if !swept_hot.contains(&run.region) {
+                self.sweep_runs.push(run);
             }
         }
         candidates.sort_by_key(|&(level, id)| (std::cmp::Reverse(level), id));
@@ -728,6 +879,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     .is_some()
                 {
                     b.watch = Some(WriteWatch::new(s.pages, now));
+                    // The watch takes over from the wait for one.
+                    b.raised_at = None;
                 }
             }
         }
@@ -945,6 +1098,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             }
             let comm = self.comms.get(&key.pid).cloned().unwrap_or_default();
             self.counters.batches += 1;
+            self.target.distrust_mergeable(key.pid);
             match crate::actuate::unmark_all(&mut self.actuator, &mut self.departed, key) {
                 Unmarked::Done(bytes) => {
                     self.counters.unmarks += 1;
@@ -1002,6 +1156,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
 
     fn actuate(&mut self, now: Nanos, summary: &mut WakeSummary) {
         let top = self.distiller.ladder().levels() - 1;
+        let watching = self.config.actuate.write_tracking && self.config.ladder.v_cow < 1.0;
         let mut batches: BTreeMap<u32, Vec<Item>> = BTreeMap::new();
         for id in self.distiller.ladder().regions_at(top) {
             let Some(b) = self.books.get_mut(&id) else {
@@ -1032,7 +1187,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 );
                 continue;
             }
-            if b.mode != Mode::Sampling {
+            if b.mode != Mode::Sampling || b.awaits_watch(watching, now) {
                 continue;
             }
             let dup = dup_share(self.distiller.ladder(), id);
@@ -1117,6 +1272,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 );
             }
         }
+        self.ready_sweep_runs();
         for (pid, item) in self.run_items(now, &batches) {
             batches.entry(pid).or_default().push(item);
         }
@@ -1141,6 +1297,17 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         }
         for (pid, items) in batches {
             self.run_batch(pid, items, now, summary);
+        }
+    }
+
+    /// Without write watching, the sweep's runs are marked at once (with
+    /// it, [`Daemon::watch_writes`] releases them region by region, once
+    /// the region's watch has judged it cold all over: the sweep sees
+    /// content, not writes, and a page rewritten with the same bytes looks
+    /// stable to it, while marking it would induce COW faults).
+    fn ready_sweep_runs(&mut self) {
+        if !(self.config.actuate.write_tracking && self.config.ladder.v_cow < 1.0) {
+            self.runs.append(&mut self.sweep_runs);
         }
     }
 
@@ -1322,6 +1489,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         }
         let outcome = self.actuator.advise(pid, &calls);
         self.force_refresh = true; // see the new flags and splits
+        if let BatchOutcome::Done(results) = &outcome {
+            for (c, r) in calls.iter().zip(results) {
+                match r {
+                    Ok(()) => self.target.note_advised(pid, c.start, c.end(), c.mergeable),
+                    Err(_) => self.target.distrust_mergeable(pid),
+                }
+            }
+        }
         match outcome {
             BatchOutcome::Done(results) => {
                 self.inject_skips.remove(&pid);
@@ -1804,6 +1979,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             per_page_ns: self.distiller.per_page_ns(),
             strength: self.distiller.controller().strength(),
             config: self.config_path.as_ref().map(|p| p.display().to_string()),
+            sweep: self.sweeper.stats,
         };
         let mut skipped: Vec<Skipped> = self
             .skipped

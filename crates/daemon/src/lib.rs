@@ -33,6 +33,7 @@ pub mod ksmd;
 pub mod metrics;
 pub mod run;
 pub mod status;
+pub mod sweep;
 pub mod target;
 
 #[cfg(test)]

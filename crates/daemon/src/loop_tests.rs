@@ -1012,3 +1012,39 @@ fn a_uid_change_out_of_the_set_unmarks_at_the_next_refresh() {
         &m.batches[before..]
     );
 }
+
+#[test]
+fn the_sweep_raises_regions_whose_duplicates_sit_at_other_offsets_and_they_merge() {
+    let w = world();
+    let (a, b, rand) = {
+        let mut m = w.borrow_mut();
+        m.spawn(40, "guest-a", false);
+        m.spawn(41, "guest-b", false);
+        m.spawn(42, "rand", false);
+        let a = distinct(100_000, 1024);
+        // B holds A's first half as its second half: every duplicate is
+        // 512 pages away from its twin's offset.
+        let mut b = distinct(900_000, 1024);
+        b[512..].copy_from_slice(&a[..512]);
+        (
+            m.map(40, &a, false),
+            m.map(41, &b, false),
+            m.map(42, &distinct(300_000, 1024), false),
+        )
+    };
+    let mut d = daemon(
+        &w,
+        "[eligible]\nall = true\n[scan]\nsweep_every_s = 1\n",
+        &[],
+    );
+    let mut now = 0;
+    run(&mut d, &mut now, 200);
+    let st = d.status(now);
+    assert!(st.daemon.sweep.epochs >= 1, "{:?}", st.daemon.sweep);
+    assert!(st.daemon.sweep.pages_hashed >= 3 * 1024);
+    let m = w.borrow();
+    assert!(m.spans[&a].mergeable && m.spans[&b].mergeable);
+    assert!(!m.spans[&rand].mergeable, "the distinct region was marked");
+    assert_eq!(m.count(a, PageState::Merged), 512);
+    assert_eq!(m.count(b, PageState::Merged), 512);
+}

@@ -118,6 +118,13 @@ const COUNTERS: &[(&str, &str)] = &[
     ("sampled_pages", "Pages sampled"),
     ("wakeups", "Wake-ups"),
     ("global_rounds", "Global sampling rounds"),
+    ("sweep_epochs", "Exact sweeps finished"),
+    ("sweep_hashed_pages", "Pages hashed by the exact sweep"),
+    ("sweep_cpu_seconds", "CPU time of the exact sweep"),
+    (
+        "sweep_raised_regions",
+        "Regions raised to the top level on the sweep's evidence",
+    ),
     ("daemon_cpu_seconds", "pagesift CPU time"),
     ("ksmd_cpu_seconds", "ksmd CPU time since pagesift started"),
 ];
@@ -235,6 +242,10 @@ impl Metrics {
             ("sampled_pages", t.sampled_pages as f64),
             ("wakeups", t.wakes as f64),
             ("global_rounds", t.global_rounds as f64),
+            ("sweep_epochs", d.sweep.epochs as f64),
+            ("sweep_hashed_pages", d.sweep.pages_hashed as f64),
+            ("sweep_cpu_seconds", d.sweep.cpu_ns as f64 / 1e9),
+            ("sweep_raised_regions", d.sweep.raised as f64),
             ("daemon_cpu_seconds", d.cpu_seconds),
             ("ksmd_cpu_seconds", k.cpu_seconds),
         ] {

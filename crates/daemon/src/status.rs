@@ -168,6 +168,9 @@ pub struct DaemonStatus {
     pub strength: u32,
     /// Config file in use, if any.
     pub config: Option<String>,
+    /// The exact sweep's figures.
+    #[serde(default)]
+    pub sweep: crate::sweep::SweepStats,
 }
 
 /// A process pagesift does not actuate, and why.
@@ -468,6 +471,19 @@ pub fn render(s: &Status) -> String {
         t.global_rounds,
         d.strength,
         d.per_page_ns
+    );
+    let w = &d.sweep;
+    let _ = writeln!(
+        o,
+        "sweep: {} epochs (last {:.1} s), {} pages hashed of {} walked, {:.0} ns/page walked, {:.2} CPU-s; {} regions raised, {} duplicate runs found",
+        w.epochs,
+        w.last_epoch_ns as f64 / 1e9,
+        w.pages_hashed,
+        w.pages_walked,
+        w.cpu_ns as f64 / w.pages_walked.max(1) as f64,
+        w.cpu_ns as f64 / 1e9,
+        w.raised,
+        w.runs
     );
     let _ = writeln!(
         o,

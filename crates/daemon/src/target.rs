@@ -113,6 +113,13 @@ pub trait Target: MemorySource {
     fn written_runs(&mut self, _pid: u32, _start: u64, _end: u64) -> Option<Vec<(u64, u64)>> {
         None
     }
+    /// pagesift made `[start, end)` of `pid` mergeable (`mergeable`) or
+    /// unmergeable: discovery may take the range's `mg` flag from this
+    /// instead of reading smaps.
+    fn note_advised(&mut self, _pid: u32, _start: u64, _end: u64, _mergeable: bool) {}
+    /// What is known of `pid`'s mergeable ranges may be wrong (a call
+    /// failed part-way): the next refresh reads them from smaps.
+    fn distrust_mergeable(&mut self, _pid: u32) {}
 }
 
 /// The live processes of this machine.
@@ -286,6 +293,14 @@ impl Target for LinuxTarget {
 
     fn vma_count(&self, pid: u32) -> Option<u64> {
         host::vma_count(pid).ok()
+    }
+
+    fn note_advised(&mut self, pid: u32, start: u64, end: u64, mergeable: bool) {
+        self.src.note_advised(pid, start, end, mergeable);
+    }
+
+    fn distrust_mergeable(&mut self, pid: u32) {
+        self.src.distrust_mergeable(pid);
     }
 
     fn reconfigure(&mut self, filter: ProcessFilter, subregion_pages: u32) -> Result<(), String> {

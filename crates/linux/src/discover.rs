@@ -37,8 +37,8 @@
 mod maps;
 
 pub use maps::{
-    FileKind, HUGETLBFS_MAGIC, MapsDiscovery, MapsVerdict, PAGE_CACHE_FS, PROBE_PAGES, RegionsFrom,
-    SmapsReason, classify_maps,
+    FileKind, HUGETLBFS_MAGIC, KnownRanges, MapsDiscovery, MapsVerdict, PAGE_CACHE_FS, PROBE_PAGES,
+    RegionsFrom, SmapsReason, classify_maps,
 };
 
 use crate::error::LinuxError;

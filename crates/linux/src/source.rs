@@ -18,6 +18,21 @@
 //! forgets unmapped ones. The start time makes a reused pid a new process.
 //! Ids are never reused.
 //!
+//! ## Refreshes
+//! Reading `/proc/PID/smaps` makes the kernel walk every present page of
+//! the process (for RSS and PSS), which for a guest's QEMU costs
+//! milliseconds; `/proc/PID/maps` costs per VMA. Discovery needs smaps only
+//! for the `mg` flag (`VM_MERGEABLE`), which maps does not show
+//! ([`discover::MapsDiscovery`] decides the rest). So each process keeps
+//! the ranges believed mergeable: the `mg` VMAs of its last smaps read,
+//! updated with every range pagesift advises ([`LinuxSource::note_advised`]).
+//! A refresh reads smaps only for a new process, one whose `ksm_stat` says
+//! it makes all its memory mergeable by itself (`PR_SET_MEMORY_MERGE`), or
+//! once the last smaps read is [`SMAPS_INTERVAL`] old; a mark made by the
+//! process itself in between is seen that late. A VMA that overlaps a
+//! known mergeable range counts as mergeable (its pages are then read
+//! through the unpinned path, which is always safe).
+//!
 //! ## Page states
 //! [`MemorySource::page_state`] reads one pagemap entry and, for a present
 //! page, its kpageflags word ([`PageInspector`]); [`LinuxSource::inspect`]
@@ -45,16 +60,24 @@
 //! [`SourceError::Gone`], it is remembered in [`LinuxSource::gone`], and the
 //! next refresh drops it.
 
-use crate::discover::{self, ProcessFilter, ProcessInfo, RegionKind};
+use crate::discover::{self, MapsDiscovery, ProcessFilter, ProcessInfo, RegionKind, RegionsFrom};
 use crate::error::LinuxError;
 use crate::inspect::{PageInfo, PageInspector};
 use crate::kpageflags::KPageFlags;
+use crate::ksm::ProcessKsmStat;
 use crate::pagemap::{Pagemap, PagemapEntry};
 use crate::read::RemoteReader;
+use pagesift_core::ranges::RangeSet;
 use pagesift_core::source::{MemorySource, PageState, RegionInfo, SourceError};
 use pagesift_core::{PageRef, PageWords, RegionId};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How long discovery trusts what it knows of a process's `VM_MERGEABLE`
+/// ranges (see "Refreshes" in the module header) before it reads smaps
+/// again to learn ranges that someone other than pagesift made mergeable.
+pub const SMAPS_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How [`LinuxSource`] cuts memory into regions.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,6 +137,14 @@ struct Proc {
     inspector: PageInspector,
     reader: RemoteReader,
     gone: bool,
+    /// Ranges believed `VM_MERGEABLE`: the `mg` VMAs of the last smaps
+    /// read, kept current with [`LinuxSource::note_advised`].
+    mergeable: RangeSet,
+    /// Ranges of private anonymous VMAs the last discovery kept (so not
+    /// `VM_DROPPABLE`).
+    anonymous: RangeSet,
+    /// When smaps was last read (`None`: never).
+    smaps_at: Option<Instant>,
 }
 
 /// Live processes as a [`MemorySource`]. Read-only: it never writes a
@@ -133,6 +164,12 @@ pub struct LinuxSource {
     order: Vec<usize>,
     addrs: Vec<u64>,
     unpinned: Vec<bool>,
+    /// Discovery from `/proc/PID/maps` (its file-kind cache).
+    maps: MapsDiscovery,
+    /// For the droppable check of maps discovery.
+    kpf: KPageFlags,
+    /// Processes discovered through smaps, and through maps, since start.
+    pub discovered_by: (u64, u64),
     /// Write tracking of candidate ranges; answers `take_written`.
     #[cfg(target_arch = "x86_64")]
     writes: crate::uffd::WriteTracker,
@@ -149,7 +186,7 @@ impl LinuxSource {
     /// soft limit on open files is raised to the hard limit.
     pub fn new(filter: ProcessFilter, config: SourceConfig) -> Result<LinuxSource, LinuxError> {
         // Fail early, and by name, without CAP_SYS_ADMIN.
-        KPageFlags::open()?;
+        let kpf = KPageFlags::open()?;
         raise_open_file_limit();
         let mut s = LinuxSource {
             filter,
@@ -165,6 +202,9 @@ impl LinuxSource {
             order: Vec::new(),
             addrs: Vec::new(),
             unpinned: Vec::new(),
+            maps: MapsDiscovery::new(),
+            kpf,
+            discovered_by: (0, 0),
             #[cfg(target_arch = "x86_64")]
             writes: crate::uffd::WriteTracker::new(),
         };
@@ -267,7 +307,7 @@ impl LinuxSource {
                 }
             }
             let start_time = self.procs[&pid].info.start_time;
-            let maps = match discover::process_regions(pid) {
+            let maps = match self.process_regions(pid) {
                 Ok(m) => m,
                 Err(LinuxError::NoSuchProcess(_)) | Err(LinuxError::Gone(_)) => {
                     self.procs.remove(&pid);
@@ -323,6 +363,74 @@ impl LinuxSource {
         let live: std::collections::HashSet<RegionId> = seen.into_iter().collect();
         self.ids.retain(|_, id| live.contains(id));
         Ok(())
+    }
+
+    /// Records that pagesift made `[start, end)` of `pid` mergeable
+    /// (`mergeable`) or unmergeable, so that the next refresh knows the
+    /// range's `mg` flag without reading smaps.
+    pub fn note_advised(&mut self, pid: u32, start: u64, end: u64, mergeable: bool) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            if mergeable {
+                p.mergeable.insert(start, end);
+            } else {
+                p.mergeable.remove(start, end);
+            }
+        }
+    }
+
+    /// Forgets what is known of `pid`'s mergeable ranges: the next refresh
+    /// reads them from smaps.
+    pub fn distrust_mergeable(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.smaps_at = None;
+        }
+    }
+
+    /// A process's VMAs, from maps where what is known of its mergeable
+    /// ranges allows, from smaps otherwise (see "Refreshes" in the module
+    /// header).
+    fn process_regions(&mut self, pid: u32) -> Result<discover::ProcessRegions, LinuxError> {
+        let p = self.procs.get_mut(&pid).expect("opened before");
+        let stat = ProcessKsmStat::of(pid).ok();
+        let known = p.smaps_at.is_some_and(|t| t.elapsed() < SMAPS_INTERVAL)
+            && stat.is_some_and(|s| s.merge_any == Some(false));
+        let (regions, from) = if stat.is_some_and(|s| s.mergeable == Some(false)) {
+            // Nothing is mergeable: nothing to remember either.
+            p.mergeable.clear();
+            self.maps
+                .process_regions(pid, p.inspector.pagemap(), &mut self.kpf)?
+        } else if known {
+            let known = discover::KnownRanges {
+                mergeable: &p.mergeable,
+                anonymous: &p.anonymous,
+            };
+            self.maps
+                .process_regions_known(pid, p.inspector.pagemap(), &mut self.kpf, known)?
+        } else {
+            (
+                discover::process_regions(pid)?,
+                RegionsFrom::Smaps(discover::SmapsReason::Mergeable),
+            )
+        };
+        if let RegionsFrom::Smaps(_) = from {
+            self.discovered_by.0 += 1;
+            p.smaps_at = Some(Instant::now());
+            p.mergeable = regions
+                .eligible
+                .iter()
+                .filter(|r| r.mergeable)
+                .map(|r| (r.start, r.end))
+                .collect();
+        } else {
+            self.discovered_by.1 += 1;
+        }
+        p.anonymous = regions
+            .eligible
+            .iter()
+            .filter(|r| r.kind == RegionKind::Anonymous)
+            .map(|r| (r.start, r.end))
+            .collect();
+        Ok(regions)
     }
 
     fn mark_gone(&mut self, pid: u32) {
@@ -559,6 +667,9 @@ fn open_proc(info: ProcessInfo) -> Result<Proc, LinuxError> {
         reader: RemoteReader::new(pid)?,
         info,
         gone: false,
+        mergeable: RangeSet::new(),
+        anonymous: RangeSet::new(),
+        smaps_at: None,
     })
 }
 

@@ -49,6 +49,7 @@ use super::{Ineligible, ProcessRegions, Region, RegionKind, RejectedRegion, proc
 use crate::error::LinuxError;
 use crate::kpageflags::{KPageFlags, KpfFlags};
 use crate::pagemap::{Pagemap, PagemapEntry, category};
+use pagesift_core::ranges::RangeSet;
 use procfs::process::{MMPermissions, MMapPath, MemoryMap, Process};
 use std::collections::HashMap;
 
@@ -209,6 +210,16 @@ enum AnonProbe {
     Undecided,
 }
 
+/// What a caller of [`MapsDiscovery::process_regions_known`] knows of a
+/// process's VMAs.
+#[derive(Clone, Copy, Debug)]
+pub struct KnownRanges<'a> {
+    /// Ranges that are `VM_MERGEABLE`.
+    pub mergeable: &'a RangeSet,
+    /// Ranges of private anonymous VMAs known not to be `VM_DROPPABLE`.
+    pub anonymous: &'a RangeSet,
+}
+
 /// Discovery through maps, with its per-file cache. One per scan.
 #[derive(Debug, Default)]
 pub struct MapsDiscovery {
@@ -236,10 +247,45 @@ impl MapsDiscovery {
         if pid == crate::own_pid() {
             return Err(LinuxError::OwnProcess(pid));
         }
-        let smaps = |why| super::process_regions(pid).map(|r| (r, RegionsFrom::Smaps(why)));
         if !no_mergeable_vma(pid) {
-            return smaps(SmapsReason::Mergeable);
+            return super::process_regions(pid)
+                .map(|r| (r, RegionsFrom::Smaps(SmapsReason::Mergeable)));
         }
+        self.regions_from_maps(pid, pagemap, kpf, None)
+    }
+
+    /// Like [`process_regions`](Self::process_regions) for a process some
+    /// of whose VMAs are `VM_MERGEABLE`, when the caller knows which: a VMA
+    /// that overlaps `known.mergeable` is. A daemon that made those ranges
+    /// mergeable itself (and learned the others from an earlier smaps
+    /// read) knows, and so need not pay smaps' page walk at every refresh.
+    /// An anonymous VMA inside `known.anonymous` (ranges an earlier
+    /// discovery found not droppable; `VM_DROPPABLE` is set at mmap time
+    /// and splits inherit it) skips the droppable probe, which KSM and
+    /// zero-page mappings can leave undecided. The caller must not use this
+    /// for a process that makes its new VMAs mergeable by itself
+    /// (`PR_SET_MEMORY_MERGE`), whose `mg` flags only smaps can tell.
+    pub fn process_regions_known(
+        &mut self,
+        pid: u32,
+        pagemap: &Pagemap,
+        kpf: &mut KPageFlags,
+        known: KnownRanges<'_>,
+    ) -> Result<(ProcessRegions, RegionsFrom), LinuxError> {
+        if pid == crate::own_pid() {
+            return Err(LinuxError::OwnProcess(pid));
+        }
+        self.regions_from_maps(pid, pagemap, kpf, Some(known))
+    }
+
+    fn regions_from_maps(
+        &mut self,
+        pid: u32,
+        pagemap: &Pagemap,
+        kpf: &mut KPageFlags,
+        known: Option<KnownRanges<'_>>,
+    ) -> Result<(ProcessRegions, RegionsFrom), LinuxError> {
+        let smaps = |why| super::process_regions(pid).map(|r| (r, RegionsFrom::Smaps(why)));
         let p = Process::new(pid as i32).map_err(|_| LinuxError::NoSuchProcess(pid))?;
         let maps = p.maps().map_err(|e| proc_error(pid, e, "maps"))?;
         let mut verdicts = Vec::with_capacity(maps.len());
@@ -260,6 +306,11 @@ impl MapsDiscovery {
             let (start, end) = m.address;
             let kind = match v {
                 MapsVerdict::Keep(kind) => kind,
+                MapsVerdict::AnonymousUnlessDroppable
+                    if known.is_some_and(|k| k.anonymous.covers(start, end)) =>
+                {
+                    RegionKind::Anonymous
+                }
                 MapsVerdict::AnonymousUnlessDroppable => {
                     match self.probe_anonymous(pagemap, kpf, start, end)? {
                         AnonProbe::SwapBacked | AnonProbe::Empty => RegionKind::Anonymous,
@@ -277,7 +328,7 @@ impl MapsDiscovery {
                 end,
                 kind,
                 path: super::region_path(&m.pathname),
-                mergeable: false,
+                mergeable: known.is_some_and(|k| k.mergeable.overlaps(start, end)),
                 thp_advised: None,
             });
         }

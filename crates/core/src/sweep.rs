@@ -1,0 +1,288 @@
+//! The exact sweep: every present page of the sampling regions hashed once
+//! per epoch, so that duplicates are found wherever their twins live.
+//!
+//! ## Why, beside the ladder's sampling
+//! Sampling finds a duplicate only when both copies are sampled in the
+//! same epoch, or one of them already sits in the stable index. Twins at
+//! the same offset of equally sized regions meet through coordinated
+//! sampling ([`crate::ladder`]), but twins at unrelated offsets (a file in
+//! one guest's page cache and in another's, or twice in one guest: page
+//! cache and a tmpfs copy) meet with probability about k²/n per round for
+//! k samples of an n-page region: at the bottom level's density, never.
+//! Hashing every present page costs about as much as sampling a few of
+//! them through the same system calls (the batching makes the difference),
+//! and far less than letting ksmd look at every page twice. So a sweep is
+//! run at a small CPU share, and its findings steer the ladder:
+//!
+//! - a region whose present pages are at least V_dup duplicates is raised
+//!   to the top level at once ([`crate::ladder::Ladder::raise`]), where the
+//!   usual rules (write watch, then marking whole or around its written
+//!   zones) take over;
+//! - in a poorer region, each run of duplicate pages long enough to be
+//!   worth a VMA of its own is reported like a sampled duplicate run.
+//!
+//! ## Equality
+//! Pages are compared by a 64-bit content hash. A false match is harmless:
+//! the verdict only decides what is offered to ksmd, which compares bytes
+//! before it merges. Pages already merged (KSM or zero-page mappings) count
+//! as duplicates without being read.
+//!
+//! ## Invariants
+//! `first` holds, per hash seen this epoch, the first location seen with
+//! it. A page's bit in its region's tally is set iff another observed page
+//! had the same hash (or the page was observed merged), and `dups` counts
+//! the set bits. `present <= pages` for every tally.
+
+use crate::{PageRef, RegionId};
+use std::collections::{BTreeMap, HashMap};
+
+/// One region's tally.
+#[derive(Clone, Debug, Default)]
+struct Tally {
+    pages: u32,
+    present: u32,
+    dups: u32,
+    bits: Vec<u64>,
+}
+
+impl Tally {
+    fn set(&mut self, page: u32) {
+        let (w, b) = ((page / 64) as usize, page % 64);
+        if self.bits[w] & (1 << b) == 0 {
+            self.bits[w] |= 1 << b;
+            self.dups += 1;
+        }
+    }
+
+    fn get(&self, page: u32) -> bool {
+        self.bits[(page / 64) as usize] & (1 << (page % 64)) != 0
+    }
+}
+
+/// What an epoch found in one region.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RegionFinding {
+    /// The region.
+    pub region: RegionId,
+    /// Present pages observed.
+    pub present: u32,
+    /// Of those, duplicates (or already merged).
+    pub dups: u32,
+    /// Runs `[first, end)` of duplicate pages, joined over gaps of up to
+    /// the `gap` given to [`Sweep::finish`], at least `min_run` long.
+    pub runs: Vec<(u32, u32)>,
+}
+
+impl RegionFinding {
+    /// Duplicates over present pages (0 with none present).
+    pub fn dup_ratio(&self) -> f64 {
+        if self.present == 0 {
+            0.0
+        } else {
+            f64::from(self.dups) / f64::from(self.present)
+        }
+    }
+}
+
+/// One epoch of the exact sweep (see the module header).
+#[derive(Clone, Debug, Default)]
+pub struct Sweep {
+    first: HashMap<u64, PageRef>,
+    regions: BTreeMap<RegionId, Tally>,
+}
+
+impl Sweep {
+    /// An empty epoch.
+    pub fn new() -> Sweep {
+        Sweep::default()
+    }
+
+    /// Regions observed so far.
+    pub fn regions(&self) -> usize {
+        self.regions.len()
+    }
+
+    /// Starts (or restarts) the tally of a region of `pages` pages.
+    pub fn begin_region(&mut self, region: RegionId, pages: u32) {
+        self.regions.insert(
+            region,
+            Tally {
+                pages,
+                bits: vec![0; pages.div_ceil(64) as usize],
+                ..Tally::default()
+            },
+        );
+    }
+
+    /// A present page with content hash `hash`. Ignored for a region not
+    /// begun or a page beyond its end.
+    pub fn observe(&mut self, page: PageRef, hash: u64) {
+        if !self.counts(page) {
+            return;
+        }
+        self.regions.get_mut(&page.region).expect("counted").present += 1;
+        match self.first.get(&hash) {
+            None => {
+                self.first.insert(hash, page);
+            }
+            Some(&twin) => {
+                if let Some(t) = self.regions.get_mut(&twin.region) {
+                    t.set(twin.page);
+                }
+                self.regions
+                    .get_mut(&page.region)
+                    .expect("counted")
+                    .set(page.page);
+            }
+        }
+    }
+
+    /// A page already merged (a KSM page or a zero-page mapping).
+    pub fn observe_merged(&mut self, page: PageRef) {
+        if !self.counts(page) {
+            return;
+        }
+        let t = self.regions.get_mut(&page.region).expect("counted");
+        t.present += 1;
+        t.set(page.page);
+    }
+
+    fn counts(&self, page: PageRef) -> bool {
+        self.regions
+            .get(&page.region)
+            .is_some_and(|t| page.page < t.pages)
+    }
+
+    /// Ends the epoch: per region, its counts and its duplicate runs of at
+    /// least `min_run` pages, joined over gaps of up to `gap` pages.
+    pub fn finish(self, min_run: u32, gap: u32) -> Vec<RegionFinding> {
+        self.regions
+            .into_iter()
+            .map(|(region, t)| {
+                let mut runs: Vec<(u32, u32)> = Vec::new();
+                let mut p = 0;
+                while p < t.pages {
+                    if !t.get(p) {
+                        p += 1;
+                        continue;
+                    }
+                    let s = p;
+                    while p < t.pages && t.get(p) {
+                        p += 1;
+                    }
+                    match runs.last_mut() {
+                        Some(last) if s - last.1 <= gap => last.1 = p,
+                        _ => runs.push((s, p)),
+                    }
+                }
+                runs.retain(|&(s, e)| e - s >= min_run.max(1));
+                RegionFinding {
+                    region,
+                    present: t.present,
+                    dups: t.dups,
+                    runs,
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn at(r: u64, p: u32) -> PageRef {
+        PageRef {
+            region: RegionId(r),
+            page: p,
+        }
+    }
+
+    #[test]
+    fn twins_at_unrelated_offsets_are_both_duplicates() {
+        let mut s = Sweep::new();
+        s.begin_region(RegionId(1), 100);
+        s.begin_region(RegionId(2), 100);
+        for p in 0..100 {
+            s.observe(at(1, p), 1000 + u64::from(p));
+        }
+        // Region 2 holds pages 10..40 of region 1 at offset 60, and
+        // unique pages elsewhere.
+        for p in 0..100 {
+            let h = if (60..90).contains(&p) {
+                1000 + u64::from(p) - 50
+            } else {
+                5000 + u64::from(p)
+            };
+            s.observe(at(2, p), h);
+        }
+        let f = s.finish(16, 0);
+        assert_eq!(f[0].dups, 30);
+        assert_eq!(f[0].runs, vec![(10, 40)]);
+        assert_eq!(f[1].runs, vec![(60, 90)]);
+        assert!((f[1].dup_ratio() - 0.3).abs() < 1e-9);
+    }
+
+    #[test]
+    fn runs_join_over_small_gaps_and_short_runs_are_dropped() {
+        let mut s = Sweep::new();
+        s.begin_region(RegionId(1), 64);
+        for p in [0, 1, 2, 5, 6, 7, 30, 31] {
+            s.observe_merged(at(1, p));
+        }
+        let f = s.finish(4, 2);
+        assert_eq!(f[0].runs, vec![(0, 8)]);
+        assert_eq!(f[0].dups, 8);
+        assert_eq!(f[0].present, 8);
+    }
+
+    #[test]
+    fn pages_of_unknown_regions_or_past_the_end_are_ignored() {
+        let mut s = Sweep::new();
+        s.begin_region(RegionId(1), 10);
+        s.observe(at(1, 10), 7);
+        s.observe(at(9, 0), 7);
+        s.observe(at(1, 3), 7);
+        let f = s.finish(1, 0);
+        assert_eq!((f[0].present, f[0].dups), (1, 0));
+    }
+
+    proptest! {
+        /// A page is a duplicate iff some other observed page has its hash
+        /// (or it is merged), and the counts agree with the runs.
+        #[test]
+        fn duplicates_are_exactly_the_shared_hashes(
+            hashes in proptest::collection::vec(proptest::option::of(0u64..20), 1..200),
+            merged in proptest::collection::vec(any::<bool>(), 200),
+        ) {
+            let n = hashes.len() as u32;
+            let mut s = Sweep::new();
+            s.begin_region(RegionId(1), n);
+            let mut count = std::collections::HashMap::new();
+            for (p, h) in hashes.iter().enumerate() {
+                match h {
+                    Some(h) if !merged[p] => {
+                        s.observe(at(1, p as u32), *h);
+                        *count.entry(*h).or_insert(0) += 1;
+                    }
+                    Some(_) => s.observe_merged(at(1, p as u32)),
+                    None => {}
+                }
+            }
+            let want: Vec<bool> = hashes.iter().enumerate().map(|(p, h)| match h {
+                Some(_) if merged[p] => true,
+                Some(h) => count[h] > 1,
+                None => false,
+            }).collect();
+            let f = s.finish(1, 0);
+            let mut got = vec![false; n as usize];
+            for &(a, b) in &f[0].runs {
+                for p in a..b { got[p as usize] = true; }
+            }
+            prop_assert_eq!(&got, &want);
+            prop_assert_eq!(f[0].dups as usize, want.iter().filter(|&&d| d).count());
+            prop_assert_eq!(f[0].present as usize, hashes.iter().filter(|h| h.is_some()).count());
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! [`Sweeper`]: runs the exact sweep (`pagesift_core::sweep`) over the
+//! sampling regions, a slice per wake-up, within its CPU share.
+//!
+//! ## Pacing
+//! An epoch walks every region that was sampling when it began, in id
+//! order, a chunk of [`CHUNK_PAGES`] pages at a time: page states from
+//! pagemap (and kpageflags), then one batched read of the present,
+//! unmerged pages, each hashed (XXH3-64). A wake-up may spend
+//! `share × (time since the last wake-up)` of CPU on it, converted to
+//! pages at the measured cost per page (an average of past slices), so the
+//! sweep's CPU stays near its share whatever the sleep. An epoch ends when
+//! every region was walked; its findings go back to the daemon, and the
+//! next epoch starts after [`Sweeper::min_epoch`] has passed since the
+//! previous one began (a sweep of little memory would otherwise start over
+//! at once), or a multiple of it after epochs that found nothing new
+//! ([`Sweeper::fruitful`]). A region in which a sweep found no duplicate
+//! at all sits out the next 2, 4, … up to 64 epochs: distinct memory is
+//! hashed rarely, and the ladder's sampling keeps watching it meanwhile.
+//!
+//! ## What it touches
+//! Nothing is written: pages are read through the source's checked paths
+//! (only pages pagemap showed present a moment before, KSM and shared
+//! pages never pinned), as for sampling.
+
+use crate::target::Target;
+use pagesift_core::source::PageState;
+use pagesift_core::sweep::{RegionFinding, Sweep};
+use pagesift_core::{Nanos, PageRef, PageWords, RegionId};
+use pagesift_linux::host;
+use std::collections::{HashMap, VecDeque};
+
+/// Pages whose states are read at once.
+pub const CHUNK_PAGES: u32 = 512;
+/// The cost per page assumed before the first slice is measured, in ns.
+const INITIAL_NS_PER_PAGE: f64 = 2000.0;
+/// Duplicate pages this close (in pages) join one run: marking the
+/// unique pages between them costs ksmd a look each, less than the VMA
+/// splits of separate marks.
+pub const RUN_GAP: u32 = 8;
+/// Most the spacing between epochs grows, as a multiple of the shortest
+/// (5 s by default: 80 s).
+pub const MAX_BACKOFF: u64 = 16;
+/// Most CPU time one wake-up gives the sweep, in ns, however long the
+/// sleep before it was.
+const MAX_SLICE_NS: f64 = 50e6;
+
+/// A region left out of the sweep: until the epoch `until`, after
+/// `streak` fruitless sweeps in a row.
+#[derive(Clone, Copy, Debug, Default)]
+struct Quiet {
+    until: u64,
+    streak: u32,
+}
+
+/// A region whose sweep found no duplicate sits out the next 2, 4, 8, …
+/// epochs, up to 2^this (64 epochs, minutes), so distinct memory is hashed
+/// rarely; the ladder's sampling goes on watching it meanwhile.
+pub const MAX_QUIET_SHIFT: u32 = 6;
+
+/// Figures for status and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SweepStats {
+    /// Epochs finished.
+    pub epochs: u64,
+    /// Pages hashed since start.
+    pub pages_hashed: u64,
+    /// Pages whose state was looked up since start.
+    pub pages_walked: u64,
+    /// CPU time spent, in ns.
+    pub cpu_ns: u64,
+    /// Regions raised to the top level on the sweep's evidence.
+    pub raised: u64,
+    /// Duplicate runs handed to marking.
+    pub runs: u64,
+    /// Duration of the last finished epoch, in ns.
+    pub last_epoch_ns: u64,
+}
+
+/// The sweep's state between wake-ups.
+pub struct Sweeper {
+    share: f64,
+    min_epoch: Nanos,
+    queue: VecDeque<RegionId>,
+    cursor: Option<(RegionId, u32)>,
+    sweep: Sweep,
+    epoch_started: Option<Nanos>,
+    next_epoch_at: Nanos,
+    backoff: u64,
+    /// Regions whose last sweeps found no duplicate, skipped for a while.
+    quiet: HashMap<RegionId, Quiet>,
+    last_wake: Option<Nanos>,
+    ns_per_page: f64,
+    states: Vec<PageState>,
+    pages: Vec<PageRef>,
+    words: Vec<PageWords>,
+    /// Figures so far.
+    pub stats: SweepStats,
+}
+
+impl Sweeper {
+    /// A sweeper that may use `share` of one core (0: off), starting an
+    /// epoch at most every `min_epoch`.
+    pub fn new(share: f64, min_epoch: Nanos) -> Sweeper {
+        Sweeper {
+            share,
+            min_epoch,
+            queue: VecDeque::new(),
+            cursor: None,
+            sweep: Sweep::new(),
+            epoch_started: None,
+            next_epoch_at: 0,
+            backoff: 1,
+            quiet: HashMap::new(),
+            last_wake: None,
+            ns_per_page: INITIAL_NS_PER_PAGE,
+            states: Vec::new(),
+            pages: Vec::new(),
+            words: Vec::new(),
+            stats: SweepStats::default(),
+        }
+    }
+
+    /// The shortest time between the starts of two epochs.
+    pub fn min_epoch(&self) -> Nanos {
+        self.min_epoch
+    }
+
+    /// Changes the share and the epoch spacing (a reloaded config).
+    pub fn set_pace(&mut self, share: f64, min_epoch: Nanos) {
+        self.share = share;
+        self.min_epoch = min_epoch;
+    }
+
+    /// Measured CPU per walked page, in ns.
+    pub fn ns_per_page(&self) -> f64 {
+        self.ns_per_page
+    }
+
+    /// One wake-up's slice. `regions` lists the regions to sweep, asked
+    /// for only when an epoch starts. Returns the findings when this slice
+    /// finished an epoch: each region's counts, and its duplicate runs of
+    /// at least `min_run` pages joined over gaps of up to [`RUN_GAP`].
+    pub fn step<T: Target>(
+        &mut self,
+        target: &mut T,
+        now: Nanos,
+        min_run: u32,
+        regions: impl FnOnce() -> Vec<RegionId>,
+    ) -> Option<Vec<RegionFinding>> {
+        let since = now.saturating_sub(self.last_wake.unwrap_or(now));
+        self.last_wake = Some(now);
+        if self.share <= 0.0 {
+            return None;
+        }
+        let started = match self.epoch_started {
+            Some(t) => t,
+            None if now < self.next_epoch_at => return None,
+            None => {
+                let epoch = self.stats.epochs;
+                let quiet = &self.quiet;
+                self.queue = regions()
+                    .into_iter()
+                    .filter(|id| quiet.get(id).is_none_or(|q| q.until <= epoch))
+                    .collect();
+                self.cursor = None;
+                self.sweep = Sweep::new();
+                self.epoch_started = Some(now);
+                now
+            }
+        };
+        let budget_ns = (self.share * since as f64).min(MAX_SLICE_NS);
+        let mut budget = (budget_ns / self.ns_per_page.max(1.0)) as u64;
+        let cpu0 = host::thread_cpu_ns();
+        let mut walked = 0u64;
+        while budget > 0 {
+            let (id, first) = match self.cursor {
+                Some(c) => c,
+                None => match self.queue.pop_front() {
+                    Some(id) => match target.span(id) {
+                        Some(s) => {
+                            self.sweep.begin_region(id, s.pages);
+                            (id, 0)
+                        }
+                        None => continue,
+                    },
+                    None => break,
+                },
+            };
+            let pages = target.span(id).map_or(0, |s| s.pages);
+            let n = CHUNK_PAGES.min(pages.saturating_sub(first));
+            if n == 0 {
+                self.cursor = None;
+                continue;
+            }
+            self.walk(target, id, first, n);
+            walked += u64::from(n);
+            budget = budget.saturating_sub(u64::from(n));
+            self.cursor = (first + n < pages).then_some((id, first + n));
+        }
+        let cpu = host::thread_cpu_ns().saturating_sub(cpu0);
+        if walked > 0 {
+            let sample = cpu as f64 / walked as f64;
+            self.ns_per_page = 0.8 * self.ns_per_page + 0.2 * sample;
+        }
+        self.stats.cpu_ns += cpu;
+        self.stats.pages_walked += walked;
+        if self.cursor.is_some() || !self.queue.is_empty() {
+            return None;
+        }
+        self.stats.epochs += 1;
+        self.stats.last_epoch_ns = now.saturating_sub(started);
+        self.epoch_started = None;
+        self.next_epoch_at = started + self.min_epoch * self.backoff;
+        let findings = std::mem::take(&mut self.sweep).finish(min_run, RUN_GAP);
+        let epoch = self.stats.epochs;
+        for f in &findings {
+            if f.dups > 0 {
+                self.quiet.remove(&f.region);
+            } else {
+                let q = self.quiet.entry(f.region).or_default();
+                q.streak = (q.streak + 1).min(MAX_QUIET_SHIFT);
+                q.until = epoch + (1 << q.streak);
+            }
+        }
+        let live: std::collections::HashSet<RegionId> = findings.iter().map(|f| f.region).collect();
+        self.quiet
+            .retain(|id, q| live.contains(id) || q.until > epoch);
+        Some(findings)
+    }
+
+    /// Says whether the last epoch's findings changed anything. Epochs
+    /// that change nothing space out, doubling up to [`MAX_BACKOFF`] times
+    /// the shortest spacing, so that memory with nothing new to merge
+    /// costs little; a fruitful epoch brings the spacing back.
+    pub fn fruitful(&mut self, yes: bool) {
+        self.backoff = if yes {
+            1
+        } else {
+            (self.backoff * 2).min(MAX_BACKOFF)
+        };
+    }
+
+    /// Tallies pages `first..first + n` of region `id`.
+    fn walk<T: Target>(&mut self, target: &mut T, id: RegionId, first: u32, n: u32) {
+        self.states.clear();
+        self.states.resize(n as usize, PageState::NotPresent);
+        if target.page_states(id, first, &mut self.states).is_err() {
+            return;
+        }
+        self.pages.clear();
+        for (i, s) in self.states.iter().enumerate() {
+            let page = PageRef {
+                region: id,
+                page: first + i as u32,
+            };
+            match s {
+                PageState::Present => self.pages.push(page),
+                PageState::Merged | PageState::Zero => self.sweep.observe_merged(page),
+                PageState::NotPresent => {}
+            }
+        }
+        if self.pages.is_empty() {
+            return;
+        }
+        self.words
+            .resize(self.pages.len(), [0; pagesift_core::WORDS_PER_PAGE]);
+        let got = target.read_pages(&self.pages, &mut self.words[..self.pages.len()]);
+        for (p, w) in self.pages[..got].iter().zip(&self.words) {
+            self.sweep.observe(*p, pagesift_scan::exact::page_hash(w));
+        }
+        self.stats.pages_hashed += got as u64;
+    }
+}
