@@ -2595,7 +2595,12 @@ impl Injector {
                 Err(InjectError::Stuck { pid, waited: bound })
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                self.worker = None;
+                // It panicked: its exit released its tracee (which restores
+                // itself, see the module header); wait until the kernel has
+                // let go of it, so that the next attach finds it free.
+                if let Some(w) = self.worker.take() {
+                    w.retire();
+                }
                 Err(InjectError::Unexpected {
                     pid,
                     what: "the tracer thread has died".into(),
