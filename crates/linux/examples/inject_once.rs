@@ -39,7 +39,9 @@ fn main() {
     for _ in 0..rounds {
         match inj.run(pid as u32, &calls) {
             Ok(Outcome::Done(i)) if i.results == [0, 0, pid as i64] => done += 1,
-            Err(InjectError::Unexpected { what, .. }) if what.contains("tracer thread has died") => {
+            Err(InjectError::Unexpected { what, .. })
+                if what.contains("tracer thread has died") =>
+            {
                 died += 1
             }
             r if other.len() < 3 => other.push(format!("{r:?}")),

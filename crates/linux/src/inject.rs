@@ -37,27 +37,74 @@
 //!    `waitpid(__WALL)` until the stop, at most
 //!    [`InjectConfig::stop_timeout`]. A signal-delivery-stop that comes first
 //!    is a stop too; its signal is kept for re-delivery.
-//! 4. **Find a `syscall` instruction** (`0f 05`) in the target's `[vdso]`,
-//!    once per process (the lookup costs 100–130 µs, §1) and cached by pid
-//!    and start time. Any `0f 05` pair in executable memory will do, since
-//!    the CPU decodes from wherever `rip` points and we stop right after it.
-//!    The cached address is re-checked (two bytes) on every attach.
-//! 5. **Run each call.** From the saved registers build a frame with `rip` =
-//!    the instruction, `rax` = the number, the arguments in `rdi rsi rdx r10
-//!    r8 r9`, and **`orig_rax = -1`**, so the kernel's restart logic cannot
-//!    rewind our frame when the thread resumes. `PTRACE_SINGLESTEP` and wait:
-//!    the call has run when the thread stops with SIGTRAP at `insn + 2`; the
-//!    result is `rax`. Any other signal that stops the thread meanwhile is
-//!    kept (with its siginfo) and suppressed; the stepping goes on. A result
-//!    of `-ERESTART*` (a signal arrived during the call) runs the call again.
-//! 6. **Restore and detach.** `PTRACE_SETREGS` with the *saved* registers,
-//!    `orig_rax` and `rax` included: restoring with `orig_rax = -1` made
-//!    `read()` return errno 512 to the application in §1. Then
-//!    `PTRACE_DETACH` delivering the first kept signal with its original
-//!    siginfo (`PTRACE_SETSIGINFO` first); further kept signals are sent
-//!    again with `tgkill` before the detach. The kernel's restart logic then
-//!    resumes the interrupted syscall as if nothing had happened (§1 table),
-//!    and a group-stopped thread goes back to its stop.
+//! 4. **Prepare** (`Session::prepare`). Save the registers, read the
+//!    thread's blocked-signal mask (`SigBlk:`) and its FPU state
+//!    (`PTRACE_GETREGSET(NT_X86_XSTATE)`), and find two pieces of the
+//!    target's own code (once per process, cached by pid and start time,
+//!    re-checked on every attach): a `syscall; ret` sequence (`0f 05 c3`)
+//!    and an `rt_sigreturn` trampoline (`mov $15, %rax; syscall`, glibc's
+//!    and musl's `__restore_rt`, Go's `runtime.sigreturn`). Then write a
+//!    **rescue frame** into the stack below the 128-byte red zone, exactly
+//!    where and as the kernel would write a signal frame: an
+//!    `rt_sigframe` whose return address is the trampoline and whose
+//!    `ucontext` holds the saved registers (with the kernel's no-handler
+//!    syscall restart already applied), the saved mask and the saved FPU
+//!    state; above it, scratch memory for the calls' ioctl structs.
+//! 5. **Run each call** from the `syscall; ret` with `rsp` on the frame,
+//!    `rax` = the number, the arguments in `rdi rsi rdx r10 r8 r9`, and
+//!    **`orig_rax = -1`** (so the kernel's restart logic cannot rewind our
+//!    frame). Resume with `PTRACE_SYSCALL`: the entry stop, then the exit
+//!    stop, whose `rax` is the result; a `-ERESTART*` result runs the call
+//!    again (the calls are idempotent). The first call blocks every signal
+//!    (`rt_sigprocmask(SIG_BLOCK, all)`), the last puts the saved mask
+//!    back. No single-step is used: a trap flag left in a thread whose
+//!    tracer died would kill it with SIGTRAP.
+//! 6. **Restore and detach** (`Session::finish`). After the last call,
+//!    one more stop, an interrupt stop (inside the kernel's signal code);
+//!    there `PTRACE_SETREGS` puts the saved registers back, `orig_rax` and
+//!    `rax` included (restoring with `orig_rax = -1` made `read()` return
+//!    errno 512 to the application in §1); the stack bytes under the frame
+//!    go back; `PTRACE_DETACH`. The kernel's restart logic then resumes the
+//!    interrupted syscall as if nothing had happened (§1 table), and a
+//!    group-stopped thread goes back to its stop.
+//!
+//! ## Signals
+//!
+//! A signal is never held by the tracer. One that stops the thread before
+//! every signal is blocked is delivered at once, in the thread's own
+//! context (its registers put back first, its siginfo untouched), and the
+//! injection starts again from the new stop (at most 16 times; then
+//! [`SkipReason::SignalStorm`]). Nothing runs between seeing that stop and
+//! passing the signal on: once a tracer has waited for a signal-delivery
+//! stop the kernel keeps the signal for it, and a tracer that died right
+//! then would take it along. After the block, signals wait in the kernel's
+//! own queue, with their siginfo (`si_code`, `si_pid`, `si_value`), and are
+//! delivered by the kernel once the mask is back, each exactly once; a
+//! sender under `RLIMIT_SIGPENDING` sees `EAGAIN` from the kernel, as it
+//! would from a busy target. Only `SIGSTOP` cannot be blocked: it is kept
+//! and sent again (`tgkill`) right before the detach.
+//!
+//! ## Death of the tracer: the invariant
+//!
+//! **At every instant, a thread released by the kernel (its tracer thread
+//! or process died: SIGKILL, OOM kill, a panic) resumes correctly, with no
+//! help.** Before the frame is written its registers are its own. From
+//! the first `PTRACE_SETREGS` of a call until the saved registers are put
+//! back, its `rip` is on the `syscall; ret` (or just after the `syscall`)
+//! and its `rsp` on the frame, so released it finishes the call in hand
+//! (each is harmless on its own: `madvise`, the uffd ioctls, `close` of
+//! our own fd, a mask change), returns into the trampoline, and
+//! `rt_sigreturn` restores its registers, mask and FPU state from the
+//! frame. A call abandoned by us ([`InjectConfig::syscall_timeout`], a
+//! frozen task) is released the same way, pointed straight at the
+//! trampoline so that the call never runs. No trap flag is ever set, so no
+//! stray SIGTRAP. The only differences from an undisturbed run: a call
+//! interrupted with `-ERESTART_RESTARTBLOCK` (a relative sleep or timeout)
+//! starts over from its full duration (`rt_sigreturn` discards the kernel's
+//! restart state), a thread already in `restart_syscall` when stopped by a
+//! tracer that had not seen it before gets EINTR, and a `SIGSTOP` that
+//! arrived during the calls is lost. The tests kill the tracing process
+//! at each step of an injection in turn (`PAGESIFT_INJECT_FAULT`).
 //!
 //! ## Never hang, never harm
 //!
@@ -66,15 +113,19 @@
 //! mid-injection, §1). If a thread does not stop within the timeout, the
 //! tracer thread *exits*: the kernel then detaches its tracees and cancels
 //! the pending interrupt (a thread that is seized but not stopped cannot be
-//! detached otherwise); a new tracer is started for the next call. Once our
-//! registers are in the target, giving up would make it resume at the vdso
-//! `syscall` with our arguments and probably crash (§1), so after
+//! detached otherwise); a new tracer is started for the next call. After
 //! [`InjectConfig::syscall_timeout`] the tracer interrupts the thread: if
-//! the call has not started (a frozen task) the batch is abandoned cleanly;
-//! if it is running, the tracer waits for it. The caller never waits longer
-//! than its own bound ([`InjectError::Stuck`]); a stuck tracer finishes in
-//! the background. A process that exits at any point gives
-//! [`Outcome::Gone`], never an error.
+//! the call has not started (a frozen task) the batch is abandoned (the
+//! thread released onto its rescue frame); if it is running, the tracer
+//! waits for it. The caller never waits longer than its own bound
+//! ([`InjectError::Stuck`]); a stuck tracer finishes in the background. A
+//! process that exits at any point gives [`Outcome::Gone`], never an error.
+//!
+//! The rescue frame is as large as the kernel's own signal frame (about
+//! 3 KiB with AVX-512 state). A thread that could not take a signal on its
+//! current stack (Go's goroutine stacks rely on an alternate signal stack)
+//! could be harmed by it as by a signal delivered there; processes without
+//! both code sequences are skipped ([`SkipReason::NoSafeReturn`]).
 //!
 //! Not handled: 32-bit (compat) processes are skipped; only x86-64 is
 //! supported.
@@ -1553,30 +1604,35 @@ fn blocked_mask(pid: u32, tid: u32) -> Option<u64> {
 
 /// `PAGESIFT_INJECT_FAULT=N` makes the process SIGKILL itself at the N-th
 /// checkpoint of its tracer threads (counted from 1 over the process's
-/// life); `N:panic` panics the tracer thread there instead. The
+/// life); `N:panic` panics the tracer thread there instead, `N:stall`
+/// waits 100 ms before the SIGKILL (a window for a test to act in). The
 /// checkpoints are the moments between two ptrace steps of an injection.
 /// Unset (always, outside tests), a checkpoint is one atomic load.
 fn checkpoint() {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicU64, Ordering};
-    static PLAN: OnceLock<Option<(u64, bool)>> = OnceLock::new();
+    static PLAN: OnceLock<Option<(u64, u8)>> = OnceLock::new();
     static COUNT: AtomicU64 = AtomicU64::new(0);
     let plan = PLAN.get_or_init(|| {
         let v = std::env::var("PAGESIFT_INJECT_FAULT").ok()?;
-        let (n, panic) = match v.split_once(':') {
-            Some((n, "panic")) => (n.to_string(), true),
-            _ => (v.clone(), false),
+        let (n, how) = match v.split_once(':') {
+            Some((n, "panic")) => (n.to_string(), 1),
+            Some((n, "stall")) => (n.to_string(), 2),
+            _ => (v.clone(), 0),
         };
-        Some((n.parse().ok()?, panic))
+        Some((n.parse().ok()?, how))
     });
-    let Some((n, panic)) = *plan else {
+    let Some((n, how)) = *plan else {
         return;
     };
     if COUNT.fetch_add(1, Ordering::SeqCst) + 1 != n {
         return;
     }
-    if panic {
+    if how == 1 {
         panic!("PAGESIFT_INJECT_FAULT: tracer panics at checkpoint {n}");
+    }
+    if how == 2 {
+        std::thread::sleep(Duration::from_millis(100));
     }
     let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
     loop {
@@ -1863,7 +1919,9 @@ impl Session {
                     checkpoint();
                 }
                 Stop::Syscall => {
-                    let r = ptrace::get_regs(self.tid).map_err(os("PTRACE_GETREGS"))?.rax as i64;
+                    let r = ptrace::get_regs(self.tid)
+                        .map_err(os("PTRACE_GETREGS"))?
+                        .rax as i64;
                     checkpoint();
                     if is_restart(r) && restarts < MAX_RESTARTS_PER_CALL {
                         // Interrupted (by SIGSTOP, the only signal that gets
@@ -1903,15 +1961,19 @@ impl Session {
     /// A signal came before the block: put the thread back as it was,
     /// deliver the signal in its own context (siginfo untouched), and stop
     /// it again for a fresh start.
+    ///
+    /// Nothing else happens between seeing the stop and passing the signal
+    /// on: once a tracer has waited for a signal-delivery stop the kernel
+    /// holds the signal for it alone, so a tracer that died in between
+    /// would take the signal with it. (The stack bytes under the frame are
+    /// not put back: the handler's own frame goes there now.)
     fn deliver_and_hold(&mut self, sig: i32, config: &InjectConfig) -> Result<Held, StepError> {
         let saved = self.saved.take().expect("registers saved");
         ptrace::set_regs(self.tid, &saved).map_err(os("PTRACE_SETREGS"))?;
-        if let Some(r) = self.rescue.take() {
-            write_remote(self.pid, r.base, &r.old).map_err(os("process_vm_writev"))?;
-        }
-        checkpoint();
         ptrace::cont(self.tid, sig).map_err(os("PTRACE_CONT"))?;
+        self.rescue = None;
         self.delivered += 1;
+        checkpoint();
         ptrace::interrupt(self.tid).map_err(os("PTRACE_INTERRUPT"))?;
         self.hold(Instant::now() + config.stop_timeout)
     }
@@ -1928,7 +1990,6 @@ impl Session {
         ptrace::cont(self.tid, 0).map_err(os("PTRACE_CONT"))?;
         checkpoint();
         let deadline = Instant::now() + config.stop_timeout.max(Duration::from_secs(1));
-        let mut deliver = 0;
         loop {
             let Some(stop) = self.wait(Some(deadline))? else {
                 return Ok(false);
@@ -1940,11 +2001,14 @@ impl Session {
             match stop {
                 Stop::Event { .. } => break,
                 // The interrupt trap is taken before any signal is
-                // dequeued, so this is not expected; deliver it in the
-                // thread's own context below.
+                // dequeued, so this is not expected; deliver it at once in
+                // the thread's own context (see `deliver_and_hold`).
                 Stop::Signal(sig) => {
-                    deliver = sig;
-                    break;
+                    let saved = self.saved.expect("registers saved");
+                    ptrace::set_regs(self.tid, &saved).map_err(os("PTRACE_SETREGS"))?;
+                    ptrace::detach(self.tid, sig).map_err(os("PTRACE_DETACH"))?;
+                    self.rescue = None;
+                    return Ok(true);
                 }
                 Stop::Syscall => {
                     ptrace::cont(self.tid, 0).map_err(os("PTRACE_CONT"))?;
@@ -1963,7 +2027,7 @@ impl Session {
         for _ in 0..self.deferred_stops {
             ptrace::tgkill(self.pid, self.tid, libc::SIGSTOP).map_err(os("tgkill"))?;
         }
-        ptrace::detach(self.tid, deliver).map_err(os("PTRACE_DETACH"))?;
+        ptrace::detach(self.tid, 0).map_err(os("PTRACE_DETACH"))?;
         Ok(true)
     }
 
