@@ -1320,7 +1320,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 "madvise"
             );
         }
-        let outcome = self.actuator.advise(pid, &calls);
+        let outcome = self.actuator.advise_as(key, &calls);
         self.force_refresh = true; // see the new flags and splits
         match outcome {
             BatchOutcome::Done(results) => {

@@ -44,6 +44,11 @@
 //!   and an integer value below 4096, each value exactly once (the final
 //!   line reports `received`, `duplicates`, `bad_siginfo`, `values`).
 //! - `noop`: exits at once.
+//!
+//! `--churn-ms N`: every N ms the mode's own loop (the sleeping thread in
+//! `threads`) maps a fresh 8 MiB region with the same fill in every target,
+//! then unmaps the previous one, so that a daemon keeps finding new
+//! duplicate regions to mark (the checked region is never touched).
 #![allow(unsafe_code)] // only in `mod handler` below: installing a signal handler.
 
 use pagesift_linux::sys::{AnonMapping, HugePages};
@@ -89,6 +94,7 @@ fn stdin_closed() -> bool {
 
 /// One checked `nanosleep(d)`; `eintr_ok` retries an interruption.
 fn checked_sleep(d: Duration, eintr_ok: bool, errors: &Errors) {
+    churn_tick();
     let t0 = Instant::now();
     let mut req = ts(d);
     loop {
@@ -122,6 +128,23 @@ fn checked_futex(word: &AtomicU32, d: Duration, errors: &Errors) {
             }
         }
         other => errors.push(format!("futex wait returned {other:?}")),
+    }
+}
+
+/// The `--churn-ms` region and its period.
+static CHURN: Mutex<Option<(Duration, Instant, Option<AnonMapping>)>> = Mutex::new(None);
+
+/// Replaces the churn region if its period has passed: the new one is
+/// mapped before the old one goes, so it gets a new address.
+fn churn_tick() {
+    let mut c = CHURN.lock().unwrap();
+    if let Some((period, last, region)) = c.as_mut()
+        && last.elapsed() >= *period
+    {
+        let mut fresh = AnonMapping::new(8 << 20, HugePages::Never).expect("mmap");
+        fill(&mut fresh, 0xc0ffee);
+        *region = Some(fresh);
+        *last = Instant::now();
     }
 }
 
@@ -314,6 +337,7 @@ struct Args {
     mib: usize,
     fifo: Option<String>,
     sender: u32,
+    churn_ms: u64,
 }
 
 fn args() -> Args {
@@ -324,6 +348,7 @@ fn args() -> Args {
         mib: 16,
         fifo: None,
         sender: 0,
+        churn_ms: 0,
     };
     while let Some(k) = it.next() {
         let v = it.next().unwrap_or_else(|| panic!("{k} needs a value"));
@@ -332,6 +357,7 @@ fn args() -> Args {
             "--mib" => a.mib = v.parse().unwrap(),
             "--fifo" => a.fifo = Some(v),
             "--sender" => a.sender = v.parse().unwrap(),
+            "--churn-ms" => a.churn_ms = v.parse().unwrap(),
             _ => panic!("unknown option {k}"),
         }
     }
@@ -347,6 +373,13 @@ fn main() {
     let mut region = AnonMapping::new(a.mib << 20, HugePages::Never).expect("mmap");
     fill(&mut region, 0x5eed);
     let start_sum = checksum(&region);
+    if a.churn_ms > 0 {
+        *CHURN.lock().unwrap() = Some((
+            Duration::from_millis(a.churn_ms),
+            Instant::now() - Duration::from_millis(a.churn_ms),
+            None,
+        ));
+    }
     let errors = Errors::default();
     let mut tids = json!({"main": rustix::thread::gettid().as_raw_nonzero().get()});
     let stop = Arc::new(AtomicBool::new(false));
@@ -503,6 +536,7 @@ fn main() {
         "registers" => {
             let mut n = 0;
             while !stdin_closed() {
+                churn_tick();
                 if !registers_hold(1 << 20) {
                     errors.push("a register changed under the spinning loop".into());
                 }

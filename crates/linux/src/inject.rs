@@ -610,6 +610,9 @@ pub enum SkipReason {
     /// found in its executable memory: without them a tracer that died
     /// mid-injection could not leave the thread able to restore itself.
     NoSafeReturn,
+    /// The process no longer runs the program image the caller judged (it
+    /// called `execve`); nothing ran.
+    ImageChanged,
     /// Signals kept arriving before every signal could be blocked; each was
     /// delivered, and the process left alone this time.
     SignalStorm,
@@ -652,6 +655,7 @@ impl fmt::Display for SkipReason {
                 f,
                 "no `syscall; ret` and `rt_sigreturn` code in its executable memory"
             ),
+            SkipReason::ImageChanged => write!(f, "it exec'd another program"),
             SkipReason::SignalStorm => {
                 write!(f, "signals kept arriving before they could be blocked")
             }
@@ -1655,6 +1659,9 @@ const MAX_RESTARTS_PER_CALL: u32 = 64;
 struct Job {
     pid: u32,
     tid: Option<u32>,
+    /// The program image the caller judged (`discover::image_id`): checked
+    /// again once the thread is stopped.
+    image: Option<u64>,
     calls: Vec<Syscall>,
     config: InjectConfig,
 }
@@ -2295,6 +2302,22 @@ impl Tracer {
             Err(e) => return self.fail(&mut s, e, vec![], exiting),
         }
         checkpoint();
+        // The identity once more, now that the thread is stopped: an execve
+        // since the caller looked would make these calls land in another
+        // program (perhaps a setuid one).
+        if let Some(want) = job.image {
+            let now = procfs::process::Process::new(pid as i32)
+                .and_then(|p| p.stat())
+                .ok()
+                .filter(|st| st.starttime == stat.start_time)
+                .map(|st| crate::discover::image_id(pid, &st));
+            if now != Some(want) {
+                return match s.release() {
+                    Ok(()) => Ok(Outcome::Skipped(SkipReason::ImageChanged)),
+                    Err(e) => self.fail(&mut s, os("PTRACE_DETACH")(e), vec![], exiting),
+                };
+            }
+        }
 
         // Prepare, and block every signal; a signal that comes before the
         // block is delivered and the thread stopped again.
@@ -2580,7 +2603,22 @@ impl Injector {
     /// Runs `calls` in process `pid`, in order, in one attach, from a thread
     /// chosen as the module header describes.
     pub fn run(&mut self, pid: u32, calls: &[Syscall]) -> Result<Outcome, InjectError> {
-        self.submit(pid, None, calls)
+        self.submit(pid, None, None, calls)
+    }
+
+    /// Like [`run`](Self::run), but only if the process still runs the
+    /// program image `image` (`discover::image_id`) once its thread is
+    /// stopped: a process that called `execve` between the caller's check
+    /// and the attach is [`SkipReason::ImageChanged`], and nothing runs in
+    /// the new image. (After the stop, an `execve` by another thread kills
+    /// the stopped one: the calls then cannot run either.)
+    pub fn run_as(
+        &mut self,
+        pid: u32,
+        image: u64,
+        calls: &[Syscall],
+    ) -> Result<Outcome, InjectError> {
+        self.submit(pid, None, Some(image), calls)
     }
 
     /// Like [`run`](Self::run), but stops thread `tid` of `pid` whatever its
@@ -2591,13 +2629,14 @@ impl Injector {
         tid: u32,
         calls: &[Syscall],
     ) -> Result<Outcome, InjectError> {
-        self.submit(pid, Some(tid), calls)
+        self.submit(pid, Some(tid), None, calls)
     }
 
     fn submit(
         &mut self,
         pid: u32,
         tid: Option<u32>,
+        image: Option<u64>,
         calls: &[Syscall],
     ) -> Result<Outcome, InjectError> {
         if !cfg!(target_arch = "x86_64") {
@@ -2631,6 +2670,7 @@ impl Injector {
         let job = Job {
             pid,
             tid,
+            image,
             calls: calls.to_vec(),
             config: self.config,
         };

@@ -965,3 +965,55 @@ fn registers_come_back_exactly() {
     assert_eq!(r["done"].as_u64(), Some(300), "{r}");
     t.finish();
 }
+
+/// The identity is checked again once the thread is stopped: a process
+/// that exec'd after the caller took its identity gets nothing injected
+/// (the exec race), while the same process unchanged does.
+#[test]
+fn an_exec_after_the_identity_check_gets_nothing_injected() {
+    let _g = serial();
+    let t = Target::start("sleep", &["--ms", "5"]);
+    let pid = t.pid();
+    let (_, image) = discover::identity(pid).expect("identity");
+    let mut inj = Injector::new(InjectConfig::default());
+    // The same image: runs.
+    let i = done(inj.run_as(pid, image, &[Syscall::Getpid]).unwrap());
+    assert_eq!(i.results, vec![pid as i64]);
+    // Another image (as after an exec): nothing runs.
+    assert_eq!(
+        inj.run_as(pid, image ^ 1, &[madvise(&t, Advice::Mergeable)])
+            .unwrap(),
+        Outcome::Skipped(SkipReason::ImageChanged)
+    );
+    assert!(!mergeable(pid, t.addr()), "nothing ran");
+    assert_eq!(tracer_pid(pid), 0);
+    t.finish();
+
+    // A real exec: identity taken from the shell, then it execs sleep.
+    let mut sh = std::process::Command::new("/bin/sh")
+        .args(["-c", "read x; exec /bin/sleep 30"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = sh.id();
+    wait_for("the shell to read", Duration::from_secs(5), || {
+        proc_state(pid) == 'S'
+    });
+    let (_, before) = discover::identity(pid).expect("identity");
+    use std::io::Write;
+    writeln!(sh.stdin.as_mut().unwrap()).unwrap();
+    wait_for("the exec", Duration::from_secs(5), || {
+        discover::identity(pid).is_some_and(|(_, img)| img != before)
+    });
+    assert_eq!(
+        inj.run_as(pid, before, &[Syscall::Getpid]).unwrap(),
+        Outcome::Skipped(SkipReason::ImageChanged)
+    );
+    let (_, after) = discover::identity(pid).unwrap();
+    assert_eq!(
+        done(inj.run_as(pid, after, &[Syscall::Getpid]).unwrap()).results,
+        vec![pid as i64]
+    );
+    sh.kill().unwrap();
+    sh.wait().unwrap();
+}
