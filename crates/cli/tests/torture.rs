@@ -6,6 +6,8 @@
 
 #[path = "../../linux/tests/common/mod.rs"]
 mod common;
+#[path = "../../linux/tests/common/inject_target.rs"]
+mod inject_target;
 mod support;
 
 use std::process::Command;
@@ -55,4 +57,49 @@ fn daemon_killed_at_random_moments_harms_no_target() {
     );
     assert!(r["figures"]["signals_checked"].as_u64().unwrap() > 0);
     assert!(out.status.success(), "{stderr}");
+}
+
+/// A target that registered part of its memory with its own userfaultfd in
+/// missing mode and never answers: the daemon never reads that range (a
+/// read would wait forever), keeps waking, and its status says so.
+#[test]
+fn a_targets_own_missing_userfaultfd_never_wedges_the_daemon() {
+    common::require_root();
+    let _serial = support::serial();
+    let dir = support::tmpdir("own-uffd");
+    let t = inject_target::Target::start("uffd-missing", &["--ms", "5"]);
+    let pid = t.pid();
+    let uffd_addr = t.ready["tids"]["uffd_addr"].as_u64().unwrap();
+    let mut d = support::Daemon::start(&dir, &["--pid", &pid.to_string()], false);
+    let st = d.wait_for(
+        std::time::Duration::from_secs(30),
+        "the range reported as skipped",
+        |s| {
+            s["skipped"].as_array().is_some_and(|v| {
+                v.iter().any(|p| {
+                    p["pid"].as_u64() == Some(pid as u64)
+                        && p["reason"]
+                            .as_str()
+                            .is_some_and(|r| r.contains(&format!("{uffd_addr:#x}")))
+                })
+            })
+        },
+    );
+    let up = st["daemon"]["uptime_s"].as_f64().unwrap();
+    // It keeps waking: the status keeps answering and its clock moves on,
+    // and the target's other memory is sampled.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let later = d.status().expect("the daemon answers");
+    assert!(
+        later["daemon"]["uptime_s"].as_f64().unwrap() >= up + 2.0,
+        "{later}"
+    );
+    assert!(d.stop().success());
+    // Never marked; still the target's own registration.
+    let flags = support::vm_flags(pid, uffd_addr);
+    assert!(flags.iter().any(|f| f == "um"), "{flags:?}");
+    assert!(!flags.iter().any(|f| f == "mg"), "{flags:?}");
+    // The target never blocked (its sleeps were all on time) and its
+    // checked memory is unchanged.
+    t.finish();
 }

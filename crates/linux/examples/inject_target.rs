@@ -43,6 +43,10 @@
 //!   carry `si_code == SI_QUEUE`, the sender's pid (`--sender`, if given)
 //!   and an integer value below 4096, each value exactly once (the final
 //!   line reports `received`, `duplicates`, `bad_siginfo`, `values`).
+//! - `uffd-missing`: registers a second, never-touched 4 MiB region with
+//!   its own userfaultfd in missing mode and never answers a fault (a read
+//!   of it would wait forever), then `sleep`; the ready line gives the
+//!   region as `uffd_addr`, `uffd_len`.
 //! - `noop`: exits at once.
 //!
 //! `--churn-ms N`: every N ms the mode's own loop (the sleeping thread in
@@ -129,6 +133,34 @@ fn checked_futex(word: &AtomicU32, d: Duration, errors: &Errors) {
         }
         other => errors.push(format!("futex wait returned {other:?}")),
     }
+}
+
+/// Registers `len` bytes at `addr` with a new userfaultfd in missing mode;
+/// returns the descriptor (kept open, never read).
+fn own_missing_userfaultfd(addr: u64, len: u64) -> i32 {
+    // struct uffdio_api / uffdio_register (include/uapi/linux/userfaultfd.h).
+    const UFFDIO_API: u64 = 0xc018_aa3f;
+    const UFFDIO_REGISTER: u64 = 0xc020_aa00;
+    const MODE_MISSING: u64 = 1;
+    // SAFETY: a raw syscall with integer flags; it reads no memory of ours.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_userfaultfd,
+            libc::O_CLOEXEC | libc::O_NONBLOCK,
+        )
+    } as i32;
+    assert!(fd >= 0, "userfaultfd: {}", std::io::Error::last_os_error());
+    let mut api = [0xaau64, 0, 0];
+    // SAFETY: `api` is a valid, writable `struct uffdio_api` (24 bytes) for
+    // the duration of the call.
+    let rc = unsafe { libc::ioctl(fd, UFFDIO_API, api.as_mut_ptr()) };
+    assert_eq!(rc, 0, "UFFDIO_API: {}", std::io::Error::last_os_error());
+    let mut reg = [addr, len, MODE_MISSING, 0];
+    // SAFETY: `reg` is a valid, writable `struct uffdio_register` (32
+    // bytes) for the duration of the call; the range is our own mapping.
+    let rc = unsafe { libc::ioctl(fd, UFFDIO_REGISTER, reg.as_mut_ptr()) };
+    assert_eq!(rc, 0, "UFFDIO_REGISTER: {}", std::io::Error::last_os_error());
+    fd
 }
 
 /// The `--churn-ms` region and its period.
@@ -421,6 +453,14 @@ fn main() {
             seccompiler::apply_filter(&prog).expect("seccomp");
         }
         "signals" => handler::install(),
+        "uffd-missing" => {
+            let blocked = AnonMapping::new(4 << 20, HugePages::Never).expect("mmap");
+            let fd = own_missing_userfaultfd(blocked.addr(), blocked.len() as u64);
+            tids["uffd_addr"] = json!(blocked.addr());
+            tids["uffd_len"] = json!(blocked.len());
+            tids["uffd_fd"] = json!(fd);
+            std::mem::forget(blocked);
+        }
         "sigqueue" => {
             queued::SENDER.store(a.sender, Ordering::Relaxed);
             queued::install();
@@ -526,7 +566,7 @@ fn main() {
 
     let mut extra = json!({});
     let iterations = match a.mode.as_str() {
-        "sleep" | "seccomp" => sleep_loop(d, false, &errors),
+        "sleep" | "seccomp" | "uffd-missing" => sleep_loop(d, false, &errors),
         "signals" => {
             let n = sleep_loop(d, true, &errors);
             extra["signals"] = json!(handler::RECEIVED.load(Ordering::Relaxed));

@@ -276,6 +276,18 @@ impl LinuxSource {
                 }
                 Err(e) => return Err(e),
             };
+            for r in &maps.rejected {
+                if r.reason == discover::Ineligible::OwnUserfaultfd {
+                    self.skipped.push((
+                        pid,
+                        format!(
+                            "range {:#x}-{:#x} skipped: the process's own userfaultfd \
+                             (missing or minor mode) would make reads wait for it",
+                            r.start, r.end
+                        ),
+                    ));
+                }
+            }
             for r in maps.eligible {
                 if r.kind == RegionKind::PrivateFile && !self.config.private_file {
                     continue;
