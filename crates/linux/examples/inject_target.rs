@@ -143,12 +143,8 @@ fn own_missing_userfaultfd(addr: u64, len: u64) -> i32 {
     const UFFDIO_REGISTER: u64 = 0xc020_aa00;
     const MODE_MISSING: u64 = 1;
     // SAFETY: a raw syscall with integer flags; it reads no memory of ours.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_userfaultfd,
-            libc::O_CLOEXEC | libc::O_NONBLOCK,
-        )
-    } as i32;
+    let fd =
+        unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) } as i32;
     assert!(fd >= 0, "userfaultfd: {}", std::io::Error::last_os_error());
     let mut api = [0xaau64, 0, 0];
     // SAFETY: `api` is a valid, writable `struct uffdio_api` (24 bytes) for
@@ -159,7 +155,12 @@ fn own_missing_userfaultfd(addr: u64, len: u64) -> i32 {
     // SAFETY: `reg` is a valid, writable `struct uffdio_register` (32
     // bytes) for the duration of the call; the range is our own mapping.
     let rc = unsafe { libc::ioctl(fd, UFFDIO_REGISTER, reg.as_mut_ptr()) };
-    assert_eq!(rc, 0, "UFFDIO_REGISTER: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "UFFDIO_REGISTER: {}",
+        std::io::Error::last_os_error()
+    );
     fd
 }
 
