@@ -103,3 +103,76 @@ fn a_targets_own_missing_userfaultfd_never_wedges_the_daemon() {
     // checked memory is unchanged.
     t.finish();
 }
+
+/// userfaultfds of `pid` (`/proc/PID/fd` links to `anon_inode:[userfaultfd]`).
+fn userfaultfds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|l| l.to_string_lossy() == "anon_inode:[userfaultfd]")
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// SIGKILL the daemon while it holds write-tracking registrations, then
+/// while it holds marks; each restart takes away what the dead one left
+/// (its ledger under /run), and after a clean stop with --unmerge-on-exit
+/// no target holds a userfaultfd of ours or a range we marked.
+#[test]
+fn a_restarted_daemon_takes_away_what_its_killed_predecessor_left() {
+    common::require_root();
+    let _serial = support::serial();
+    let dir = support::tmpdir("recovery");
+    let a = inject_target::Target::start("sleep", &["--ms", "5"]);
+    let b = inject_target::Target::start("sleep", &["--ms", "5"]);
+    let (pa, pb) = (a.pid().to_string(), b.pid().to_string());
+    let args = ["--pid", pa.as_str(), "--pid", pb.as_str()];
+    let kill = |d: &mut support::Daemon| {
+        d.signal("KILL");
+        d.child.take().unwrap().wait().unwrap();
+    };
+    let uffds = || userfaultfds(a.pid()) + userfaultfds(b.pid());
+    let marked = || {
+        support::any_mergeable(a.pid(), a.addr(), a.len())
+            || support::any_mergeable(b.pid(), b.addr(), b.len())
+    };
+    let secs = std::time::Duration::from_secs;
+
+    let mut d = support::Daemon::start(&dir, &args, false);
+    d.wait_for(secs(60), "write tracking", |s| {
+        s["totals"]["write_tracked_ranges"].as_u64().unwrap_or(0) > 0
+    });
+    kill(&mut d);
+    assert!(uffds() > 0, "the killed daemon left its registrations");
+    assert!(std::path::Path::new("/run/pagesift/ledger").exists());
+    drop(d);
+
+    let mut d = support::Daemon::start(&dir, &args, false);
+    d.wait_for(secs(60), "marks", |s| {
+        s["totals"]["marks"].as_u64().unwrap_or(0) > 0
+    });
+    kill(&mut d);
+    assert!(marked(), "the killed daemon left its marks");
+    drop(d);
+
+    let mut d = support::Daemon::start(
+        &dir,
+        &[args.as_slice(), &["--unmerge-on-exit"]].concat(),
+        false,
+    );
+    d.wait_for(secs(30), "a status", |_| true);
+    std::thread::sleep(secs(2));
+    assert!(d.stop().success(), "{}", d.log());
+    let log = d.log();
+    assert!(
+        log.contains("took away what the previous daemon left"),
+        "{log}"
+    );
+    assert_eq!(uffds(), 0, "a userfaultfd of ours is left:\n{log}");
+    assert!(!marked(), "a range we marked is left:\n{log}");
+    assert!(!std::path::Path::new("/run/pagesift/ledger").exists());
+    drop(d);
+    a.finish();
+    b.finish();
+}

@@ -607,6 +607,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         IDLE_SLEEP.min(bottom_round).max(base)
     }
 
+    /// The ranges of processes that left the eligible set, not unmarked
+    /// yet (for the crash ledger).
+    pub fn departed_marks(&self) -> &Marks {
+        &self.departed
+    }
+
     /// Whether a status snapshot is due (about once a second).
     pub fn publish_due(&self, now: Nanos) -> bool {
         self.last_publish.is_none_or(|t| now >= t + SEC)

@@ -153,6 +153,16 @@ impl LinuxTarget {
         Ok(t)
     }
 
+    /// The userfaultfd registrations made for write tracking: (pid, the
+    /// descriptor's number in the target, ranges), for the crash ledger.
+    pub fn write_registrations(&self) -> Vec<(u32, i32, Vec<(u64, u64)>)> {
+        let w = self.src.writes();
+        w.pids()
+            .into_iter()
+            .filter_map(|pid| Some((pid, w.target_fd(pid)?, w.ranges(pid).to_vec())))
+            .collect()
+    }
+
     /// The underlying source.
     pub fn source(&self) -> &LinuxSource {
         &self.src

@@ -404,6 +404,11 @@ impl LinuxSource {
         &mut self.writes
     }
 
+    /// The write tracker, to look at.
+    pub fn writes(&self) -> &crate::uffd::WriteTracker {
+        &self.writes
+    }
+
     /// The process and address of a page.
     pub fn page_address(&self, page: PageRef) -> Option<(u32, u64)> {
         let r = self.regions.get(&page.region)?;
