@@ -115,6 +115,10 @@ pub trait Target: MemorySource {
     }
 }
 
+/// A write-tracking registration: (pid, the userfaultfd's number in the
+/// target, registered `[start, end)` ranges).
+pub type Registration = (u32, i32, Vec<(u64, u64)>);
+
 /// The live processes of this machine.
 pub struct LinuxTarget {
     src: LinuxSource,
@@ -155,7 +159,7 @@ impl LinuxTarget {
 
     /// The userfaultfd registrations made for write tracking: (pid, the
     /// descriptor's number in the target, ranges), for the crash ledger.
-    pub fn write_registrations(&self) -> Vec<(u32, i32, Vec<(u64, u64)>)> {
+    pub fn write_registrations(&self) -> Vec<Registration> {
         let w = self.src.writes();
         w.pids()
             .into_iter()
