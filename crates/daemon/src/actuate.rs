@@ -52,6 +52,13 @@ pub enum BatchOutcome {
 pub trait Actuator {
     /// Runs `batch` in process `pid` under one attach, in order.
     fn advise(&mut self, pid: u32, batch: &[Advice]) -> BatchOutcome;
+
+    /// Runs `batch` in process `key`, only if it is still that process
+    /// (same image) once stopped: an `execve` between the caller's check and
+    /// the attach makes it [`BatchOutcome::Gone`] (the old image is gone).
+    fn advise_as(&mut self, key: ProcKey, batch: &[Advice]) -> BatchOutcome {
+        self.advise(key.pid, batch)
+    }
 }
 
 /// A process as the ledger keys it: a pid with its start time, so a reused
@@ -212,7 +219,7 @@ pub fn unmark_all<A: Actuator + ?Sized>(
     if calls.is_empty() {
         return Unmarked::Done(0);
     }
-    match actuator.advise(p.pid, &calls) {
+    match actuator.advise_as(p, &calls) {
         BatchOutcome::Done(results) => {
             let mut failed = Vec::new();
             let mut bytes = 0;
@@ -287,7 +294,18 @@ impl InjectActuator {
 #[cfg(target_arch = "x86_64")]
 impl Actuator for InjectActuator {
     fn advise(&mut self, pid: u32, batch: &[Advice]) -> BatchOutcome {
-        use pagesift_linux::inject::{Advice as Madv, InjectError, Outcome, Syscall};
+        self.advise_checked(pid, None, batch)
+    }
+
+    fn advise_as(&mut self, key: ProcKey, batch: &[Advice]) -> BatchOutcome {
+        self.advise_checked(key.pid, Some(key.image), batch)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl InjectActuator {
+    fn advise_checked(&mut self, pid: u32, image: Option<u64>, batch: &[Advice]) -> BatchOutcome {
+        use pagesift_linux::inject::{Advice as Madv, InjectError, Outcome, SkipReason, Syscall};
         let calls: Vec<Syscall> = batch
             .iter()
             .map(|a| Syscall::Madvise {
@@ -300,7 +318,12 @@ impl Actuator for InjectActuator {
                 },
             })
             .collect();
-        match self.injector.run(pid, &calls) {
+        let outcome = match image {
+            Some(image) => self.injector.run_as(pid, image, &calls),
+            None => self.injector.run(pid, &calls),
+        };
+        match outcome {
+            Ok(Outcome::Skipped(SkipReason::ImageChanged)) => BatchOutcome::Gone,
             Ok(Outcome::Done(inj)) => BatchOutcome::Done(
                 inj.results
                     .iter()

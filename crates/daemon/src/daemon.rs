@@ -732,6 +732,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         IDLE_SLEEP.min(bottom_round).max(base)
     }
 
+    /// The ranges of processes that left the eligible set, not unmarked
+    /// yet (for the crash ledger).
+    pub fn departed_marks(&self) -> &Marks {
+        &self.departed
+    }
+
     /// Whether a status snapshot is due (about once a second).
     pub fn publish_due(&self, now: Nanos) -> bool {
         self.last_publish.is_none_or(|t| now >= t + SEC)
@@ -1487,7 +1493,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 "madvise"
             );
         }
-        let outcome = self.actuator.advise(pid, &calls);
+        let outcome = self.actuator.advise_as(key, &calls);
         self.force_refresh = true; // see the new flags and splits
         if let BatchOutcome::Done(results) = &outcome {
             for (c, r) in calls.iter().zip(results) {

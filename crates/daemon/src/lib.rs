@@ -30,6 +30,7 @@ pub mod config;
 pub mod daemon;
 pub mod eligibility;
 pub mod ksmd;
+pub mod ledger;
 pub mod metrics;
 pub mod run;
 pub mod status;

@@ -188,6 +188,29 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         Some(opts.ksm_wait.unwrap_or(Duration::from_secs(30))),
     )
     .map_err(RunError::Start)?;
+    // KSM is ours, so no other daemon runs: take away what a crashed
+    // predecessor left in other processes (see `ledger`).
+    let ledger_path = std::path::Path::new(crate::ledger::LEDGER_PATH);
+    match crate::ledger::previous(ledger_path) {
+        Ok(Some(rec)) => {
+            let mut injector = pagesift_linux::inject::Injector::new(
+                pagesift_linux::inject::InjectConfig::default(),
+            );
+            let r = crate::ledger::recover(&rec, &mut injector);
+            info!(
+                unmarked = r.unmarked,
+                closed_userfaultfds = r.closed,
+                gone = r.gone,
+                "took away what the previous daemon left (its ledger)"
+            );
+            for f in &r.failed {
+                warn!(what = %f, "could not take away what the previous daemon left");
+            }
+        }
+        Ok(None) => {}
+        Err(e) => warn!(error = %e, "ledger not used"),
+    }
+    let mut ledger = crate::ledger::Ledger::new(ledger_path);
     let shared: Shared = Arc::new(Mutex::new(None));
     let status_server =
         StatusServer::start(&config.status.socket, shared.clone()).map_err(|e| {
@@ -236,6 +259,7 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         }
         let now = now_ns(t0);
         let summary = daemon.wake(now);
+        save_ledger(&mut ledger, &daemon);
         if daemon.publish_due(now) {
             let snap = Arc::new(daemon.status(now));
             if let Ok(mut m) = metrics.lock() {
@@ -262,6 +286,9 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         "summary"
     );
     let restored = daemon.shutdown(unmerge_on_exit);
+    // What is left now (marks kept without unmerge_on_exit) stays recorded;
+    // with nothing left the file goes.
+    save_ledger(&mut ledger, &daemon);
     drop(metrics_server);
     drop(status_server);
     drop(daemon); // releases KSM's lock
@@ -271,6 +298,34 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
             Ok(())
         }
         Err(e) => Err(RunError::Restore(e)),
+    }
+}
+
+/// Writes the crash ledger if what pagesift left in other processes changed.
+#[cfg(target_arch = "x86_64")]
+fn save_ledger(
+    ledger: &mut crate::ledger::Ledger,
+    daemon: &Daemon<LinuxTarget, crate::actuate::InjectActuator, SysKsm>,
+) {
+    let mut rec = crate::ledger::Record::default();
+    rec.add_marks(daemon.marks());
+    rec.add_marks(daemon.departed_marks());
+    for (pid, fd, ranges) in daemon.target().write_registrations() {
+        rec.uffd.push(crate::ledger::UffdEntry {
+            pid,
+            start_time: 0,
+            fd,
+            ranges,
+        });
+    }
+    if !ledger.changed(&rec) {
+        return;
+    }
+    for u in &mut rec.uffd {
+        u.start_time = pagesift_linux::discover::identity(u.pid).map_or(0, |(st, _)| st);
+    }
+    if let Err(e) = ledger.save(&rec) {
+        warn!(error = %e, "cannot write the ledger");
     }
 }
 

@@ -122,6 +122,10 @@ pub trait Target: MemorySource {
     fn distrust_mergeable(&mut self, _pid: u32) {}
 }
 
+/// A write-tracking registration: (pid, the userfaultfd's number in the
+/// target, registered `[start, end)` ranges).
+pub type Registration = (u32, i32, Vec<(u64, u64)>);
+
 /// The live processes of this machine.
 pub struct LinuxTarget {
     src: LinuxSource,
@@ -158,6 +162,16 @@ impl LinuxTarget {
         };
         t.read_facts();
         Ok(t)
+    }
+
+    /// The userfaultfd registrations made for write tracking: (pid, the
+    /// descriptor's number in the target, ranges), for the crash ledger.
+    pub fn write_registrations(&self) -> Vec<Registration> {
+        let w = self.src.writes();
+        w.pids()
+            .into_iter()
+            .filter_map(|pid| Some((pid, w.target_fd(pid)?, w.ranges(pid).to_vec())))
+            .collect()
     }
 
     /// The underlying source.

@@ -35,7 +35,24 @@
 //! - `signals`: counts `SIGRTMIN+1` in an `SA_SIGINFO` handler (each must
 //!   carry `si_code == SI_TKILL`, as `tgkill` sends it), while `sleep`ing
 //!   (EINTR is expected here and retried).
+//! - `registers`: spins in a loop written in assembly that holds known
+//!   values in every general-purpose register (`rsp` aside) and a known
+//!   double in `xmm0`, checking them all on every pass: an injection that
+//!   does not put back every register (or the FPU state) exactly is seen.
+//! - `sigqueue`: counts `SIGRTMIN+2` in an `SA_SIGINFO` handler; each must
+//!   carry `si_code == SI_QUEUE`, the sender's pid (`--sender`, if given)
+//!   and an integer value below 4096, each value exactly once (the final
+//!   line reports `received`, `duplicates`, `bad_siginfo`, `values`).
+//! - `uffd-missing`: registers a second, never-touched 4 MiB region with
+//!   its own userfaultfd in missing mode and never answers a fault (a read
+//!   of it would wait forever), then `sleep`; the ready line gives the
+//!   region as `uffd_addr`, `uffd_len`.
 //! - `noop`: exits at once.
+//!
+//! `--churn-ms N`: every N ms the mode's own loop (the sleeping thread in
+//! `threads`) maps a fresh 8 MiB region with the same fill in every target,
+//! then unmaps the previous one, so that a daemon keeps finding new
+//! duplicate regions to mark (the checked region is never touched).
 #![allow(unsafe_code)] // only in `mod handler` below: installing a signal handler.
 
 use pagesift_linux::sys::{AnonMapping, HugePages};
@@ -81,6 +98,7 @@ fn stdin_closed() -> bool {
 
 /// One checked `nanosleep(d)`; `eintr_ok` retries an interruption.
 fn checked_sleep(d: Duration, eintr_ok: bool, errors: &Errors) {
+    churn_tick();
     let t0 = Instant::now();
     let mut req = ts(d);
     loop {
@@ -114,6 +132,52 @@ fn checked_futex(word: &AtomicU32, d: Duration, errors: &Errors) {
             }
         }
         other => errors.push(format!("futex wait returned {other:?}")),
+    }
+}
+
+/// Registers `len` bytes at `addr` with a new userfaultfd in missing mode;
+/// returns the descriptor (kept open, never read).
+fn own_missing_userfaultfd(addr: u64, len: u64) -> i32 {
+    // struct uffdio_api / uffdio_register (include/uapi/linux/userfaultfd.h).
+    const UFFDIO_API: u64 = 0xc018_aa3f;
+    const UFFDIO_REGISTER: u64 = 0xc020_aa00;
+    const MODE_MISSING: u64 = 1;
+    // SAFETY: a raw syscall with integer flags; it reads no memory of ours.
+    let fd =
+        unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) } as i32;
+    assert!(fd >= 0, "userfaultfd: {}", std::io::Error::last_os_error());
+    let mut api = [0xaau64, 0, 0];
+    // SAFETY: `api` is a valid, writable `struct uffdio_api` (24 bytes) for
+    // the duration of the call.
+    let rc = unsafe { libc::ioctl(fd, UFFDIO_API, api.as_mut_ptr()) };
+    assert_eq!(rc, 0, "UFFDIO_API: {}", std::io::Error::last_os_error());
+    let mut reg = [addr, len, MODE_MISSING, 0];
+    // SAFETY: `reg` is a valid, writable `struct uffdio_register` (32
+    // bytes) for the duration of the call; the range is our own mapping.
+    let rc = unsafe { libc::ioctl(fd, UFFDIO_REGISTER, reg.as_mut_ptr()) };
+    assert_eq!(
+        rc,
+        0,
+        "UFFDIO_REGISTER: {}",
+        std::io::Error::last_os_error()
+    );
+    fd
+}
+
+/// The `--churn-ms` region and its period.
+static CHURN: Mutex<Option<(Duration, Instant, Option<AnonMapping>)>> = Mutex::new(None);
+
+/// Replaces the churn region if its period has passed: the new one is
+/// mapped before the old one goes, so it gets a new address.
+fn churn_tick() {
+    let mut c = CHURN.lock().unwrap();
+    if let Some((period, last, region)) = c.as_mut()
+        && last.elapsed() >= *period
+    {
+        let mut fresh = AnonMapping::new(8 << 20, HugePages::Never).expect("mmap");
+        fill(&mut fresh, 0xc0ffee);
+        *region = Some(fresh);
+        *last = Instant::now();
     }
 }
 
@@ -171,11 +235,142 @@ mod handler {
     }
 }
 
+mod queued {
+    //! The `sigqueue` mode's handler for `SIGRTMIN+2`.
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+    pub const VALUES: usize = 4096;
+    pub static SEEN: [AtomicU32; VALUES] = [const { AtomicU32::new(0) }; VALUES];
+    pub static BAD: AtomicU64 = AtomicU64::new(0);
+    pub static SENDER: AtomicU32 = AtomicU32::new(0);
+
+    extern "C" fn on_signal(_sig: i32, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+        // SAFETY: with SA_SIGINFO the kernel passes a valid siginfo for the
+        // duration of the handler; for SI_QUEUE its union holds the
+        // sender's pid, uid and value, which these accessors read.
+        let (code, pid, value) = unsafe {
+            (
+                (*info).si_code,
+                (*info).si_pid(),
+                (*info).si_value().sival_ptr as usize,
+            )
+        };
+        let sender = SENDER.load(Ordering::Relaxed);
+        if code != libc::SI_QUEUE || (sender != 0 && pid as u32 != sender) || value >= VALUES {
+            BAD.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        SEEN[value].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Installs the handler (no `SA_RESTART`).
+    pub fn install() {
+        // SAFETY: all-zero bytes are a valid `sigaction` (no handler, empty
+        // mask, no flags).
+        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+        act.sa_sigaction = on_signal as *const () as usize;
+        act.sa_flags = libc::SA_SIGINFO;
+        // SAFETY: `on_signal` only touches atomics and the siginfo, so it
+        // is async-signal-safe; `act` is valid for the call.
+        let rc = unsafe { libc::sigaction(libc::SIGRTMIN() + 2, &act, std::ptr::null_mut()) };
+        assert_eq!(rc, 0, "sigaction: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// One pass of the `registers` mode: `passes` rounds of checking every
+/// general-purpose register and `xmm0` against the values loaded at the
+/// start; false if any differed.
+fn registers_hold(passes: u64) -> bool {
+    let failed: u64;
+    // SAFETY: the block saves and restores rbx and rbp (which the compiler
+    // may rely on) with push/pop, declares every other register it writes
+    // as clobbered, keeps the stack balanced on every path, and touches no
+    // memory but the three stack words it pushes.
+    unsafe {
+        std::arch::asm!(
+            "push rbx",
+            "push rbp",
+            "push rax",
+            "mov rax, 0x3ff80000",
+            "shl rax, 32",
+            "push rax",
+            "movq xmm0, rax",
+            "mov rax, 0x11111111",
+            "mov rbx, 0x22222222",
+            "mov rcx, 0x33333333",
+            "mov rdx, 0x44444444",
+            "mov rsi, 0x55555555",
+            "mov rdi, 0x66666666",
+            "mov rbp, 0x77777777",
+            "mov r8, 0x08080808",
+            "mov r9, 0x09090909",
+            "mov r10, 0x10101010",
+            "mov r11, 0x11112222",
+            "mov r12, 0x12121212",
+            "mov r13, 0x13131313",
+            "mov r14, 0x14141414",
+            "mov r15, 0x15151515",
+            "2:",
+            "cmp rax, 0x11111111",
+            "jne 3f",
+            "cmp rbx, 0x22222222",
+            "jne 3f",
+            "cmp rcx, 0x33333333",
+            "jne 3f",
+            "cmp rdx, 0x44444444",
+            "jne 3f",
+            "cmp rsi, 0x55555555",
+            "jne 3f",
+            "cmp rdi, 0x66666666",
+            "jne 3f",
+            "cmp rbp, 0x77777777",
+            "jne 3f",
+            "cmp r8, 0x08080808",
+            "jne 3f",
+            "cmp r9, 0x09090909",
+            "jne 3f",
+            "cmp r10, 0x10101010",
+            "jne 3f",
+            "cmp r11, 0x11112222",
+            "jne 3f",
+            "cmp r12, 0x12121212",
+            "jne 3f",
+            "cmp r13, 0x13131313",
+            "jne 3f",
+            "cmp r14, 0x14141414",
+            "jne 3f",
+            "cmp r15, 0x15151515",
+            "jne 3f",
+            "ucomisd xmm0, qword ptr [rsp]",
+            "jne 3f",
+            "jp 3f",
+            "dec qword ptr [rsp + 8]",
+            "jnz 2b",
+            "xor eax, eax",
+            "jmp 4f",
+            "3:",
+            "mov eax, 1",
+            "4:",
+            "add rsp, 16",
+            "pop rbp",
+            "pop rbx",
+            inout("rax") passes => failed,
+            out("rcx") _, out("rdx") _, out("rsi") _, out("rdi") _,
+            out("r8") _, out("r9") _, out("r10") _, out("r11") _,
+            out("r12") _, out("r13") _, out("r14") _, out("r15") _,
+            out("xmm0") _,
+        );
+    }
+    failed == 0
+}
+
 struct Args {
     mode: String,
     ms: u64,
     mib: usize,
     fifo: Option<String>,
+    sender: u32,
+    churn_ms: u64,
 }
 
 fn args() -> Args {
@@ -185,6 +380,8 @@ fn args() -> Args {
         ms: 20,
         mib: 16,
         fifo: None,
+        sender: 0,
+        churn_ms: 0,
     };
     while let Some(k) = it.next() {
         let v = it.next().unwrap_or_else(|| panic!("{k} needs a value"));
@@ -192,6 +389,8 @@ fn args() -> Args {
             "--ms" => a.ms = v.parse().unwrap(),
             "--mib" => a.mib = v.parse().unwrap(),
             "--fifo" => a.fifo = Some(v),
+            "--sender" => a.sender = v.parse().unwrap(),
+            "--churn-ms" => a.churn_ms = v.parse().unwrap(),
             _ => panic!("unknown option {k}"),
         }
     }
@@ -207,6 +406,13 @@ fn main() {
     let mut region = AnonMapping::new(a.mib << 20, HugePages::Never).expect("mmap");
     fill(&mut region, 0x5eed);
     let start_sum = checksum(&region);
+    if a.churn_ms > 0 {
+        *CHURN.lock().unwrap() = Some((
+            Duration::from_millis(a.churn_ms),
+            Instant::now() - Duration::from_millis(a.churn_ms),
+            None,
+        ));
+    }
     let errors = Errors::default();
     let mut tids = json!({"main": rustix::thread::gettid().as_raw_nonzero().get()});
     let stop = Arc::new(AtomicBool::new(false));
@@ -248,6 +454,18 @@ fn main() {
             seccompiler::apply_filter(&prog).expect("seccomp");
         }
         "signals" => handler::install(),
+        "uffd-missing" => {
+            let blocked = AnonMapping::new(4 << 20, HugePages::Never).expect("mmap");
+            let fd = own_missing_userfaultfd(blocked.addr(), blocked.len() as u64);
+            tids["uffd_addr"] = json!(blocked.addr());
+            tids["uffd_len"] = json!(blocked.len());
+            tids["uffd_fd"] = json!(fd);
+            std::mem::forget(blocked);
+        }
+        "sigqueue" => {
+            queued::SENDER.store(a.sender, Ordering::Relaxed);
+            queued::install();
+        }
         "threads" => {
             let (s, c) = (stop.clone(), counters.clone());
             spawn_thread(
@@ -349,11 +567,41 @@ fn main() {
 
     let mut extra = json!({});
     let iterations = match a.mode.as_str() {
-        "sleep" | "seccomp" => sleep_loop(d, false, &errors),
+        "sleep" | "seccomp" | "uffd-missing" => sleep_loop(d, false, &errors),
         "signals" => {
             let n = sleep_loop(d, true, &errors);
             extra["signals"] = json!(handler::RECEIVED.load(Ordering::Relaxed));
             extra["bad_siginfo"] = json!(handler::BAD_CODE.load(Ordering::Relaxed));
+            n
+        }
+        "registers" => {
+            let mut n = 0;
+            while !stdin_closed() {
+                churn_tick();
+                if !registers_hold(1 << 20) {
+                    errors.push("a register changed under the spinning loop".into());
+                }
+                n += 1;
+            }
+            n
+        }
+        "sigqueue" => {
+            let n = sleep_loop(d, true, &errors);
+            let counts: Vec<u32> = queued::SEEN
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .collect();
+            extra["received"] = json!(counts.iter().map(|&c| c as u64).sum::<u64>());
+            extra["duplicates"] = json!(counts.iter().filter(|&&c| c > 1).count());
+            extra["bad_siginfo"] = json!(queued::BAD.load(Ordering::Relaxed));
+            extra["values"] = json!(
+                counts
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| **c > 0)
+                    .map(|(v, _)| v)
+                    .collect::<Vec<_>>()
+            );
             n
         }
         "futex" => {

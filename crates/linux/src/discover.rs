@@ -279,6 +279,11 @@ pub enum Ineligible {
     Unreadable,
     /// `[vsyscall]`, which is not a VMA of the process.
     Vsyscall,
+    /// Registered with the process's own userfaultfd in missing or minor
+    /// mode (`um`, `ui`): reading a page it has not supplied yet waits for
+    /// the process to answer, perhaps forever, so such a VMA is never read
+    /// (nor marked).
+    OwnUserfaultfd,
 }
 
 /// A VMA's `VmFlags` tokens as smaps prints them (`rd wr mr mw me ac ...`).
@@ -327,6 +332,9 @@ pub fn classify(
     }
     if !readable || !flags.has("rd") {
         return Err(Ineligible::Unreadable);
+    }
+    if flags.has("um") || flags.has("ui") {
+        return Err(Ineligible::OwnUserfaultfd);
     }
     Ok(match path {
         MMapPath::Path(_) => RegionKind::PrivateFile,
@@ -477,6 +485,24 @@ mod tests {
 
     fn f(s: &str) -> VmaFlags {
         VmaFlags::parse(s)
+    }
+
+    #[test]
+    fn a_vma_with_the_processs_own_missing_or_minor_userfaultfd_is_never_read() {
+        let anon = MMapPath::Anonymous;
+        assert_eq!(
+            classify(&f("rd wr mr mw me ac um"), true, &anon),
+            Err(Ineligible::OwnUserfaultfd)
+        );
+        assert_eq!(
+            classify(&f("rd wr mr mw me ac ui"), true, &anon),
+            Err(Ineligible::OwnUserfaultfd)
+        );
+        // Write-protect tracking (pagesift's own, async) does not block reads.
+        assert_eq!(
+            classify(&f("rd wr mr mw me ac uw"), true, &anon),
+            Ok(RegionKind::Anonymous)
+        );
     }
 
     /// A shell that waits for a line on stdin, then execs `then`.

@@ -37,27 +37,74 @@
 //!    `waitpid(__WALL)` until the stop, at most
 //!    [`InjectConfig::stop_timeout`]. A signal-delivery-stop that comes first
 //!    is a stop too; its signal is kept for re-delivery.
-//! 4. **Find a `syscall` instruction** (`0f 05`) in the target's `[vdso]`,
-//!    once per process (the lookup costs 100–130 µs, §1) and cached by pid
-//!    and start time. Any `0f 05` pair in executable memory will do, since
-//!    the CPU decodes from wherever `rip` points and we stop right after it.
-//!    The cached address is re-checked (two bytes) on every attach.
-//! 5. **Run each call.** From the saved registers build a frame with `rip` =
-//!    the instruction, `rax` = the number, the arguments in `rdi rsi rdx r10
-//!    r8 r9`, and **`orig_rax = -1`**, so the kernel's restart logic cannot
-//!    rewind our frame when the thread resumes. `PTRACE_SINGLESTEP` and wait:
-//!    the call has run when the thread stops with SIGTRAP at `insn + 2`; the
-//!    result is `rax`. Any other signal that stops the thread meanwhile is
-//!    kept (with its siginfo) and suppressed; the stepping goes on. A result
-//!    of `-ERESTART*` (a signal arrived during the call) runs the call again.
-//! 6. **Restore and detach.** `PTRACE_SETREGS` with the *saved* registers,
-//!    `orig_rax` and `rax` included: restoring with `orig_rax = -1` made
-//!    `read()` return errno 512 to the application in §1. Then
-//!    `PTRACE_DETACH` delivering the first kept signal with its original
-//!    siginfo (`PTRACE_SETSIGINFO` first); further kept signals are sent
-//!    again with `tgkill` before the detach. The kernel's restart logic then
-//!    resumes the interrupted syscall as if nothing had happened (§1 table),
-//!    and a group-stopped thread goes back to its stop.
+//! 4. **Prepare** (`Session::prepare`). Save the registers, read the
+//!    thread's blocked-signal mask (`SigBlk:`) and its FPU state
+//!    (`PTRACE_GETREGSET(NT_X86_XSTATE)`), and find two pieces of the
+//!    target's own code (once per process, cached by pid and start time,
+//!    re-checked on every attach): a `syscall; ret` sequence (`0f 05 c3`)
+//!    and an `rt_sigreturn` trampoline (`mov $15, %rax; syscall`, glibc's
+//!    and musl's `__restore_rt`, Go's `runtime.sigreturn`). Then write a
+//!    **rescue frame** into the stack below the 128-byte red zone, exactly
+//!    where and as the kernel would write a signal frame: an
+//!    `rt_sigframe` whose return address is the trampoline and whose
+//!    `ucontext` holds the saved registers (with the kernel's no-handler
+//!    syscall restart already applied), the saved mask and the saved FPU
+//!    state; above it, scratch memory for the calls' ioctl structs.
+//! 5. **Run each call** from the `syscall; ret` with `rsp` on the frame,
+//!    `rax` = the number, the arguments in `rdi rsi rdx r10 r8 r9`, and
+//!    **`orig_rax = -1`** (so the kernel's restart logic cannot rewind our
+//!    frame). Resume with `PTRACE_SYSCALL`: the entry stop, then the exit
+//!    stop, whose `rax` is the result; a `-ERESTART*` result runs the call
+//!    again (the calls are idempotent). The first call blocks every signal
+//!    (`rt_sigprocmask(SIG_BLOCK, all)`), the last puts the saved mask
+//!    back. No single-step is used: a trap flag left in a thread whose
+//!    tracer died would kill it with SIGTRAP.
+//! 6. **Restore and detach** (`Session::finish`). After the last call,
+//!    one more stop, an interrupt stop (inside the kernel's signal code);
+//!    there `PTRACE_SETREGS` puts the saved registers back, `orig_rax` and
+//!    `rax` included (restoring with `orig_rax = -1` made `read()` return
+//!    errno 512 to the application in §1); the stack bytes under the frame
+//!    go back; `PTRACE_DETACH`. The kernel's restart logic then resumes the
+//!    interrupted syscall as if nothing had happened (§1 table), and a
+//!    group-stopped thread goes back to its stop.
+//!
+//! ## Signals
+//!
+//! A signal is never held by the tracer. One that stops the thread before
+//! every signal is blocked is delivered at once, in the thread's own
+//! context (its registers put back first, its siginfo untouched), and the
+//! injection starts again from the new stop (at most 16 times; then
+//! [`SkipReason::SignalStorm`]). Nothing runs between seeing that stop and
+//! passing the signal on: once a tracer has waited for a signal-delivery
+//! stop the kernel keeps the signal for it, and a tracer that died right
+//! then would take it along. After the block, signals wait in the kernel's
+//! own queue, with their siginfo (`si_code`, `si_pid`, `si_value`), and are
+//! delivered by the kernel once the mask is back, each exactly once; a
+//! sender under `RLIMIT_SIGPENDING` sees `EAGAIN` from the kernel, as it
+//! would from a busy target. Only `SIGSTOP` cannot be blocked: it is kept
+//! and sent again (`tgkill`) right before the detach.
+//!
+//! ## Death of the tracer: the invariant
+//!
+//! **At every instant, a thread released by the kernel (its tracer thread
+//! or process died: SIGKILL, OOM kill, a panic) resumes correctly, with no
+//! help.** Before the frame is written its registers are its own. From
+//! the first `PTRACE_SETREGS` of a call until the saved registers are put
+//! back, its `rip` is on the `syscall; ret` (or just after the `syscall`)
+//! and its `rsp` on the frame, so released it finishes the call in hand
+//! (each is harmless on its own: `madvise`, the uffd ioctls, `close` of
+//! our own fd, a mask change), returns into the trampoline, and
+//! `rt_sigreturn` restores its registers, mask and FPU state from the
+//! frame. A call abandoned by us ([`InjectConfig::syscall_timeout`], a
+//! frozen task) is released the same way, pointed straight at the
+//! trampoline so that the call never runs. No trap flag is ever set, so no
+//! stray SIGTRAP. The only differences from an undisturbed run: a call
+//! interrupted with `-ERESTART_RESTARTBLOCK` (a relative sleep or timeout)
+//! starts over from its full duration (`rt_sigreturn` discards the kernel's
+//! restart state), a thread already in `restart_syscall` when stopped by a
+//! tracer that had not seen it before gets EINTR, and a `SIGSTOP` that
+//! arrived during the calls is lost. The tests kill the tracing process
+//! at each step of an injection in turn (`PAGESIFT_INJECT_FAULT`).
 //!
 //! ## Never hang, never harm
 //!
@@ -66,15 +113,19 @@
 //! mid-injection, §1). If a thread does not stop within the timeout, the
 //! tracer thread *exits*: the kernel then detaches its tracees and cancels
 //! the pending interrupt (a thread that is seized but not stopped cannot be
-//! detached otherwise); a new tracer is started for the next call. Once our
-//! registers are in the target, giving up would make it resume at the vdso
-//! `syscall` with our arguments and probably crash (§1), so after
+//! detached otherwise); a new tracer is started for the next call. After
 //! [`InjectConfig::syscall_timeout`] the tracer interrupts the thread: if
-//! the call has not started (a frozen task) the batch is abandoned cleanly;
-//! if it is running, the tracer waits for it. The caller never waits longer
-//! than its own bound ([`InjectError::Stuck`]); a stuck tracer finishes in
-//! the background. A process that exits at any point gives
-//! [`Outcome::Gone`], never an error.
+//! the call has not started (a frozen task) the batch is abandoned (the
+//! thread released onto its rescue frame); if it is running, the tracer
+//! waits for it. The caller never waits longer than its own bound
+//! ([`InjectError::Stuck`]); a stuck tracer finishes in the background. A
+//! process that exits at any point gives [`Outcome::Gone`], never an error.
+//!
+//! The rescue frame is as large as the kernel's own signal frame (about
+//! 3 KiB with AVX-512 state). A thread that could not take a signal on its
+//! current stack (Go's goroutine stacks rely on an alternate signal stack)
+//! could be harmed by it as by a signal delivered there; processes without
+//! both code sequences are skipped ([`SkipReason::NoSafeReturn`]).
 //!
 //! Not handled: 32-bit (compat) processes are skipped; only x86-64 is
 //! supported.
@@ -347,14 +398,6 @@ impl Syscall {
         }
     }
 
-    /// Whether the call needs scratch memory in the target.
-    fn needs_scratch(&self) -> bool {
-        matches!(
-            self,
-            Syscall::UffdApi { .. } | Syscall::UffdRegister { .. } | Syscall::UffdUnregister { .. }
-        )
-    }
-
     /// Whether the call can split VMAs (a `madvise` on part of a VMA).
     pub fn may_split(&self) -> bool {
         matches!(
@@ -563,6 +606,16 @@ pub enum SkipReason {
     /// The stopped thread's stack below the red zone is not readable, so
     /// there is no scratch memory for the call's argument struct.
     NoScratch,
+    /// No `syscall; ret` sequence and no `rt_sigreturn` trampoline were
+    /// found in its executable memory: without them a tracer that died
+    /// mid-injection could not leave the thread able to restore itself.
+    NoSafeReturn,
+    /// The process no longer runs the program image the caller judged (it
+    /// called `execve`); nothing ran.
+    ImageChanged,
+    /// Signals kept arriving before every signal could be blocked; each was
+    /// delivered, and the process left alone this time.
+    SignalStorm,
     /// The batch could push the process's VMA count past the allowed
     /// fraction of `vm.max_map_count`.
     MapCountNearLimit {
@@ -597,7 +650,15 @@ impl fmt::Display for SkipReason {
             ),
             SkipReason::Not64Bit => write!(f, "not a 64-bit process"),
             SkipReason::NoSyscallInstruction => write!(f, "no syscall instruction found"),
-            SkipReason::NoScratch => write!(f, "no scratch memory below the stack"),
+            SkipReason::NoScratch => write!(f, "no writable stack memory below the red zone"),
+            SkipReason::NoSafeReturn => write!(
+                f,
+                "no `syscall; ret` and `rt_sigreturn` code in its executable memory"
+            ),
+            SkipReason::ImageChanged => write!(f, "it exec'd another program"),
+            SkipReason::SignalStorm => {
+                write!(f, "signals kept arriving before they could be blocked")
+            }
             SkipReason::MapCountNearLimit {
                 count,
                 projected,
@@ -1184,11 +1245,35 @@ fn choose(
 }
 
 // ---------------------------------------------------------------------------
-// The syscall instruction
+// The target's own code we run on, and the rescue frame
+
+/// `syscall; ret`.
+const CALL_RET: [u8; 3] = [0x0f, 0x05, 0xc3];
+/// `mov $15, %rax; syscall`: `rt_sigreturn` (glibc's and musl's
+/// `__restore_rt`, Go's `runtime.sigreturn`).
+const SIGRETURN_RAX: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0, 0, 0, 0x0f, 0x05];
+/// `mov $15, %eax; syscall`: the same, shorter.
+const SIGRETURN_EAX: [u8; 7] = [0xb8, 0x0f, 0, 0, 0, 0x0f, 0x05];
+
+/// Two pieces of the target's own executable memory the injection runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Gadgets {
+    /// A `syscall; ret` sequence: each injected call runs here, and the
+    /// `ret` takes the thread to `sigreturn` if nobody stops it first.
+    call: u64,
+    /// A `mov $15, %rax; syscall` (`rt_sigreturn`) sequence.
+    sigreturn: u64,
+    /// Its length (9 or 7 bytes), to re-check it.
+    sigreturn_len: usize,
+}
 
 /// The offset of the first `syscall` instruction (`0f 05`) in `code`.
 pub fn find_syscall_insn(code: &[u8]) -> Option<usize> {
     code.windows(2).position(|w| w == [0x0f, 0x05])
+}
+
+fn find(code: &[u8], pattern: &[u8]) -> Option<usize> {
+    code.windows(pattern.len()).position(|w| w == pattern)
 }
 
 /// Reads `buf.len()` bytes of `pid` at `addr` (`process_vm_readv`).
@@ -1210,22 +1295,353 @@ fn read_remote(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
     }
 }
 
-fn is_syscall_insn(pid: u32, addr: u64) -> bool {
-    let mut b = [0u8; 2];
-    read_remote(pid, addr, &mut b).is_ok() && b == [0x0f, 0x05]
+fn bytes_at(pid: u32, addr: u64, want: &[u8]) -> bool {
+    let mut b = vec![0u8; want.len()];
+    read_remote(pid, addr, &mut b).is_ok() && b == want
 }
 
-/// Finds a `syscall` instruction in the `[vdso]` of `pid`.
-fn vdso_syscall_insn(pid: u32) -> Option<u64> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let line = maps.lines().find(|l| l.ends_with("[vdso]"))?;
-    let range = line.split_whitespace().next()?;
-    let (s, e) = range.split_once('-')?;
-    let start = u64::from_str_radix(s, 16).ok()?;
-    let end = u64::from_str_radix(e, 16).ok()?;
-    let mut code = vec![0u8; (end - start).min(1 << 20) as usize];
-    read_remote(pid, start, &mut code).ok()?;
-    find_syscall_insn(&code).map(|off| start + off as u64)
+impl Gadgets {
+    /// Looks for both sequences in the executable mappings of `pid`: the C
+    /// library first (glibc has both), then the dynamic loader, then the
+    /// rest, at most 256 MiB read.
+    fn find(pid: u32) -> Option<Gadgets> {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+        let mut exec: Vec<(u64, u64, u8)> = maps
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let (s, e) = f.next()?.split_once('-')?;
+                let perms = f.next()?;
+                let name = l.split_whitespace().nth(5).unwrap_or("");
+                if !perms.contains('x') || name == "[vsyscall]" {
+                    return None;
+                }
+                let order = if name.contains("libc") {
+                    0
+                } else if name.contains("ld-") {
+                    1
+                } else {
+                    2
+                };
+                Some((
+                    u64::from_str_radix(s, 16).ok()?,
+                    u64::from_str_radix(e, 16).ok()?,
+                    order,
+                ))
+            })
+            .collect();
+        exec.sort_by_key(|m| m.2);
+        const CHUNK: u64 = 1 << 20;
+        let mut budget: u64 = 256 << 20;
+        let (mut call, mut sigreturn) = (None, None);
+        let mut buf = vec![0u8; CHUNK as usize + 16];
+        for (start, end, _) in exec {
+            let mut at = start;
+            while at < end && budget > 0 {
+                let n = (end - at).min(CHUNK + 16);
+                let b = &mut buf[..n as usize];
+                if read_remote(pid, at, b).is_err() {
+                    break;
+                }
+                budget = budget.saturating_sub(n);
+                if call.is_none() {
+                    call = find(b, &CALL_RET).map(|o| at + o as u64);
+                }
+                if sigreturn.is_none() {
+                    sigreturn = find(b, &SIGRETURN_RAX)
+                        .map(|o| (at + o as u64, SIGRETURN_RAX.len()))
+                        .or_else(|| {
+                            find(b, &SIGRETURN_EAX).map(|o| (at + o as u64, SIGRETURN_EAX.len()))
+                        });
+                }
+                if let (Some(call), Some((sigreturn, sigreturn_len))) = (call, sigreturn) {
+                    return Some(Gadgets {
+                        call,
+                        sigreturn,
+                        sigreturn_len,
+                    });
+                }
+                at += CHUNK;
+            }
+        }
+        None
+    }
+
+    /// Whether both sequences are still where they were found.
+    fn intact(&self, pid: u32) -> bool {
+        let sr: &[u8] = if self.sigreturn_len == SIGRETURN_RAX.len() {
+            &SIGRETURN_RAX
+        } else {
+            &SIGRETURN_EAX
+        };
+        bytes_at(pid, self.call, &CALL_RET) && bytes_at(pid, self.sigreturn, sr)
+    }
+}
+
+/// `struct rt_sigframe` (arch/x86/include/asm/sigframe.h): `pretcode` (8),
+/// `struct ucontext` (304), `struct siginfo` (128).
+const SIGFRAME_LEN: u64 = 440;
+/// Offsets in it: `uc.uc_flags`, `uc.uc_stack.ss_flags`, `uc.uc_mcontext`,
+/// `uc.uc_sigmask`.
+const UC_FLAGS: usize = 8;
+const UC_SS_FLAGS: usize = 32;
+const UC_MCONTEXT: usize = 48;
+const UC_SIGMASK: usize = 304;
+/// `UC_FP_XSTATE | UC_SIGCONTEXT_SS | UC_STRICT_RESTORE_SS`
+/// (arch/x86/include/uapi/asm/ucontext.h), as the kernel sets them.
+const UC_FLAGS_VALUE: u64 = 0x1 | 0x2 | 0x4;
+/// `struct _fpx_sw_bytes` magic numbers (arch/x86/include/uapi/asm/sigcontext.h).
+const FP_XSTATE_MAGIC1: u32 = 0x4650_5853;
+const FP_XSTATE_MAGIC2: u32 = 0x4650_5845;
+/// The smallest XSAVE area: the legacy 512 bytes and the 64-byte header.
+const MIN_XSTATE: usize = 576;
+/// Scratch for the calls' argument structs, between the red zone and the
+/// frame: the ioctl structs at 0 (32 bytes at most), the all-signals set at
+/// 64, the thread's own signal mask at 72.
+const SCRATCH_LEN: u64 = 128;
+const SCRATCH_ALL_SIGNALS: u64 = 64;
+const SCRATCH_OWN_MASK: u64 = 72;
+/// The x86-64 ABI's red zone below `rsp`, which a leaf function may use
+/// without moving `rsp`: never touched.
+const RED_ZONE: u64 = 128;
+
+fn put64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_ne_bytes());
+}
+
+fn put32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+}
+
+/// The registers `regs` with the kernel's no-handler restart applied: a
+/// thread stopped in a syscall that a signal interrupted (`-ERESTART*`,
+/// `orig_rax` its number) goes back to its `syscall` instruction with the
+/// number in `rax`, exactly what `arch_do_signal_or_restart` does when no
+/// handler runs. `rt_sigreturn` sets `orig_rax = -1`, so without this the
+/// application would see errno 512 (mechanisms.md §1, "orig_rax on
+/// restore").
+///
+/// `-ERESTART_RESTARTBLOCK` is the exception: the kernel would call
+/// `restart_syscall`, which continues from state kept in the thread (the
+/// time left to sleep), but `rt_sigreturn` discards that state (the call
+/// would then fail with EINTR). So the original call runs again from the
+/// start with its own arguments (still in its registers): a relative sleep
+/// or timeout starts over, which the application cannot tell from a late
+/// wake-up. `origin` is that call's number when the thread is already in
+/// `restart_syscall` (known only if this tracer saw it before).
+fn restart_applied(regs: &Regs, origin: Option<i64>) -> Regs {
+    let mut r = *regs;
+    if (r.orig_rax as i64) >= 0 {
+        match -(r.rax as i64) {
+            ERESTARTSYS | ERESTARTNOINTR | ERESTARTNOHAND => {
+                r.rax = r.orig_rax;
+                r.rip = r.rip.wrapping_sub(2);
+            }
+            ERESTART_RESTARTBLOCK => {
+                r.rax = if r.orig_rax as i64 == nr::RESTART_SYSCALL {
+                    origin.unwrap_or(nr::RESTART_SYSCALL) as u64
+                } else {
+                    r.orig_rax
+                };
+                r.rip = r.rip.wrapping_sub(2);
+            }
+            _ => {}
+        }
+    }
+    r.orig_rax = u64::MAX;
+    r
+}
+
+/// A signal frame that `rt_sigreturn` turns back into `regs` (restart
+/// applied), signal mask `mask` and the FPU state at `fpstate`; its return
+/// address (`pretcode`) is `sigreturn`.
+fn build_sigframe(
+    regs: &Regs,
+    origin: Option<i64>,
+    mask: u64,
+    fpstate: u64,
+    sigreturn: u64,
+) -> Vec<u8> {
+    let r = restart_applied(regs, origin);
+    let mut f = vec![0u8; SIGFRAME_LEN as usize];
+    put64(&mut f, 0, sigreturn);
+    put64(&mut f, UC_FLAGS, UC_FLAGS_VALUE);
+    // An invalid `ss_flags` mode: `rt_sigreturn` then leaves the thread's
+    // alternate signal stack as it is (`restore_altstack` ignores the
+    // EINVAL), where a real value would replace it.
+    put32(&mut f, UC_SS_FLAGS, 4);
+    let gregs = [
+        r.r8, r.r9, r.r10, r.r11, r.r12, r.r13, r.r14, r.r15, r.rdi, r.rsi, r.rbp, r.rbx, r.rdx,
+        r.rax, r.rcx, r.rsp, r.rip, r.eflags,
+    ];
+    for (i, v) in gregs.iter().enumerate() {
+        put64(&mut f, UC_MCONTEXT + 8 * i, *v);
+    }
+    // cs, gs, fs, ss (16 bits each) after the 18 words.
+    let segs = UC_MCONTEXT + 8 * gregs.len();
+    f[segs..segs + 2].copy_from_slice(&(r.cs as u16).to_ne_bytes());
+    f[segs + 6..segs + 8].copy_from_slice(&(r.ss as u16).to_ne_bytes());
+    // err, trapno, oldmask, cr2 stay 0; then the fpstate pointer.
+    put64(&mut f, segs + 8 + 32, fpstate);
+    put64(&mut f, UC_SIGMASK, mask);
+    f
+}
+
+/// The FPU state of a signal frame from `PTRACE_GETREGSET(NT_X86_XSTATE)`:
+/// the same XSAVE layout, with the software bytes (464..512) that tell
+/// `rt_sigreturn` it holds extended state, and the second magic after it.
+/// `None` if the buffer is not an XSAVE area with x87 and SSE state.
+fn build_fpstate(xstate: &[u8]) -> Option<Vec<u8>> {
+    if xstate.len() < MIN_XSTATE {
+        return None;
+    }
+    let xcr0 = u64::from_ne_bytes(xstate[464..472].try_into().ok()?);
+    if xcr0 & 3 != 3 {
+        return None;
+    }
+    let len = xstate.len();
+    let mut b = xstate.to_vec();
+    b[464..512].fill(0);
+    put32(&mut b, 464, FP_XSTATE_MAGIC1);
+    put32(&mut b, 468, (len + 4) as u32);
+    put64(&mut b, 472, xcr0);
+    put32(&mut b, 480, len as u32);
+    b.extend_from_slice(&FP_XSTATE_MAGIC2.to_ne_bytes());
+    Some(b)
+}
+
+/// Where the rescue frame sits in a stopped thread's stack, below its red
+/// zone (top down: red zone, scratch, FPU state aligned to 64 bytes as
+/// `XRSTOR` requires, signal frame).
+#[derive(Clone, Debug)]
+struct Rescue {
+    /// The frame's first byte: `rsp` while a call is injected (the `ret`
+    /// pops `pretcode`).
+    base: u64,
+    /// Scratch memory for the calls' structs.
+    scratch: u64,
+    /// `[base, rsp - red zone)` as it was, put back at the end.
+    old: Vec<u8>,
+}
+
+impl Rescue {
+    /// Lays the frame out for `regs`, reads what is there and writes the
+    /// frame; `None` if that stack memory is not readable and writable.
+    fn install(
+        pid: u32,
+        regs: &Regs,
+        origin: Option<i64>,
+        mask: u64,
+        xstate: &[u8],
+        g: &Gadgets,
+    ) -> Result<Option<Rescue>, SkipReason> {
+        let fp_bytes = build_fpstate(xstate).ok_or(SkipReason::NoScratch)?;
+        let top = regs.rsp.wrapping_sub(RED_ZONE);
+        let scratch = (top - SCRATCH_LEN) & !63;
+        let fpstate = (scratch - fp_bytes.len() as u64) & !63;
+        let base = (fpstate - SIGFRAME_LEN) & !15;
+        if base > top || top - base > 64 * 1024 {
+            return Err(SkipReason::NoScratch);
+        }
+        let mut old = vec![0u8; (top - base) as usize];
+        if read_remote(pid, base, &mut old).is_err() {
+            return Ok(None);
+        }
+        let mut new = old.clone();
+        let frame = build_sigframe(regs, origin, mask, fpstate, g.sigreturn);
+        new[..frame.len()].copy_from_slice(&frame);
+        let at = (fpstate - base) as usize;
+        new[at..at + fp_bytes.len()].copy_from_slice(&fp_bytes);
+        let s = (scratch - base) as usize;
+        new[s..s + SCRATCH_LEN as usize].fill(0);
+        put64(&mut new, s + SCRATCH_ALL_SIGNALS as usize, u64::MAX);
+        put64(&mut new, s + SCRATCH_OWN_MASK as usize, mask);
+        if write_remote(pid, base, &new).is_err() {
+            return Ok(None);
+        }
+        Ok(Some(Rescue { base, scratch, old }))
+    }
+
+    /// The registers of a thread about to run `rt_sigreturn` on the frame:
+    /// released in this state, it restores itself without running anything
+    /// else.
+    fn sigreturn_regs(&self, saved: &Regs, g: &Gadgets) -> Regs {
+        let mut r = *saved;
+        r.rip = g.sigreturn;
+        r.rsp = self.base + 8;
+        r.orig_rax = u64::MAX;
+        r
+    }
+}
+
+/// Writes `buf` into `pid` at `addr` (`process_vm_writev`).
+fn write_remote(pid: u32, addr: u64, buf: &[u8]) -> io::Result<()> {
+    use nix::sys::uio::{RemoteIoVec, process_vm_writev};
+    let len = buf.len();
+    let n = process_vm_writev(
+        nix::unistd::Pid::from_raw(pid as i32),
+        &[io::IoSlice::new(buf)],
+        &[RemoteIoVec {
+            base: addr as usize,
+            len,
+        }],
+    )?;
+    if n == len {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(libc_errno::EIO))
+    }
+}
+
+/// The thread's blocked-signal mask (`SigBlk:` of its `status`), read while
+/// it is stopped (only the thread itself changes it).
+fn blocked_mask(pid: u32, tid: u32) -> Option<u64> {
+    let text = read_small(&format!("/proc/{pid}/task/{tid}/status")).ok()??;
+    let text = String::from_utf8_lossy(&text);
+    text.lines()
+        .find_map(|l| l.strip_prefix("SigBlk:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+}
+
+// ---------------------------------------------------------------------------
+// Fault injection, for the tests of the release path
+
+/// `PAGESIFT_INJECT_FAULT=N` makes the process SIGKILL itself at the N-th
+/// checkpoint of its tracer threads (counted from 1 over the process's
+/// life); `N:panic` panics the tracer thread there instead, `N:stall`
+/// waits 100 ms before the SIGKILL (a window for a test to act in). The
+/// checkpoints are the moments between two ptrace steps of an injection.
+/// Unset (always, outside tests), a checkpoint is one atomic load.
+fn checkpoint() {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PLAN: OnceLock<Option<(u64, u8)>> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let plan = PLAN.get_or_init(|| {
+        let v = std::env::var("PAGESIFT_INJECT_FAULT").ok()?;
+        let (n, how) = match v.split_once(':') {
+            Some((n, "panic")) => (n.to_string(), 1),
+            Some((n, "stall")) => (n.to_string(), 2),
+            _ => (v.clone(), 0),
+        };
+        Some((n.parse().ok()?, how))
+    });
+    let Some((n, how)) = *plan else {
+        return;
+    };
+    if COUNT.fetch_add(1, Ordering::SeqCst) + 1 != n {
+        return;
+    }
+    if how == 1 {
+        panic!("PAGESIFT_INJECT_FAULT: tracer panics at checkpoint {n}");
+    }
+    if how == 2 {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1243,6 +1659,9 @@ const MAX_RESTARTS_PER_CALL: u32 = 64;
 struct Job {
     pid: u32,
     tid: Option<u32>,
+    /// The program image the caller judged (`discover::image_id`): checked
+    /// again once the thread is stopped.
+    image: Option<u64>,
     calls: Vec<Syscall>,
     config: InjectConfig,
 }
@@ -1261,6 +1680,8 @@ enum StepError {
     Gone,
     /// Our timeout interrupt found the call not started.
     Aborted,
+    /// A signal-delivery stop came before every signal was blocked.
+    SignalFirst(i32),
     /// The thread stopped where it should not have.
     Unexpected(String),
     /// A ptrace or wait error.
@@ -1317,40 +1738,40 @@ struct Session {
     /// child, whose exit status belongs to us as its parent: reaping it
     /// here would steal it from the code that waits for the child).
     reap_exit: bool,
+    /// The registers at the stop, put back at the end.
     saved: Option<Regs>,
-    /// Signals that stopped the thread, to deliver again, with siginfo.
-    signals: Vec<(i32, libc::siginfo_t)>,
+    /// The thread's own signal mask, put back by the last call.
+    mask: u64,
+    /// The code the calls run on.
+    gadgets: Option<Gadgets>,
+    /// The rescue frame in the thread's stack, once written.
+    rescue: Option<Rescue>,
+    /// Whether every blockable signal is blocked in the thread now.
+    blocked: bool,
+    /// Signals that arrived before the block, delivered at once (the
+    /// injection then starts again from the new state).
+    delivered: usize,
+    /// `SIGSTOP`s (which cannot be blocked) that arrived after the block:
+    /// sent again just before the detach.
+    deferred_stops: usize,
     /// The stop the thread is in.
     last: Stop,
-    /// Scratch memory borrowed below the thread's stack red zone, with the
-    /// bytes that were there (put back before the detach).
-    scratch: Option<(u64, Vec<u8>)>,
 }
 
-/// Bytes of scratch memory for the userfaultfd ioctl structs (the largest,
-/// `uffdio_register`, is 32), taken below the 128-byte red zone of the
-/// x86-64 ABI, which a leaf function may use without moving `rsp`.
-const SCRATCH_LEN: usize = 64;
-const RED_ZONE: u64 = 128;
-
-/// Writes `buf` into `pid` at `addr` (`process_vm_writev`).
-fn write_remote(pid: u32, addr: u64, buf: &[u8]) -> io::Result<()> {
-    use nix::sys::uio::{RemoteIoVec, process_vm_writev};
-    let len = buf.len();
-    let n = process_vm_writev(
-        nix::unistd::Pid::from_raw(pid as i32),
-        &[io::IoSlice::new(buf)],
-        &[RemoteIoVec {
-            base: addr as usize,
-            len,
-        }],
-    )?;
-    if n == len {
-        Ok(())
-    } else {
-        Err(io::Error::from_raw_os_error(libc_errno::EIO))
-    }
+/// How the wait for the first stop ended.
+enum Held {
+    /// Stopped (an interrupt stop or a group-stop).
+    Stopped,
+    /// It did not stop in time.
+    Timeout,
 }
+
+/// `rt_sigprocmask` (x86-64 number 14) `how` values.
+const NR_RT_SIGPROCMASK: i64 = 14;
+const SIG_BLOCK: u64 = 0;
+const SIG_SETMASK: u64 = 2;
+/// Times a batch starts over because a signal came before the block.
+const MAX_SIGNAL_RESTARTS: u32 = 16;
 
 impl Session {
     fn wait(&self, deadline: Option<Instant>) -> Result<Option<Stop>, StepError> {
@@ -1374,45 +1795,92 @@ impl Session {
         }
     }
 
-    fn capture(&mut self, sig: i32) -> Result<(), StepError> {
-        let info = ptrace::get_siginfo(self.tid).map_err(os("PTRACE_GETSIGINFO"))?;
-        self.signals.push((sig, info));
+    /// Waits for the interrupt stop (or a group-stop). A signal-delivery
+    /// stop that comes first is let through at once, with its own siginfo
+    /// untouched, and the interrupt is asked for again.
+    fn hold(&mut self, deadline: Instant) -> Result<Held, StepError> {
+        loop {
+            let Some(stop) = self.wait(Some(deadline))? else {
+                return Ok(Held::Timeout);
+            };
+            if stop.is_exit() {
+                return Err(StepError::Gone);
+            }
+            self.last = stop;
+            match stop {
+                Stop::Signal(sig) => {
+                    ptrace::cont(self.tid, sig).map_err(os("PTRACE_CONT"))?;
+                    self.delivered += 1;
+                    ptrace::interrupt(self.tid).map_err(os("PTRACE_INTERRUPT"))?;
+                }
+                Stop::Event { .. } => return Ok(Held::Stopped),
+                // Not resumed with PTRACE_SYSCALL yet: cannot happen; go on.
+                Stop::Syscall => {
+                    ptrace::cont(self.tid, 0).map_err(os("PTRACE_CONT"))?;
+                    ptrace::interrupt(self.tid).map_err(os("PTRACE_INTERRUPT"))?;
+                }
+                Stop::Exited(_) | Stop::Killed(_) => unreachable!("handled above"),
+            }
+        }
+    }
+
+    /// Everything before the first call, with the thread stopped: its
+    /// registers, mask and FPU state, the code to run on, the rescue frame.
+    fn prepare(&mut self, tracer: &mut Tracer, start_time: u64) -> Result<(), Prep> {
+        let tid = self.tid;
+        let saved = ptrace::get_regs(tid).map_err(|e| Prep::Step(os("PTRACE_GETREGS")(e)))?;
+        self.saved = Some(saved);
+        // Seccomp once more, now that the thread is stopped: a filter
+        // installed since `status` was read (TSYNC from another thread)
+        // would see our calls.
+        let filtered = ptrace::has_seccomp_filter(tid)
+            .map_err(|e| Prep::Step(os("PTRACE_SECCOMP_GET_FILTER")(e)))?;
+        if saved.cs != USER_CS {
+            return Err(Prep::Skip(SkipReason::Not64Bit));
+        }
+        if filtered == Some(true) {
+            return Err(Prep::Skip(SkipReason::Seccomp { mode: 2 }));
+        }
+        let Some(g) = tracer.gadgets(self.pid, start_time) else {
+            return Err(Prep::Skip(SkipReason::NoSafeReturn));
+        };
+        self.gadgets = Some(g);
+        let Some(mask) = blocked_mask(self.pid, tid) else {
+            return Err(Prep::Step(StepError::Gone));
+        };
+        self.mask = mask;
+        let xstate = ptrace::get_xstate(tid).map_err(|e| Prep::Step(os("PTRACE_GETREGSET")(e)))?;
+        let origin = tracer.restart_origin(tid, start_time, &saved);
+        checkpoint();
+        match Rescue::install(self.pid, &saved, origin, mask, &xstate, &g) {
+            Ok(Some(r)) => self.rescue = Some(r),
+            Ok(None) => return Err(Prep::Skip(SkipReason::NoScratch)),
+            Err(reason) => return Err(Prep::Skip(reason)),
+        }
+        checkpoint();
         Ok(())
     }
 
-    /// Borrows scratch memory below the stopped thread's red zone, keeping
-    /// its bytes; false if that stack memory is not readable.
-    fn borrow_scratch(&mut self) -> bool {
-        let rsp = self.saved.expect("registers saved").rsp;
-        let addr = (rsp.wrapping_sub(RED_ZONE + SCRATCH_LEN as u64)) & !15;
-        let mut old = vec![0u8; SCRATCH_LEN];
-        if read_remote(self.pid, addr, &mut old).is_err() {
-            return false;
-        }
-        self.scratch = Some((addr, old));
-        true
-    }
-
-    /// Runs call `call` of a batch from the `syscall` at `insn`, given the
-    /// earlier calls' `results`; returns its result.
-    fn execute(
+    /// Runs syscall `number` with `args` from the `syscall; ret` gadget,
+    /// with `rsp` on the rescue frame; `bytes` go to the scratch memory
+    /// first. Resumes with `PTRACE_SYSCALL`: entry stop, exit stop, result
+    /// in `rax`; the thread is left in the exit stop.
+    fn call(
         &mut self,
-        insn: u64,
-        call: &Syscall,
-        results: &[i64],
+        number: i64,
+        args: [u64; 6],
+        bytes: &[u8],
         config: &InjectConfig,
     ) -> Result<i64, StepError> {
-        let saved = self.saved.expect("registers saved before executing");
-        let scratch = self.scratch.as_ref().map_or(0, |s| s.0);
-        let (number, args, bytes) = match call.encode(results, scratch) {
-            Ok(e) => e,
-            Err(r) => return Ok(r),
-        };
+        let saved = self.saved.expect("registers saved before a call");
+        let g = self.gadgets.expect("gadgets found before a call");
+        let rescue = self.rescue.as_ref().expect("rescue frame before a call");
         if !bytes.is_empty() {
-            write_remote(self.pid, scratch, &bytes).map_err(os("process_vm_writev"))?;
+            write_remote(self.pid, rescue.scratch, bytes).map_err(os("process_vm_writev"))?;
         }
         let mut frame = saved;
-        frame.rip = insn;
+        frame.rip = g.call;
+        frame.rsp = rescue.base;
         frame.rax = number as u64;
         // -1: the kernel's restart logic must never rewind our frame.
         frame.orig_rax = u64::MAX;
@@ -1422,33 +1890,25 @@ impl Session {
         frame.r10 = args[3];
         frame.r8 = args[4];
         frame.r9 = args[5];
-        // A harmless frame for draining a stop that came after our call
-        // returned but before its step trap was reported.
-        let mut drain = frame;
-        drain.rax = nr::GETPID as u64;
-        drain.rdi = 0;
-        drain.rsi = 0;
-        drain.rdx = 0;
-
         ptrace::set_regs(self.tid, &frame).map_err(os("PTRACE_SETREGS"))?;
-        let mut result: Option<i64> = None;
+        checkpoint();
+        let mut entered = false;
         let mut restarts = 0;
         let mut deadline = Some(Instant::now() + config.syscall_timeout);
         let mut interrupted = false;
         let mut resume = true;
         for _ in 0..MAX_STOPS_PER_CALL {
             if resume {
-                ptrace::single_step(self.tid, 0).map_err(os("PTRACE_SINGLESTEP"))?;
+                ptrace::syscall(self.tid, 0).map_err(os("PTRACE_SYSCALL"))?;
             }
             resume = true;
             let stop = match self.wait(deadline)? {
                 Some(s) => s,
                 None => {
-                    // The call has not trapped in time: ask for a stop. If
-                    // the call never started we get it at `insn` and can
-                    // abandon cleanly; if it is running, it comes when the
-                    // call returns. Either way, wait without a bound now:
-                    // our registers are in the thread.
+                    // The call has not come back in time: ask for a stop. If
+                    // the call never started we get it before the `syscall`
+                    // and can abandon cleanly; if it is running, its exit
+                    // stop comes first. Either way, wait without a bound now.
                     ptrace::interrupt(self.tid).map_err(os("PTRACE_INTERRUPT"))?;
                     interrupted = true;
                     deadline = None;
@@ -1460,53 +1920,44 @@ impl Session {
                 return Err(StepError::Gone);
             }
             self.last = stop;
-            let regs = ptrace::get_regs(self.tid).map_err(os("PTRACE_GETREGS"))?;
-            if regs.rip == insn + 2 {
-                // Our `syscall` (or the drain's getpid) has executed.
-                if result.is_none() {
-                    result = Some(regs.rax as i64);
+            match stop {
+                Stop::Syscall if !entered => {
+                    entered = true;
+                    checkpoint();
                 }
-                match stop {
-                    Stop::Signal(libc::SIGTRAP) => {
-                        let r = result.expect("set above");
-                        if is_restart(r) && restarts < MAX_RESTARTS_PER_CALL {
-                            // A signal interrupted the call: run it again
-                            // (madvise and prctl are idempotent); the signal
-                            // itself stops the thread next and is kept.
-                            restarts += 1;
-                            result = None;
-                            ptrace::set_regs(self.tid, &frame).map_err(os("PTRACE_SETREGS"))?;
-                            continue;
-                        }
-                        return Ok(r);
+                Stop::Syscall => {
+                    let r = ptrace::get_regs(self.tid)
+                        .map_err(os("PTRACE_GETREGS"))?
+                        .rax as i64;
+                    checkpoint();
+                    if is_restart(r) && restarts < MAX_RESTARTS_PER_CALL {
+                        // Interrupted (by SIGSTOP, the only signal that gets
+                        // through the block): run it again; the calls are
+                        // idempotent.
+                        restarts += 1;
+                        entered = false;
+                        ptrace::set_regs(self.tid, &frame).map_err(os("PTRACE_SETREGS"))?;
+                        continue;
                     }
-                    Stop::Signal(sig) => self.capture(sig)?,
-                    Stop::Event { .. } => {}
-                    Stop::Exited(_) | Stop::Killed(_) => unreachable!("handled above"),
+                    return Ok(r);
                 }
-                // A stop reported before the step trap, which is still
-                // pending: resume from a harmless frame until it comes.
-                ptrace::set_regs(self.tid, &drain).map_err(os("PTRACE_SETREGS"))?;
-            } else if regs.rip == insn {
-                match stop {
-                    // Our step trap, dequeued before the drain ran.
-                    Stop::Signal(libc::SIGTRAP) if result.is_some() => {
-                        return Ok(result.expect("checked"));
-                    }
-                    Stop::Signal(sig) => self.capture(sig)?,
-                    Stop::Event { .. } if interrupted && result.is_none() => {
-                        return Err(StepError::Aborted);
-                    }
-                    // An interrupt or group-stop before the call ran.
-                    Stop::Event { .. } => {}
-                    Stop::Exited(_) | Stop::Killed(_) => unreachable!("handled above"),
+                Stop::Signal(sig) if !self.blocked => return Err(StepError::SignalFirst(sig)),
+                Stop::Signal(libc::SIGSTOP) => {
+                    // Not delivered now (it would stop the thread with our
+                    // registers in it): sent again before the detach.
+                    self.deferred_stops += 1;
                 }
-            } else {
-                return Err(StepError::Unexpected(format!(
-                    "stop {stop:?} at rip {:#x}, expected {insn:#x} or {:#x}",
-                    regs.rip,
-                    insn + 2
-                )));
+                Stop::Signal(sig) => {
+                    return Err(StepError::Unexpected(format!(
+                        "signal {sig} got through the block at {:#x}",
+                        ptrace::get_regs(self.tid).map_or(0, |r| r.rip)
+                    )));
+                }
+                Stop::Event { .. } if interrupted && !entered => return Err(StepError::Aborted),
+                // A group-stop (another thread took a stop signal): go on;
+                // the thread rejoins the stop when detached.
+                Stop::Event { .. } => {}
+                Stop::Exited(_) | Stop::Killed(_) => unreachable!("handled above"),
             }
         }
         Err(StepError::Unexpected(format!(
@@ -1514,44 +1965,119 @@ impl Session {
         )))
     }
 
-    /// Restores the saved registers (if changed) and detaches, delivering
-    /// the kept signals again.
-    fn release(&mut self) -> io::Result<usize> {
-        if let Some((addr, old)) = self.scratch.take() {
-            write_remote(self.pid, addr, &old)?;
-        }
-        if let Some(saved) = &self.saved {
-            ptrace::set_regs(self.tid, saved)?;
-        }
-        let n = self.signals.len();
-        // Only a signal-delivery-stop can deliver a signal on restart.
-        let at_signal_stop = matches!(self.last, Stop::Signal(_));
-        let (first, rest) = match self.signals.split_first() {
-            Some((f, r)) if at_signal_stop => (Some(f), r),
-            _ => (None, &self.signals[..]),
-        };
-        for &(sig, _) in rest {
-            // Pending again; delivered normally once the thread is detached.
-            ptrace::tgkill(self.pid, self.tid, sig)?;
-        }
-        match first {
-            Some((sig, info)) => {
-                // Same signal number as the restart: the kernel keeps this
-                // siginfo instead of making up an SI_USER one.
-                ptrace::set_siginfo(self.tid, info)?;
-                ptrace::detach(self.tid, *sig)?;
-            }
-            None => ptrace::detach(self.tid, 0)?,
-        }
-        Ok(n)
+    /// A signal came before the block: put the thread back as it was,
+    /// deliver the signal in its own context (siginfo untouched), and stop
+    /// it again for a fresh start.
+    ///
+    /// Nothing else happens between seeing the stop and passing the signal
+    /// on: once a tracer has waited for a signal-delivery stop the kernel
+    /// holds the signal for it alone, so a tracer that died in between
+    /// would take the signal with it. (The stack bytes under the frame are
+    /// not put back: the handler's own frame goes there now.)
+    fn deliver_and_hold(&mut self, sig: i32, config: &InjectConfig) -> Result<Held, StepError> {
+        let saved = self.saved.take().expect("registers saved");
+        ptrace::set_regs(self.tid, &saved).map_err(os("PTRACE_SETREGS"))?;
+        ptrace::cont(self.tid, sig).map_err(os("PTRACE_CONT"))?;
+        self.rescue = None;
+        self.delivered += 1;
+        checkpoint();
+        ptrace::interrupt(self.tid).map_err(os("PTRACE_INTERRUPT"))?;
+        self.hold(Instant::now() + config.stop_timeout)
     }
+
+    /// The normal end, from the exit stop of the last call (which put the
+    /// thread's mask back): one more stop, this time inside the kernel's
+    /// signal code (an interrupt stop), so that once the saved registers
+    /// are back the kernel's own restart logic resumes the interrupted
+    /// syscall; the stack bytes go back; detach. Pending signals are then
+    /// delivered by the kernel, each once, with its siginfo. `Ok(false)`
+    /// if the thread did not stop in time (it is left to its rescue frame).
+    fn finish(&mut self, config: &InjectConfig) -> Result<bool, StepError> {
+        ptrace::interrupt(self.tid).map_err(os("PTRACE_INTERRUPT"))?;
+        ptrace::cont(self.tid, 0).map_err(os("PTRACE_CONT"))?;
+        checkpoint();
+        let deadline = Instant::now() + config.stop_timeout.max(Duration::from_secs(1));
+        loop {
+            let Some(stop) = self.wait(Some(deadline))? else {
+                return Ok(false);
+            };
+            if stop.is_exit() {
+                return Err(StepError::Gone);
+            }
+            self.last = stop;
+            match stop {
+                Stop::Event { .. } => break,
+                // The interrupt trap is taken before any signal is
+                // dequeued, so this is not expected; deliver it at once in
+                // the thread's own context (see `deliver_and_hold`).
+                Stop::Signal(sig) => {
+                    let saved = self.saved.expect("registers saved");
+                    ptrace::set_regs(self.tid, &saved).map_err(os("PTRACE_SETREGS"))?;
+                    ptrace::detach(self.tid, sig).map_err(os("PTRACE_DETACH"))?;
+                    self.rescue = None;
+                    return Ok(true);
+                }
+                Stop::Syscall => {
+                    ptrace::cont(self.tid, 0).map_err(os("PTRACE_CONT"))?;
+                }
+                Stop::Exited(_) | Stop::Killed(_) => unreachable!("handled above"),
+            }
+        }
+        checkpoint();
+        let saved = self.saved.expect("registers saved");
+        ptrace::set_regs(self.tid, &saved).map_err(os("PTRACE_SETREGS"))?;
+        checkpoint();
+        if let Some(r) = self.rescue.take() {
+            write_remote(self.pid, r.base, &r.old).map_err(os("process_vm_writev"))?;
+        }
+        checkpoint();
+        for _ in 0..self.deferred_stops {
+            ptrace::tgkill(self.pid, self.tid, libc::SIGSTOP).map_err(os("tgkill"))?;
+        }
+        ptrace::detach(self.tid, 0).map_err(os("PTRACE_DETACH"))?;
+        Ok(true)
+    }
+
+    /// Lets the thread go from whatever stop it is in. Before the rescue
+    /// frame exists, its registers were never changed (or are put back)
+    /// and it is simply detached. After, it is pointed at the frame's
+    /// `rt_sigreturn` (no pending call runs) and detached: its first act is
+    /// to restore its registers, mask and FPU state itself. A signal in
+    /// whose delivery stop it sits is delivered (its handler runs first and
+    /// returns into the `rt_sigreturn`).
+    fn release(&mut self) -> io::Result<()> {
+        let sig = match self.last {
+            Stop::Signal(sig) => sig,
+            _ => 0,
+        };
+        match (&self.rescue, &self.saved, &self.gadgets) {
+            (Some(r), Some(saved), Some(g)) => {
+                ptrace::set_regs(self.tid, &r.sigreturn_regs(saved, g))?;
+            }
+            (None, Some(saved), _) => ptrace::set_regs(self.tid, saved)?,
+            _ => {}
+        }
+        for _ in 0..self.deferred_stops {
+            ptrace::tgkill(self.pid, self.tid, libc::SIGSTOP)?;
+        }
+        ptrace::detach(self.tid, sig)
+    }
+}
+
+/// Why preparing a stopped thread did not succeed.
+enum Prep {
+    Skip(SkipReason),
+    Step(StepError),
 }
 
 /// The state of the tracer thread.
 #[derive(Default)]
 struct Tracer {
-    /// pid → (start time, address of a `syscall` instruction).
-    insns: HashMap<u32, (u64, u64)>,
+    /// pid → (start time, the gadgets found in it).
+    insns: HashMap<u32, (u64, Gadgets)>,
+    /// tid → (its process's start time, rip, the call) of threads seen
+    /// stopped in a call that restarts through `restart_syscall`.
+    restarts: HashMap<u32, (u64, u64, i64)>,
     /// Threads known to sit in EINTR-prone calls.
     prone: EintrProne,
     /// pid → (start time, cgroup v2 path): a process rarely changes cgroup.
@@ -1578,28 +2104,44 @@ impl Tracer {
         entry.1.as_deref().is_some_and(cgroup_frozen)
     }
 
-    /// A `syscall` instruction of the stopped process, from the cache if it
-    /// is still there.
-    fn syscall_insn(&mut self, pid: u32, start_time: u64, saved: &Regs) -> Option<u64> {
-        if let Some(&(st, addr)) = self.insns.get(&pid)
+    /// For a thread stopped in `restart_syscall`, the call it restarts, if
+    /// this tracer stopped it in that call before (at the same `rip`);
+    /// records the call of a thread stopped in it with
+    /// `-ERESTART_RESTARTBLOCK` for next time.
+    fn restart_origin(&mut self, tid: u32, start_time: u64, regs: &Regs) -> Option<i64> {
+        let nr = regs.orig_rax as i64;
+        if nr < 0 || -(regs.rax as i64) != ERESTART_RESTARTBLOCK {
+            return None;
+        }
+        if nr != nr::RESTART_SYSCALL {
+            if self.restarts.len() >= 65_536 {
+                self.restarts.clear();
+            }
+            self.restarts.insert(tid, (start_time, regs.rip, nr));
+            return None;
+        }
+        self.restarts
+            .get(&tid)
+            .filter(|&&(st, rip, _)| st == start_time && rip == regs.rip)
+            .map(|&(_, _, n)| n)
+    }
+
+    /// The gadgets of the stopped process, from the cache if they are still
+    /// there.
+    fn gadgets(&mut self, pid: u32, start_time: u64) -> Option<Gadgets> {
+        if let Some(&(st, g)) = self.insns.get(&pid)
             && st == start_time
-            && is_syscall_insn(pid, addr)
+            && g.intact(pid)
         {
-            return Some(addr);
+            return Some(g);
         }
         self.insns.remove(&pid);
-        if let Some(addr) = vdso_syscall_insn(pid) {
-            if self.insns.len() >= 65_536 {
-                self.insns.clear();
-            }
-            self.insns.insert(pid, (start_time, addr));
-            return Some(addr);
+        let g = Gadgets::find(pid)?;
+        if self.insns.len() >= 65_536 {
+            self.insns.clear();
         }
-        // No vdso: a thread stopped in a syscall entered it through a
-        // `syscall` right before its rip (not cached: it may be in a library
-        // that gets unmapped).
-        let prev = saved.rip.wrapping_sub(2);
-        ((saved.orig_rax as i64) >= 0 && is_syscall_insn(pid, prev)).then_some(prev)
+        self.insns.insert(pid, (start_time, g));
+        Some(g)
     }
 
     fn attempt(&mut self, job: &Job) -> Reply {
@@ -1728,33 +2270,30 @@ impl Tracer {
             tid,
             reap_exit: !(tid == pid && stat.ppid == crate::own_pid()),
             saved: None,
-            scratch: None,
-            signals: Vec::new(),
+            mask: 0,
+            gadgets: None,
+            rescue: None,
+            blocked: false,
+            delivered: 0,
+            deferred_stops: 0,
             last: Stop::Event { sig: 0, event: 0 },
         };
+        checkpoint();
 
         // Stop it.
-        let first = ptrace::interrupt(tid)
+        let held = ptrace::interrupt(tid)
             .map_err(os("PTRACE_INTERRUPT"))
-            .and_then(|()| s.wait(Some(Instant::now() + cfg.stop_timeout)));
-        let by_interrupt = matches!(
-            first,
-            Ok(Some(Stop::Event {
+            .and_then(|()| s.hold(Instant::now() + cfg.stop_timeout));
+        let mut by_interrupt = matches!(
+            s.last,
+            Stop::Event {
                 sig: libc::SIGTRAP,
                 ..
-            }))
-        );
-        match first {
-            Ok(Some(stop)) if stop.is_exit() => return gone(true, vec![]),
-            Ok(Some(stop)) => {
-                s.last = stop;
-                if let Stop::Signal(sig) = stop
-                    && let Err(e) = s.capture(sig)
-                {
-                    return self.fail(&mut s, e, vec![], exiting);
-                }
             }
-            Ok(None) => {
+        ) && s.delivered == 0;
+        match held {
+            Ok(Held::Stopped) => {}
+            Ok(Held::Timeout) => {
                 // Seized but not stopped: only the exit of this thread can
                 // detach it now.
                 *exiting = true;
@@ -1762,53 +2301,95 @@ impl Tracer {
             }
             Err(e) => return self.fail(&mut s, e, vec![], exiting),
         }
-        let saved = match ptrace::get_regs(tid) {
-            Ok(r) => r,
-            Err(e) => return self.fail(&mut s, os("PTRACE_GETREGS")(e), vec![], exiting),
-        };
-        // Seccomp once more, now that the thread is stopped: a filter
-        // installed since `status` was read (TSYNC from another thread)
-        // would see our call.
-        let filtered = match ptrace::has_seccomp_filter(tid) {
-            Ok(f) => f == Some(true),
-            Err(e) => {
-                return self.fail(&mut s, os("PTRACE_SECCOMP_GET_FILTER")(e), vec![], exiting);
+        checkpoint();
+        // The identity once more, now that the thread is stopped: an execve
+        // since the caller looked would make these calls land in another
+        // program (perhaps a setuid one).
+        if let Some(want) = job.image {
+            let now = procfs::process::Process::new(pid as i32)
+                .and_then(|p| p.stat())
+                .ok()
+                .filter(|st| st.starttime == stat.start_time)
+                .map(|st| crate::discover::image_id(pid, &st));
+            if now != Some(want) {
+                return match s.release() {
+                    Ok(()) => Ok(Outcome::Skipped(SkipReason::ImageChanged)),
+                    Err(e) => self.fail(&mut s, os("PTRACE_DETACH")(e), vec![], exiting),
+                };
             }
-        };
-        let skip = if saved.cs != USER_CS {
-            Some(SkipReason::Not64Bit)
-        } else if filtered {
-            Some(SkipReason::Seccomp { mode: 2 })
-        } else {
-            None
-        };
-        let insn = if skip.is_none() {
-            self.syscall_insn(pid, stat.start_time, &saved)
-        } else {
-            None
-        };
-        let Some(insn) = insn else {
-            let reason = skip.unwrap_or(SkipReason::NoSyscallInstruction);
-            return match s.release() {
-                Ok(_) => Ok(Outcome::Skipped(reason)),
-                Err(e) => self.fail(&mut s, os("PTRACE_DETACH")(e), vec![], exiting),
-            };
-        };
-        s.saved = Some(saved);
-        if job.calls.iter().any(Syscall::needs_scratch) && !s.borrow_scratch() {
-            return match s.release() {
-                Ok(_) => Ok(Outcome::Skipped(SkipReason::NoScratch)),
-                Err(e) => self.fail(&mut s, os("PTRACE_DETACH")(e), vec![], exiting),
-            };
         }
+
+        // Prepare, and block every signal; a signal that comes before the
+        // block is delivered and the thread stopped again.
+        let mut starts = 0;
+        loop {
+            match s.prepare(self, stat.start_time) {
+                Ok(()) => {}
+                Err(Prep::Skip(reason)) => {
+                    return match s.release() {
+                        Ok(()) => Ok(Outcome::Skipped(reason)),
+                        Err(e) => self.fail(&mut s, os("PTRACE_DETACH")(e), vec![], exiting),
+                    };
+                }
+                Err(Prep::Step(e)) => return self.fail(&mut s, e, vec![], exiting),
+            }
+            let scratch = s.rescue.as_ref().expect("installed").scratch;
+            let block = [SIG_BLOCK, scratch + SCRATCH_ALL_SIGNALS, 0, 8, 0, 0];
+            match s.call(NR_RT_SIGPROCMASK, block, &[], cfg) {
+                Ok(0) => {
+                    s.blocked = true;
+                    break;
+                }
+                Ok(r) => {
+                    let what = format!("rt_sigprocmask(SIG_BLOCK) returned {r}");
+                    return self.fail(&mut s, StepError::Unexpected(what), vec![], exiting);
+                }
+                Err(StepError::SignalFirst(sig)) if starts < MAX_SIGNAL_RESTARTS => {
+                    starts += 1;
+                    by_interrupt = false;
+                    match s.deliver_and_hold(sig, cfg) {
+                        Ok(Held::Stopped) => continue,
+                        Ok(Held::Timeout) => {
+                            *exiting = true;
+                            return Ok(Outcome::Skipped(SkipReason::StopTimeout { tid }));
+                        }
+                        Err(e) => return self.fail(&mut s, e, vec![], exiting),
+                    }
+                }
+                Err(StepError::SignalFirst(_)) => {
+                    return match s.release() {
+                        Ok(()) => Ok(Outcome::Skipped(SkipReason::SignalStorm)),
+                        Err(e) => self.fail(&mut s, os("PTRACE_DETACH")(e), vec![], exiting),
+                    };
+                }
+                Err(StepError::Aborted) => {
+                    return match s.release() {
+                        Ok(()) => Ok(Outcome::Skipped(SkipReason::SyscallTimeout {
+                            completed: vec![],
+                        })),
+                        Err(e) => self.fail(&mut s, os("PTRACE_DETACH")(e), vec![], exiting),
+                    };
+                }
+                Err(e) => return self.fail(&mut s, e, vec![], exiting),
+            }
+        }
+        let saved = s.saved.expect("prepared");
+        let scratch = s.rescue.as_ref().expect("installed").scratch;
 
         let mut results = Vec::with_capacity(job.calls.len());
         for call in &job.calls {
-            match s.execute(insn, call, &results, cfg) {
+            let (number, args, bytes) = match call.encode(&results, scratch) {
+                Ok(e) => e,
+                Err(r) => {
+                    results.push(r);
+                    continue;
+                }
+            };
+            match s.call(number, args, &bytes, cfg) {
                 Ok(r) => results.push(r),
                 Err(StepError::Aborted) => {
                     return match s.release() {
-                        Ok(_) => Ok(Outcome::Skipped(SkipReason::SyscallTimeout {
+                        Ok(()) => Ok(Outcome::Skipped(SkipReason::SyscallTimeout {
                             completed: results,
                         })),
                         Err(e) => self.fail(&mut s, os("PTRACE_DETACH")(e), results, exiting),
@@ -1817,10 +2398,24 @@ impl Tracer {
                 Err(e) => return self.fail(&mut s, e, results, exiting),
             }
         }
-        let redelivered = match s.release() {
-            Ok(n) => n,
-            Err(e) => return self.fail(&mut s, os("PTRACE_DETACH")(e), results, exiting),
-        };
+        // The thread's own mask back (the exit stop of this call is the last
+        // moment our registers are in the thread).
+        let unblock = [SIG_SETMASK, scratch + SCRATCH_OWN_MASK, 0, 8, 0, 0];
+        match s.call(NR_RT_SIGPROCMASK, unblock, &[], cfg) {
+            Ok(0) => s.blocked = false,
+            Ok(r) => {
+                let what = format!("rt_sigprocmask(SIG_SETMASK) returned {r}");
+                return self.fail(&mut s, StepError::Unexpected(what), results, exiting);
+            }
+            Err(e) => return self.fail(&mut s, e, results, exiting),
+        }
+        match s.finish(cfg) {
+            Ok(true) => {}
+            // It did not stop again: leaving it (this tracer exits) lets it
+            // run into its rescue frame, which restores it.
+            Ok(false) => *exiting = true,
+            Err(e) => return self.fail(&mut s, e, results, exiting),
+        }
         let attached_for = attached_at.elapsed();
         let vmas_after = match vmas_before {
             Some(_) => map_count(pid).ok(),
@@ -1844,7 +2439,7 @@ impl Tracer {
             app_sees_eintr: by_interrupt
                 && interrupted_syscall.is_some()
                 && saved.rax as i64 == -(libc::EINTR as i64),
-            signals_redelivered: redelivered,
+            signals_redelivered: s.delivered + s.deferred_stops,
             vmas_before,
             vmas_after,
             attached_for,
@@ -1852,7 +2447,8 @@ impl Tracer {
     }
 
     /// Ends an attach that went wrong: a vanished thread is `Gone`; anything
-    /// else restores the thread and releases it, then reports the error.
+    /// else releases the thread (see [`Session::release`]), then reports
+    /// the error.
     fn fail(
         &mut self,
         s: &mut Session,
@@ -1870,22 +2466,29 @@ impl Tracer {
                 }));
             }
             StepError::Aborted => "the call was abandoned".to_string(),
+            StepError::SignalFirst(sig) => format!("signal {sig} before the block"),
             StepError::Unexpected(w) => w,
             StepError::Os(op, err) => format!("{op} failed: {err}"),
         };
         if let Err(err) = s.release() {
-            if err.raw_os_error() == Some(libc_errno::ESRCH) {
+            if err.raw_os_error() == Some(libc_errno::ESRCH) && !task_exists(s.pid, s.tid) {
                 s.settle_gone();
                 return Ok(Outcome::Gone(Gone {
                     attached: true,
                     completed,
                 }));
             }
-            // Could not release it: exiting this thread detaches it.
+            // Could not release it (not in a stop): exiting this thread
+            // detaches it, and its rescue frame restores it.
             *exiting = true;
         }
         Err(InjectError::Unexpected { pid, what })
     }
+}
+
+/// Whether thread `tid` of `pid` still exists.
+fn task_exists(pid: u32, tid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
 }
 
 // ---------------------------------------------------------------------------
@@ -2000,7 +2603,22 @@ impl Injector {
     /// Runs `calls` in process `pid`, in order, in one attach, from a thread
     /// chosen as the module header describes.
     pub fn run(&mut self, pid: u32, calls: &[Syscall]) -> Result<Outcome, InjectError> {
-        self.submit(pid, None, calls)
+        self.submit(pid, None, None, calls)
+    }
+
+    /// Like [`run`](Self::run), but only if the process still runs the
+    /// program image `image` (`discover::image_id`) once its thread is
+    /// stopped: a process that called `execve` between the caller's check
+    /// and the attach is [`SkipReason::ImageChanged`], and nothing runs in
+    /// the new image. (After the stop, an `execve` by another thread kills
+    /// the stopped one: the calls then cannot run either.)
+    pub fn run_as(
+        &mut self,
+        pid: u32,
+        image: u64,
+        calls: &[Syscall],
+    ) -> Result<Outcome, InjectError> {
+        self.submit(pid, None, Some(image), calls)
     }
 
     /// Like [`run`](Self::run), but stops thread `tid` of `pid` whatever its
@@ -2011,13 +2629,14 @@ impl Injector {
         tid: u32,
         calls: &[Syscall],
     ) -> Result<Outcome, InjectError> {
-        self.submit(pid, Some(tid), calls)
+        self.submit(pid, Some(tid), None, calls)
     }
 
     fn submit(
         &mut self,
         pid: u32,
         tid: Option<u32>,
+        image: Option<u64>,
         calls: &[Syscall],
     ) -> Result<Outcome, InjectError> {
         if !cfg!(target_arch = "x86_64") {
@@ -2051,6 +2670,7 @@ impl Injector {
         let job = Job {
             pid,
             tid,
+            image,
             calls: calls.to_vec(),
             config: self.config,
         };
@@ -2079,7 +2699,12 @@ impl Injector {
                 Err(InjectError::Stuck { pid, waited: bound })
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                self.worker = None;
+                // It panicked: its exit released its tracee (which restores
+                // itself, see the module header); wait until the kernel has
+                // let go of it, so that the next attach finds it free.
+                if let Some(w) = self.worker.take() {
+                    w.retire();
+                }
                 Err(InjectError::Unexpected {
                     pid,
                     what: "the tracer thread has died".into(),

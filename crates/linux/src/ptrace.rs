@@ -33,11 +33,13 @@ fn pid(tid: u32) -> Pid {
     Pid::from_raw(tid as i32)
 }
 
-/// `PTRACE_SEIZE` without options: the thread keeps running until
-/// [`interrupt`]. Deliberately no `PTRACE_O_EXITKILL`: if the tracer dies the
-/// tracee must survive (mechanisms.md §1).
+/// `PTRACE_SEIZE` with `PTRACE_O_TRACESYSGOOD` (syscall stops report
+/// `SIGTRAP | 0x80`, [`Stop::Syscall`], never confused with a real
+/// SIGTRAP): the thread keeps running until [`interrupt`]. Deliberately no
+/// `PTRACE_O_EXITKILL`: if the tracer dies the tracee must survive
+/// (mechanisms.md §1).
 pub fn seize(tid: u32) -> io::Result<()> {
-    np::seize(pid(tid), np::Options::empty()).map_err(io::Error::from)
+    np::seize(pid(tid), np::Options::PTRACE_O_TRACESYSGOOD).map_err(io::Error::from)
 }
 
 /// `PTRACE_INTERRUPT`: asks a seized thread to enter a ptrace-stop; the stop
@@ -89,6 +91,64 @@ pub fn single_step(tid: u32, sig: i32) -> io::Result<()> {
             sig as libc::c_long as *mut libc::c_void,
         )
     })
+}
+
+/// `PTRACE_SYSCALL`: resume until the next syscall entry or exit
+/// ([`Stop::Syscall`]), delivering signal `sig` (0 for none). Unlike
+/// `PTRACE_SINGLESTEP` it sets no trap flag in the thread: a tracer that
+/// dies leaves nothing behind (the kernel clears the syscall-trace work
+/// when it unlinks the tracee).
+pub fn syscall(tid: u32, sig: i32) -> io::Result<()> {
+    // SAFETY: as for PTRACE_SINGLESTEP: `addr` is ignored and `data` is a
+    // signal number by value; no memory of ours is read or written.
+    check(unsafe {
+        libc::ptrace(
+            libc::PTRACE_SYSCALL,
+            tid as libc::pid_t,
+            std::ptr::null_mut::<libc::c_void>(),
+            sig as libc::c_long as *mut libc::c_void,
+        )
+    })
+}
+
+/// `PTRACE_CONT`, delivering signal `sig` (0 for none).
+pub fn cont(tid: u32, sig: i32) -> io::Result<()> {
+    // SAFETY: as for PTRACE_SINGLESTEP: `addr` is ignored and `data` is a
+    // signal number by value; no memory of ours is read or written.
+    check(unsafe {
+        libc::ptrace(
+            libc::PTRACE_CONT,
+            tid as libc::pid_t,
+            std::ptr::null_mut::<libc::c_void>(),
+            sig as libc::c_long as *mut libc::c_void,
+        )
+    })
+}
+
+/// `PTRACE_GETREGSET(NT_X86_XSTATE)`: the thread's extended FPU state in
+/// the standard (non-compacted) XSAVE layout, as long as the kernel's user
+/// buffer (`fpu_user_cfg.max_size`). Bytes 464..472 hold the XCR0 value.
+pub fn get_xstate(tid: u32) -> io::Result<Vec<u8>> {
+    const NT_X86_XSTATE: libc::c_long = 0x202;
+    let mut buf = vec![0u8; 32 * 1024];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: the kernel writes at most `iov_len` bytes to `iov_base`, which
+    // points into `buf` (alive and exclusively borrowed for the call), and
+    // then shrinks `iov_len` to what it wrote; `iov` lives on our stack.
+    check(unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETREGSET,
+            tid as libc::pid_t,
+            NT_X86_XSTATE as *mut libc::c_void,
+            (&mut iov as *mut libc::iovec).cast::<libc::c_void>(),
+        )
+    })?;
+    let n = iov.iov_len.min(buf.len());
+    buf.truncate(n);
+    Ok(buf)
 }
 
 /// `PTRACE_DETACH`, delivering signal `sig` (0 for none) if the tracee is in
@@ -162,6 +222,9 @@ pub enum Stop {
     /// A signal-delivery-stop: the signal has been dequeued and is delivered
     /// only if the tracer passes it to the next restart.
     Signal(i32),
+    /// A syscall-entry or syscall-exit stop after `PTRACE_SYSCALL` (with
+    /// `PTRACE_O_TRACESYSGOOD`: `SIGTRAP | 0x80`).
+    Syscall,
     /// A `PTRACE_EVENT_*` stop; for a seized thread `PTRACE_EVENT_STOP` is an
     /// interrupt stop (`sig` = SIGTRAP) or a group-stop (`sig` = the stop
     /// signal).
@@ -183,7 +246,9 @@ impl Stop {
         } else {
             let sig = libc::WSTOPSIG(status);
             let event = (status >> 16) & 0xffff;
-            if event == 0 {
+            if event == 0 && sig == libc::SIGTRAP | 0x80 {
+                Stop::Syscall
+            } else if event == 0 {
                 Stop::Signal(sig)
             } else {
                 Stop::Event { sig, event }
@@ -265,6 +330,7 @@ mod tests {
                 event: PTRACE_EVENT_STOP
             }
         );
+        assert_eq!(Stop::decode(stopped(libc::SIGTRAP | 0x80)), Stop::Syscall);
         assert!(Stop::decode(0).is_exit());
         assert!(!Stop::decode(stopped(libc::SIGSTOP)).is_exit());
     }

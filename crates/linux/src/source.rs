@@ -316,6 +316,18 @@ impl LinuxSource {
                 }
                 Err(e) => return Err(e),
             };
+            for r in &maps.rejected {
+                if r.reason == discover::Ineligible::OwnUserfaultfd {
+                    self.skipped.push((
+                        pid,
+                        format!(
+                            "range {:#x}-{:#x} skipped: the process's own userfaultfd \
+                             (missing or minor mode) would make reads wait for it",
+                            r.start, r.end
+                        ),
+                    ));
+                }
+            }
             for r in maps.eligible {
                 if r.kind == RegionKind::PrivateFile && !self.config.private_file {
                     continue;
@@ -498,6 +510,11 @@ impl LinuxSource {
     #[cfg(target_arch = "x86_64")]
     pub fn write_tracker(&mut self) -> &mut crate::uffd::WriteTracker {
         &mut self.writes
+    }
+
+    /// The write tracker, to look at.
+    pub fn writes(&self) -> &crate::uffd::WriteTracker {
+        &self.writes
     }
 
     /// The process and address of a page.

@@ -38,7 +38,10 @@
 //!    dropping our duplicate then ends any registration left.
 //!
 //! If the daemon dies without unregistering, the target keeps an idle fd
-//! and an async registration whose only effect is the 1 µs first-write cost.
+//! and an async registration whose only effect is the 1 µs first-write
+//! cost, until the next daemon starts: it finds the registration in the
+//! crash ledger the dead one kept (`pagesift_daemon::ledger`) and undoes
+//! it.
 //! A child forked by the target does not inherit it (no `EVENT_FORK`).
 
 use crate::error::LinuxError;

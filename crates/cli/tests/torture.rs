@@ -1,0 +1,178 @@
+//! A short kill campaign (`scripts/torture`): the daemon SIGKILLed a dozen
+//! times at random moments (some inside an injection, some with its tracer
+//! thread panicking) while it marks, unmarks and write-tracks real
+//! self-checking targets, then the bad-input table. Nothing may be harmed.
+//! Root is needed; python3 runs the script (`scripts/setup` installs it).
+
+#[path = "../../linux/tests/common/mod.rs"]
+mod common;
+#[path = "../../linux/tests/common/inject_target.rs"]
+mod inject_target;
+mod support;
+
+use std::process::Command;
+
+#[test]
+fn daemon_killed_at_random_moments_harms_no_target() {
+    common::require_root();
+    let _serial = support::serial();
+    let target = common::cargo_artifact(
+        &["-p", "pagesift-linux", "--example", "inject_target"],
+        "examples/inject_target",
+    );
+    let workload = common::workload_bin();
+    // One directory with the binaries the script expects.
+    let dir = support::tmpdir("torture-bins");
+    std::fs::create_dir_all(dir.join("examples")).unwrap();
+    let link = |from: &std::path::Path, to: std::path::PathBuf| {
+        let _ = std::fs::remove_file(&to);
+        std::os::unix::fs::symlink(from, to).unwrap();
+    };
+    link(
+        std::path::Path::new(env!("CARGO_BIN_EXE_pagesift")),
+        dir.join("pagesift"),
+    );
+    link(&workload, dir.join("pagesift-workload"));
+    link(&target, dir.join("examples/inject_target"));
+    let report = dir.join("report.json");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/torture");
+    let out = Command::new("python3")
+        .arg(script)
+        .args(["--kills", "12", "--max-life", "2", "--bin-dir"])
+        .arg(&dir)
+        .arg("--json")
+        .arg(&report)
+        .output()
+        .expect("python3 scripts/torture");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stderr}");
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).expect("the report")).unwrap();
+    assert_eq!(r["figures"]["harmed"], 0, "{}", r["harm"]);
+    assert_eq!(r["figures"]["kills"], 12);
+    assert_eq!(
+        r["figures"]["bad_inputs_handled"], r["figures"]["bad_inputs"],
+        "{}",
+        r["bad_inputs"]
+    );
+    assert!(r["figures"]["signals_checked"].as_u64().unwrap() > 0);
+    assert!(out.status.success(), "{stderr}");
+}
+
+/// A target that registered part of its memory with its own userfaultfd in
+/// missing mode and never answers: the daemon never reads that range (a
+/// read would wait forever), keeps waking, and its status says so.
+#[test]
+fn a_targets_own_missing_userfaultfd_never_wedges_the_daemon() {
+    common::require_root();
+    let _serial = support::serial();
+    let dir = support::tmpdir("own-uffd");
+    let t = inject_target::Target::start("uffd-missing", &["--ms", "5"]);
+    let pid = t.pid();
+    let uffd_addr = t.ready["tids"]["uffd_addr"].as_u64().unwrap();
+    let mut d = support::Daemon::start(&dir, &["--pid", &pid.to_string()], false);
+    let st = d.wait_for(
+        std::time::Duration::from_secs(30),
+        "the range reported as skipped",
+        |s| {
+            s["skipped"].as_array().is_some_and(|v| {
+                v.iter().any(|p| {
+                    p["pid"].as_u64() == Some(pid as u64)
+                        && p["reason"]
+                            .as_str()
+                            .is_some_and(|r| r.contains(&format!("{uffd_addr:#x}")))
+                })
+            })
+        },
+    );
+    let up = st["daemon"]["uptime_s"].as_f64().unwrap();
+    // It keeps waking: the status keeps answering and its clock moves on,
+    // and the target's other memory is sampled.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let later = d.status().expect("the daemon answers");
+    assert!(
+        later["daemon"]["uptime_s"].as_f64().unwrap() >= up + 2.0,
+        "{later}"
+    );
+    assert!(d.stop().success());
+    // Never marked; still the target's own registration.
+    let flags = support::vm_flags(pid, uffd_addr);
+    assert!(flags.iter().any(|f| f == "um"), "{flags:?}");
+    assert!(!flags.iter().any(|f| f == "mg"), "{flags:?}");
+    // The target never blocked (its sleeps were all on time) and its
+    // checked memory is unchanged.
+    t.finish();
+}
+
+/// userfaultfds of `pid` (`/proc/PID/fd` links to `anon_inode:[userfaultfd]`).
+fn userfaultfds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|l| l.to_string_lossy() == "anon_inode:[userfaultfd]")
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// SIGKILL the daemon while it holds write-tracking registrations, then
+/// while it holds marks; each restart takes away what the dead one left
+/// (its ledger under /run), and after a clean stop with --unmerge-on-exit
+/// no target holds a userfaultfd of ours or a range we marked.
+#[test]
+fn a_restarted_daemon_takes_away_what_its_killed_predecessor_left() {
+    common::require_root();
+    let _serial = support::serial();
+    let dir = support::tmpdir("recovery");
+    let a = inject_target::Target::start("sleep", &["--ms", "5"]);
+    let b = inject_target::Target::start("sleep", &["--ms", "5"]);
+    let (pa, pb) = (a.pid().to_string(), b.pid().to_string());
+    let args = ["--pid", pa.as_str(), "--pid", pb.as_str()];
+    let kill = |d: &mut support::Daemon| {
+        d.signal("KILL");
+        d.child.take().unwrap().wait().unwrap();
+    };
+    let uffds = || userfaultfds(a.pid()) + userfaultfds(b.pid());
+    let marked = || {
+        support::any_mergeable(a.pid(), a.addr(), a.len())
+            || support::any_mergeable(b.pid(), b.addr(), b.len())
+    };
+    let secs = std::time::Duration::from_secs;
+
+    let mut d = support::Daemon::start(&dir, &args, false);
+    d.wait_for(secs(60), "write tracking", |s| {
+        s["totals"]["write_tracked_ranges"].as_u64().unwrap_or(0) > 0
+    });
+    kill(&mut d);
+    assert!(uffds() > 0, "the killed daemon left its registrations");
+    assert!(std::path::Path::new("/run/pagesift/ledger").exists());
+    drop(d);
+
+    let mut d = support::Daemon::start(&dir, &args, false);
+    d.wait_for(secs(60), "marks", |s| {
+        s["totals"]["marks"].as_u64().unwrap_or(0) > 0
+    });
+    kill(&mut d);
+    assert!(marked(), "the killed daemon left its marks");
+    drop(d);
+
+    let mut d = support::Daemon::start(
+        &dir,
+        &[args.as_slice(), &["--unmerge-on-exit"]].concat(),
+        false,
+    );
+    d.wait_for(secs(30), "a status", |_| true);
+    std::thread::sleep(secs(2));
+    assert!(d.stop().success(), "{}", d.log());
+    let log = d.log();
+    assert!(
+        log.contains("took away what the previous daemon left"),
+        "{log}"
+    );
+    assert_eq!(uffds(), 0, "a userfaultfd of ours is left:\n{log}");
+    assert!(!marked(), "a range we marked is left:\n{log}");
+    assert!(!std::path::Path::new("/run/pagesift/ledger").exists());
+    drop(d);
+    a.finish();
+    b.finish();
+}

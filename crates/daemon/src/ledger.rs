@@ -1,0 +1,367 @@
+//! The crash ledger: what pagesift has left inside other processes, kept on
+//! disk so that a daemon started after a crash (SIGKILL, the OOM killer, a
+//! systemd stop timeout) can take it away.
+//!
+//! - **What.** The ranges pagesift marked `MADV_MERGEABLE`, per process
+//!   identity (pid, start time, program image), and its userfaultfd
+//!   registrations (the descriptor's number in the target and its ranges).
+//!   KSM's knobs are not here: the KSM lock file holds the values to put
+//!   back, and the next owner of KSM restores them.
+//! - **When.** Rewritten after every wake-up in which either changed, and
+//!   removed on a clean stop (after the stop has undone what it undoes).
+//!   Atomically: a temporary file in the same directory, `fsync`, `rename`.
+//! - **Where.** [`LEDGER_PATH`] (tmpfs: a reboot rightly forgets it), in a
+//!   directory of mode 0700, the file 0600, both root's. Daemons take the KSM
+//!   lock before they touch it, so one writes it at a time.
+//! - **Trust.** Read only if it is a regular file (not a link) owned by the
+//!   daemon's user and writable by nobody else; otherwise refused with the
+//!   path and the reason (and left alone).
+//! - **Recovery** ([`recover`]), at start, before anything is marked: for
+//!   each process that is still the same one, its marked ranges are unmarked
+//!   (`MADV_UNMERGEABLE`, which unmerges their pages) and each registration
+//!   undone (`UFFDIO_UNREGISTER` of its ranges, then `close` of the
+//!   descriptor, only if it is still a userfaultfd with pagesift's features
+//!   and the unregister succeeded). The daemon then starts afresh: what it
+//!   marks again is its own, so `unmerge_on_exit` covers it.
+
+use crate::actuate::{Marks, ProcKey};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Where the ledger lives.
+pub const LEDGER_PATH: &str = "/run/pagesift/ledger";
+
+/// One process's marked ranges.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MarkEntry {
+    /// The process.
+    pub pid: u32,
+    /// Its start time (clock ticks after boot).
+    pub start_time: u64,
+    /// Its program image (`discover::image_id`).
+    pub image: u64,
+    /// `[start, end)` ranges.
+    pub ranges: Vec<(u64, u64)>,
+}
+
+/// One process's userfaultfd registration.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UffdEntry {
+    /// The process.
+    pub pid: u32,
+    /// Its start time.
+    pub start_time: u64,
+    /// The descriptor's number in the process.
+    pub fd: i32,
+    /// Registered `[start, end)` ranges.
+    pub ranges: Vec<(u64, u64)>,
+}
+
+/// What the ledger holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// Marked ranges.
+    pub marks: Vec<MarkEntry>,
+    /// Userfaultfd registrations.
+    pub uffd: Vec<UffdEntry>,
+}
+
+impl Record {
+    /// Adds every range of `marks`.
+    pub fn add_marks(&mut self, marks: &Marks) {
+        for key in marks.processes() {
+            let ranges = marks.ranges(key);
+            if !ranges.is_empty() {
+                self.marks.push(entry(key, ranges));
+            }
+        }
+    }
+
+    /// Whether nothing is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.marks.is_empty() && self.uffd.is_empty()
+    }
+}
+
+fn entry(key: ProcKey, ranges: Vec<(u64, u64)>) -> MarkEntry {
+    MarkEntry {
+        pid: key.pid,
+        start_time: key.start_time,
+        image: key.image,
+        ranges,
+    }
+}
+
+/// The ledger file, and the last bytes written to it.
+#[derive(Debug)]
+pub struct Ledger {
+    path: PathBuf,
+    last: Option<Vec<u8>>,
+    last_key: Option<Vec<u8>>,
+}
+
+impl Ledger {
+    /// The ledger at `path` (nothing is written yet).
+    pub fn new(path: &Path) -> Ledger {
+        Ledger {
+            path: path.to_path_buf(),
+            last: None,
+            last_key: None,
+        }
+    }
+
+    /// Whether `rec`, with its userfaultfd start times left out, differs
+    /// from what was last given (so that start times are read only then).
+    pub fn changed(&mut self, rec: &Record) -> bool {
+        let key = serde_json::to_vec(rec).unwrap_or_default();
+        if self.last_key.as_deref() == Some(&key[..]) {
+            return false;
+        }
+        self.last_key = Some(key);
+        true
+    }
+
+    /// Writes `rec` if it differs from what was last written (an empty
+    /// record removes the file).
+    pub fn save(&mut self, rec: &Record) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec(rec).map_err(std::io::Error::other)?;
+        if self.last.as_deref() == Some(&bytes[..]) {
+            return Ok(());
+        }
+        if rec.is_empty() {
+            match std::fs::remove_file(&self.path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        } else {
+            write_atomically(&self.path, &bytes)?;
+        }
+        self.last = Some(bytes);
+        Ok(())
+    }
+
+    /// Removes the file (a clean stop).
+    pub fn remove(&mut self) -> std::io::Result<()> {
+        self.save(&Record::default())
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    match std::fs::create_dir(dir) {
+        Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() || meta.uid() != rustix::process::geteuid().as_raw() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a directory of ours",
+            dir.display()
+        )));
+    }
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)
+}
+
+/// The ledger a previous daemon left at `path`: `Ok(None)` if there is
+/// none; an error naming the path and the reason if it cannot be trusted
+/// or read.
+pub fn previous(path: &Path) -> Result<Option<Record>, String> {
+    use std::io::Read;
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot open the ledger {}: {e}", path.display())),
+    };
+    let meta = f
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a regular file", path.display()));
+    }
+    if meta.uid() != rustix::process::geteuid().as_raw() || meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{}: not trusted (owner uid {}, mode {:o}): it must be ours and writable by nobody else",
+            path.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
+        ));
+    }
+    let mut text = String::new();
+    (&f).read_to_string(&mut text)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// What [`recover`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// Ranges unmarked.
+    pub unmarked: usize,
+    /// Registrations undone (descriptors closed).
+    pub closed: usize,
+    /// Entries whose process is gone or is another one now.
+    pub gone: usize,
+    /// What could not be undone, and why.
+    pub failed: Vec<String>,
+}
+
+/// `UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_UNPOPULATED`: the features
+/// pagesift's registrations ask for (`pagesift_linux::uffd`).
+const OUR_UFFD_FEATURES: u64 = (1 << 15) | (1 << 13);
+
+/// Whether descriptor `fd` of `pid` is a userfaultfd with pagesift's
+/// features (`/proc/PID/fdinfo/FD`, `API:\tAA:FEATURES:IOCTLS`).
+fn is_our_kind_of_userfaultfd(pid: u32, fd: i32) -> bool {
+    let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}"));
+    if !link.is_ok_and(|l| l.to_string_lossy() == "anon_inode:[userfaultfd]") {
+        return false;
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).is_ok_and(|info| {
+        info.lines()
+            .filter_map(|l| l.strip_prefix("API:"))
+            .filter_map(|v| v.trim().split(':').nth(1))
+            .filter_map(|f| u64::from_str_radix(f, 16).ok())
+            .any(|f| f & OUR_UFFD_FEATURES == OUR_UFFD_FEATURES)
+    })
+}
+
+/// Takes away what `rec` lists, in the processes that are still the same.
+#[cfg(target_arch = "x86_64")]
+pub fn recover(rec: &Record, injector: &mut pagesift_linux::inject::Injector) -> Recovered {
+    use pagesift_linux::inject::{Advice, Fd, Outcome, Syscall};
+    let mut out = Recovered::default();
+    for m in &rec.marks {
+        if pagesift_linux::discover::identity(m.pid) != Some((m.start_time, m.image)) {
+            out.gone += 1;
+            continue;
+        }
+        let calls: Vec<Syscall> = m
+            .ranges
+            .iter()
+            .map(|&(s, e)| Syscall::Madvise {
+                addr: s,
+                len: e - s,
+                advice: Advice::Unmergeable,
+            })
+            .collect();
+        match injector.run_as(m.pid, m.image, &calls) {
+            Ok(Outcome::Done(i)) => {
+                out.unmarked += i.results.iter().filter(|&&r| r >= 0).count();
+                if !i.all_ok() {
+                    out.failed
+                        .push(format!("pid {}: unmark results {:?}", m.pid, i.results));
+                }
+            }
+            Ok(Outcome::Gone(_)) => out.gone += 1,
+            Ok(Outcome::Skipped(why)) => out.failed.push(format!("pid {}: {why}", m.pid)),
+            Err(e) => out.failed.push(format!("pid {}: {e}", m.pid)),
+        }
+    }
+    for u in &rec.uffd {
+        let same =
+            pagesift_linux::discover::identity(u.pid).map(|(st, _)| st) == Some(u.start_time);
+        if !same {
+            out.gone += 1;
+            continue;
+        }
+        if !is_our_kind_of_userfaultfd(u.pid, u.fd) {
+            // Closed since (by us before the crash, or by the process).
+            continue;
+        }
+        let mut calls: Vec<Syscall> = u
+            .ranges
+            .iter()
+            .map(|&(s, e)| Syscall::UffdUnregister {
+                fd: Fd::Number(u.fd),
+                addr: s,
+                len: e - s,
+            })
+            .collect();
+        calls.push(Syscall::Close(Fd::NumberIfOk(u.fd, 0)));
+        match injector.run(u.pid, &calls) {
+            Ok(Outcome::Done(i)) if i.results.last().is_some_and(|&r| r == 0) => out.closed += 1,
+            Ok(Outcome::Done(i)) => out.failed.push(format!(
+                "pid {} fd {}: results {:?}",
+                u.pid, u.fd, i.results
+            )),
+            Ok(Outcome::Gone(_)) => out.gone += 1,
+            Ok(Outcome::Skipped(why)) => {
+                out.failed.push(format!("pid {} fd {}: {why}", u.pid, u.fd))
+            }
+            Err(e) => out.failed.push(format!("pid {} fd {}: {e}", u.pid, u.fd)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saves_atomically_reads_back_and_refuses_what_others_can_write() {
+        let dir = std::env::temp_dir().join(format!("pagesift-ledger-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("ledger");
+        let mut l = Ledger::new(&path);
+        assert_eq!(previous(&path).unwrap(), None);
+        let mut marks = Marks::new();
+        let key = ProcKey {
+            pid: 7,
+            start_time: 9,
+            image: 11,
+        };
+        marks.add(key, 0x1000, 0x3000);
+        let mut rec = Record::default();
+        rec.add_marks(&marks);
+        rec.uffd.push(UffdEntry {
+            pid: 7,
+            start_time: 9,
+            fd: 5,
+            ranges: vec![(0x8000, 0x9000)],
+        });
+        l.save(&rec).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        assert_eq!(previous(&path).unwrap(), Some(rec.clone()));
+        // Writable by others: refused, named, left alone.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let err = previous(&path).unwrap_err();
+        assert!(
+            err.contains("ledger") && err.contains("not trusted"),
+            "{err}"
+        );
+        assert!(path.exists());
+        // A link is refused.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(previous(&link).is_err());
+        // An empty record removes the file.
+        l.remove().unwrap();
+        assert!(!path.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
