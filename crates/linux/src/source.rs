@@ -404,17 +404,23 @@ impl LinuxSource {
     fn process_regions(&mut self, pid: u32) -> Result<discover::ProcessRegions, LinuxError> {
         let p = self.procs.get_mut(&pid).expect("opened before");
         let stat = ProcessKsmStat::of(pid).ok();
-        let known = p.smaps_at.is_some_and(|t| t.elapsed() < SMAPS_INTERVAL)
-            && stat.is_some_and(|s| s.merge_any == Some(false));
-        let (regions, from) = if stat.is_some_and(|s| s.mergeable == Some(false)) {
+        let nothing_mergeable = stat.is_some_and(|s| s.mergeable == Some(false));
+        if nothing_mergeable {
             // Nothing is mergeable: nothing to remember either.
             p.mergeable.clear();
-            self.maps
-                .process_regions(pid, p.inspector.pagemap(), &mut self.kpf)?
-        } else if known {
+        }
+        let known = nothing_mergeable
+            || (p.smaps_at.is_some_and(|t| t.elapsed() < SMAPS_INTERVAL)
+                && stat.is_some_and(|s| s.merge_any == Some(false)));
+        let (regions, from) = if known {
+            #[cfg(target_arch = "x86_64")]
+            let own_userfaultfds = usize::from(self.writes.target_fd(pid).is_some());
+            #[cfg(not(target_arch = "x86_64"))]
+            let own_userfaultfds = 0;
             let known = discover::KnownRanges {
                 mergeable: &p.mergeable,
                 anonymous: &p.anonymous,
+                own_userfaultfds,
             };
             self.maps
                 .process_regions_known(pid, p.inspector.pagemap(), &mut self.kpf, known)?

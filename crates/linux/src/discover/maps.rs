@@ -39,6 +39,9 @@
 //!    is not droppable. If none is swap-backed (droppable, or lazily
 //!    freed), or the VMA holds only zero-page mappings: smaps. A VMA with no
 //!    present page at all is kept: it holds nothing a scan could count.
+//! 5. **userfaultfds**: a process holding one that is not the caller's own
+//!    (`/proc/PID/fd` links) may have registered ranges (`um`, `ui`) whose
+//!    remote reads block forever; only smaps names them: smaps.
 //!
 //! The result is the smaps classification, with two differences that change
 //! no count: a VMA that fails two tests may be rejected for another of them
@@ -95,6 +98,9 @@ pub enum SmapsReason {
     Mergeable,
     /// A VMA whose flags maps cannot tell (see the module doc).
     UnknownVma,
+    /// The process holds a userfaultfd that is not the caller's: its
+    /// registered ranges (`um`, `ui`) must not be read.
+    Userfaultfd,
     /// An anonymous VMA whose present pages are not swap-backed
     /// (`MAP_DROPPABLE`, or `MADV_FREE`d pages) or are all zero-page
     /// mappings.
@@ -218,6 +224,9 @@ pub struct KnownRanges<'a> {
     pub mergeable: &'a RangeSet,
     /// Ranges of private anonymous VMAs known not to be `VM_DROPPABLE`.
     pub anonymous: &'a RangeSet,
+    /// userfaultfds the caller itself registered in the process (its
+    /// write tracking): any other one sends discovery to smaps.
+    pub own_userfaultfds: usize,
 }
 
 /// Discovery through maps, with its per-file cache. One per scan.
@@ -286,6 +295,12 @@ impl MapsDiscovery {
         known: Option<KnownRanges<'_>>,
     ) -> Result<(ProcessRegions, RegionsFrom), LinuxError> {
         let smaps = |why| super::process_regions(pid).map(|r| (r, RegionsFrom::Smaps(why)));
+        // A range the process registered with a userfaultfd of its own may
+        // block a remote read forever (MISSING mode); only smaps' `um`/`ui`
+        // flags tell which ranges those are.
+        if foreign_userfaultfds(pid, known.map_or(0, |k| k.own_userfaultfds)) {
+            return smaps(SmapsReason::Userfaultfd);
+        }
         let p = Process::new(pid as i32).map_err(|_| LinuxError::NoSuchProcess(pid))?;
         let maps = p.maps().map_err(|e| proc_error(pid, e, "maps"))?;
         let mut verdicts = Vec::with_capacity(maps.len());
@@ -397,6 +412,20 @@ impl MapsDiscovery {
 
 /// Whether `/proc/PID/ksm_stat` says that no VMA of `pid` is
 /// `VM_MERGEABLE` (false when it cannot tell).
+/// Whether `pid` holds more userfaultfds than the `own` ones (an
+/// unreadable descriptor table counts as yes).
+fn foreign_userfaultfds(pid: u32, own: usize) -> bool {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return true;
+    };
+    dir.flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:[userfaultfd]")
+        })
+        .count()
+        > own
+}
+
 fn no_mergeable_vma(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/ksm_stat")).is_ok_and(|s| {
         s.lines()
