@@ -74,9 +74,9 @@
 //! progressively if the strength changed, and the unstable set is rebuilt
 //! (UKSM §5.3; XLH rebuilds its hash table the same way).
 
-use crate::hints::{HintStack, Interleave, Next};
 use crate::governor::{CostEma, Governor, GovernorParams, pages_per_wakeup, sampling_interval};
 use crate::hash::{PartialHasher, Shifts};
+use crate::hints::{HintStack, Interleave, Next};
 use crate::index::{IndexConfig, IndexSet, SampleIndex};
 use crate::ladder::{Ladder, LadderConfig, Move, Sample};
 use crate::source::{MemorySource, PageState, SourceError};
@@ -178,6 +178,9 @@ pub struct WakeReport {
     pub hint_duplicates: u64,
     /// Hints skipped because their page lies in a run reported lately.
     pub hints_in_runs: u64,
+    /// Pages read for hints (hinted pages and their runs), beside
+    /// `sampled`: the hints' share of the wake's budget.
+    pub hint_pages_read: u64,
     /// Ladder moves made at the end of level rounds.
     pub moves: Vec<Move>,
     /// Regions that disappeared while being sampled.
@@ -421,7 +424,7 @@ impl Distiller {
         levels.hints_sampled = report.hints_sampled;
         levels.hint_duplicates = report.hint_duplicates;
         levels.hints_in_runs = report.hints_in_runs;
-        levels.run_pages_read += report.run_pages_read;
+        levels.hint_pages_read = spent - linear;
         levels.false_collisions += report.false_collisions;
         let mut runs = std::mem::take(&mut report.runs);
         runs.append(&mut levels.runs);
@@ -1138,11 +1141,17 @@ mod tests {
         // b's read came first, a's last: a's hint is popped first, enters
         // the unstable set; b's finds it.
         stack.push(Hint {
-            page: PageRef { region: b, page: 10 },
+            page: PageRef {
+                region: b,
+                page: 10,
+            },
             time: 0,
         });
         stack.push(Hint {
-            page: PageRef { region: a, page: 1010 },
+            page: PageRef {
+                region: a,
+                page: 1010,
+            },
             time: 0,
         });
         let mut il = Interleave::default();
@@ -1153,16 +1162,30 @@ mod tests {
         assert_eq!(hinted.len(), 1, "{:?}", r.runs);
         let run = hinted[0];
         assert_eq!((run.region, run.first, run.pages), (b, 0, 64));
-        assert_eq!(run.twin, Some(PageRef { region: a, page: 1000 }));
+        assert_eq!(
+            run.twin,
+            Some(PageRef {
+                region: a,
+                page: 1000
+            })
+        );
         check_runs(&src, std::slice::from_ref(&r));
         // The budget was shared: the levels sampled fewer pages than their
         // budget by what the hints and the run cost.
         let sampled: u64 = r.sampled.iter().sum();
         let budget: u64 = r.budget.iter().sum();
-        assert!(sampled + r.run_pages_read <= budget + 2, "{sampled} + {} > {budget}", r.run_pages_read);
+        assert!(r.hint_pages_read >= 2 + 2 * 63, "{}", r.hint_pages_read);
+        assert!(
+            sampled + r.hint_pages_read <= budget + 2,
+            "{sampled} + {} > {budget}",
+            r.hint_pages_read
+        );
         // A hint inside the run just reported is skipped without a read.
         stack.push(Hint {
-            page: PageRef { region: b, page: 30 },
+            page: PageRef {
+                region: b,
+                page: 30,
+            },
             time: 0,
         });
         let r = d.wake_with_hints(&mut src, 200 * MS, &mut stack, &mut il);

@@ -365,8 +365,14 @@ fn verbose(e: &dyn std::error::Error) -> String {
 /// One ring event: `{u32 tgid, u32 kind, u32 segs, u32 pad}` then `segs`
 /// × `{u64 start, u64 pages}`, native-endian.
 fn parse_event(buf: &[u8], f: &mut impl FnMut(IoHint)) {
-    let u32_at = |o: usize| buf.get(o..o + 4).map(|b| u32::from_ne_bytes(b.try_into().unwrap()));
-    let u64_at = |o: usize| buf.get(o..o + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap()));
+    let u32_at = |o: usize| {
+        buf.get(o..o + 4)
+            .map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
+    };
+    let u64_at = |o: usize| {
+        buf.get(o..o + 8)
+            .map(|b| u64::from_ne_bytes(b.try_into().unwrap()))
+    };
     let (Some(tgid), Some(kind), Some(segs)) = (u32_at(0), u32_at(4), u32_at(8)) else {
         return;
     };

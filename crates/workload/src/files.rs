@@ -56,8 +56,8 @@ impl FileBuffers {
             files.push((p.clone(), off, len));
             off += len.div_ceil(PAGE).max(1) * PAGE;
         }
-        let map = AnonMapping::new(off.max(PAGE), HugePages::Never)
-            .map_err(|e| format!("mmap: {e}"))?;
+        let map =
+            AnonMapping::new(off.max(PAGE), HugePages::Never).map_err(|e| format!("mmap: {e}"))?;
         Ok(FileBuffers {
             map,
             files,
