@@ -616,6 +616,9 @@ mod tests {
                 }
                 | Goal::SaveAsMuch {
                     system, against, ..
+                }
+                | Goal::Sooner {
+                    system, against, ..
                 }) = g.goal;
                 assert!(e.systems.contains(&system), "{}", e.name);
                 assert!(e.systems.contains(&against), "{}", e.name);

@@ -57,7 +57,8 @@
 //! level ("when processing a hint, the page is always looked-up", §4.3.4),
 //! is never recorded on the ladder (hints are no uniform sample of their
 //! region), and when it is a verified duplicate its run is followed at
-//! once, in any region and without the one-run-per-round limit, and
+//! once, up to [`HINT_RUN_EXTEND_PAGES`] a side, in any region and without
+//! the one-run-per-round limit, and
 //! reported even if it is one page long (`DupRun::hinted`): a file read is
 //! exactly the run of duplicates the rule above waits a round for. A hint
 //! inside a run reported recently is skipped without reading. A hinted
@@ -92,6 +93,13 @@ const PROBES_PER_REGION: usize = 16;
 /// about 256 page reads, a few hundred µs. pagesift's choice; a longer run
 /// is found again from a sample further along it.
 pub const RUN_EXTEND_PAGES: u32 = 64;
+
+/// Most pages a run found from a hint is followed in each direction: a
+/// file read is one long run (4 MiB here), and following it whole in one
+/// go marks it with one call instead of splitting its region into many
+/// marked pieces that each restart at the bottom of the ladder. The reads
+/// are charged to the wake's budget like any other. pagesift's choice.
+pub const HINT_RUN_EXTEND_PAGES: u32 = 1024;
 
 /// Runs remembered per region, so that a sample inside a run reported
 /// within the last round does not follow it again.
@@ -664,7 +672,7 @@ impl Distiller {
             return None;
         }
         t.run_at = Some(now);
-        let run = self.extend_run(src, page, twin, budget, report);
+        let run = self.extend_run(src, page, twin, budget, RUN_EXTEND_PAGES, report);
         if run.pages < 2 {
             return None;
         }
@@ -692,6 +700,7 @@ impl Distiller {
         page: PageRef,
         twin: Option<PageRef>,
         budget: u64,
+        limit: u32,
         report: &mut WakeReport,
     ) -> DupRun {
         let alone = DupRun {
@@ -716,7 +725,7 @@ impl Distiller {
         let read_limit = report.run_pages_read + budget;
         let mut reach = |dir: i64| -> u32 {
             let mut k = 0u32;
-            while k < RUN_EXTEND_PAGES && report.run_pages_read + 2 <= read_limit {
+            while k < limit && report.run_pages_read + 2 <= read_limit {
                 let step = dir * (k as i64 + 1);
                 let p = page.page as i64 + step;
                 if p < 0 || p >= pages as i64 {
@@ -803,7 +812,7 @@ impl Distiller {
             return;
         };
         report.hint_duplicates += 1;
-        let mut run = self.extend_run(src, page, twin, budget, report);
+        let mut run = self.extend_run(src, page, twin, budget, HINT_RUN_EXTEND_PAGES, report);
         run.hinted = true;
         self.remember_run(&run, now);
         report.runs.push(run);

@@ -1014,7 +1014,10 @@ fn a_uid_change_out_of_the_set_unmarks_at_the_next_refresh() {
 }
 
 /// A hint source that hands out what the test queued.
-struct QueuedHints(std::sync::Arc<std::sync::Mutex<Vec<(u32, u64, u64)>>>, Vec<u32>);
+struct QueuedHints(
+    std::sync::Arc<std::sync::Mutex<Vec<(u32, u64, u64)>>>,
+    Vec<u32>,
+);
 
 impl crate::daemon::HintTap for QueuedHints {
     fn watch(&mut self, tgids: &mut dyn Iterator<Item = u32>) {
