@@ -24,6 +24,7 @@
 //!    docs/benchmarks.md.
 
 pub mod experiment;
+pub mod files;
 pub mod guest;
 pub mod interpreters;
 pub mod ksmtuned;

@@ -22,7 +22,7 @@ use pagesift_linux::sys::{DeathSignal, die_with_parent_before_exec};
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A child process group, stopped when dropped.
@@ -67,6 +67,11 @@ impl Spawned {
     /// The leader's stdout, if piped and not yet taken.
     pub fn take_stdout(&mut self) -> Option<ChildStdout> {
         self.child.as_mut()?.stdout.take()
+    }
+
+    /// The leader's stdin, if piped and not yet taken.
+    pub fn take_stdin(&mut self) -> Option<ChildStdin> {
+        self.child.as_mut()?.stdin.take()
     }
 
     /// Whether the leader is still running (not exited, not a zombie).
@@ -126,7 +131,9 @@ pub struct Workload {
     pub report: serde_json::Value,
     /// Seconds it took to fill its memory (start to report).
     pub fill_seconds: f64,
-    _stdout: BufReader<ChildStdout>,
+    stdout: BufReader<ChildStdout>,
+    /// Piped for workloads that take commands (`read-files`).
+    stdin: Option<ChildStdin>,
 }
 
 impl Workload {
@@ -149,8 +156,14 @@ impl Workload {
         merge_any: bool,
     ) -> Result<Workload, BenchError> {
         let mut cmd = Command::new(bin);
+        // `read-files` reads on command; the others ignore stdin.
+        let commands = args.iter().any(|a| a == "read-files");
         cmd.args(args)
-            .stdin(Stdio::null())
+            .stdin(if commands {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         if merge_any {
@@ -159,6 +172,7 @@ impl Workload {
         let t = Instant::now();
         let mut proc = Spawned::spawn(name, &mut cmd, DeathSignal::Kill, Duration::ZERO)?;
         let mut out = BufReader::new(proc.take_stdout().expect("stdout is piped"));
+        let stdin = proc.take_stdin();
         let mut line = String::new();
         let n = out
             .read_line(&mut line)
@@ -174,8 +188,33 @@ impl Workload {
             proc,
             report,
             fill_seconds: t.elapsed().as_secs_f64(),
-            _stdout: out,
+            stdout: out,
+            stdin,
         })
+    }
+
+    /// Sends one command line (`read`, `checksum`) and returns the JSON
+    /// answer.
+    pub fn ask(&mut self, command: &str) -> Result<serde_json::Value, BenchError> {
+        use std::io::Write;
+        let name = self.proc.name().to_string();
+        let err = |e: String| BenchError::Workload(format!("{name}: {command}: {e}"));
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| err("takes no commands".into()))?;
+        writeln!(stdin, "{command}").map_err(|e| err(e.to_string()))?;
+        stdin.flush().map_err(|e| err(e.to_string()))?;
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .map_err(|e| err(e.to_string()))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&line).map_err(|e| err(format!("bad answer {line:?}: {e}")))?;
+        if let Some(e) = v["error"].as_str() {
+            return Err(err(e.to_string()));
+        }
+        Ok(v)
     }
 
     /// A count of the report: a top-level key, or `family.<key>`.

@@ -247,6 +247,9 @@ pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
         }
         | Goal::SaveAsMuch {
             system, against, ..
+        }
+        | Goal::Sooner {
+            system, against, ..
         } => (system.name(), against.name()),
     };
     let mut v = Verdict {
@@ -331,8 +334,85 @@ pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
                 v.met = Some(s >= min_saved_ratio && c <= max_cpu_ratio);
             }
         }
+        Goal::Sooner {
+            fractions,
+            min_speedup,
+            ..
+        } => {
+            let pcts: Vec<String> = fractions
+                .iter()
+                .map(|f| format!("{:.0} %", f * 100.0))
+                .collect();
+            v.goal = format!(
+                "{system} reaches {} of the target ≥ {min_speedup} × sooner than {against}",
+                pcts.join(" and ")
+            );
+            let (Some(me), Some(them)) = (run_of(runs, &system), run_of(runs, &against)) else {
+                v.evidence = format!("{system} and {against} must both run in the same invocation");
+                return v;
+            };
+            let mut parts = Vec::new();
+            let mut met = Some(true);
+            for f in fractions {
+                let (t, _) = time_to_fraction(me, f);
+                let (t_them, _) = time_to_fraction(them, f);
+                let pct = f * 100.0;
+                match (t, t_them) {
+                    (Some(t), Some(u)) => {
+                        let r = u / t.max(1e-3);
+                        parts.push(format!("{pct:.0} %: {t:.2} s vs {u:.2} s ({r:.1}×)"));
+                        met = met.map(|m| m && r >= min_speedup);
+                    }
+                    (Some(t), None) => {
+                        let r = window_s / t.max(1e-3);
+                        parts.push(format!(
+                            "{pct:.0} %: {t:.2} s vs not in {window_s:.0} s (> {r:.1}×)"
+                        ));
+                        met = met.map(|m| m && r >= min_speedup);
+                    }
+                    (None, u) => {
+                        parts.push(format!(
+                            "{pct:.0} %: not in {window_s:.0} s vs {}",
+                            u.map_or(format!("not in {window_s:.0} s"), |u| format!("{u:.2} s"))
+                        ));
+                        met = Some(false);
+                    }
+                }
+            }
+            v.evidence = format!("{system} vs {against}: {}", parts.join("; "));
+            v.met = met;
+        }
     }
     v
+}
+
+/// Per system: the target, the times to 50 % and 90 % of it and the CPU
+/// over the window (the files experiment's table).
+pub fn sooner_table(runs: &[RunResult], window_s: f64) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| system | target [MiB] | time to 50 % [s] | time to 90 % [s] | saved, mean of 2nd half [MiB] | CPU-s over {window_s:.0} s (daemon + ksmd) |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+    for r in runs.iter().filter(|r| !r.series.is_empty()) {
+        let (t50, target) = time_to_fraction(r, 0.5);
+        let (t90, _) = time_to_fraction(r, 0.9);
+        let f = Figures::of(r);
+        let at =
+            |t: Option<f64>| t.map_or(format!("not in {window_s:.0} s"), |t| format!("{t:.2}"));
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {:.1} | {:.2} |",
+            r.system,
+            num(target, 1),
+            at(t50),
+            at(t90),
+            f.saved_pss_mean_mib,
+            f.cpu_window_s
+        );
+    }
+    s
 }
 
 /// Every goal of `e`, judged.
@@ -398,6 +478,13 @@ pub fn goals_markdown(e: &Experiment, runs: &[RunResult]) -> String {
                 tables.push(key);
             }
         }
+    }
+    if e.goals
+        .iter()
+        .any(|g| matches!(g.goal, Goal::Sooner { .. }))
+    {
+        s.push('\n');
+        s.push_str(&sooner_table(runs, e.window_s));
     }
     for v in verdicts(e, runs) {
         let _ = writeln!(

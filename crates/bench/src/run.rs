@@ -149,6 +149,15 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
             guard.set_sleep_millisecs(20)?;
             Some(guard)
         }
+        System::KsmSleep {
+            pages_to_scan,
+            sleep_ms,
+        } => {
+            advisor(&guard, AdvisorMode::None)?;
+            guard.set_pages_to_scan(pages_to_scan)?;
+            guard.set_sleep_millisecs(sleep_ms)?;
+            Some(guard)
+        }
         System::KsmAdvisor => {
             advisor(&guard, AdvisorMode::ScanTime)?;
             guard.set_sleep_millisecs(20)?;
@@ -228,6 +237,22 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         target_pages = Some(exact.saving_pages);
         loads.extend(workers);
     }
+    let mut readers = Vec::new();
+    if let Some(plan) = &exp.files {
+        let sets = crate::files::file_set(&ctx.work_dir, plan)?;
+        ctx.progress.note(&format!(
+            "{} · {name}: starting {} readers of {} × {} MiB ({} MiB private each)",
+            exp.name, plan.readers, plan.files, plan.file_mib, plan.private_mib
+        ));
+        for (k, set) in sets.iter().enumerate() {
+            let args = crate::files::reader_args(plan, k, set);
+            let argv: Vec<String> = ctx.workload_prefix.iter().chain(&args).cloned().collect();
+            let w = Workload::start(&ctx.workload_bin, &argv, system.workload_mergeable())?;
+            readers.push(loads.len());
+            loads.push(w);
+        }
+        target_pages = Some(plan.target_pages());
+    }
     let fill_seconds: f64 = loads.iter().map(|w| w.fill_seconds).sum::<f64>() + 0.0;
     let groups: Vec<u32> = loads.iter().map(|w| w.pgid()).collect();
     // Step 4: t = 0.
@@ -299,7 +324,20 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
                 std::thread::sleep(Duration::from_millis(20));
             }
             ctx.add_lock_wait(waiting_since.elapsed());
-            daemon = Some((d, log_path));
+            if exp.files.is_some() {
+                // The readers read at t = 0: the hint program must watch
+                // them by then (or the daemon must have said why not).
+                let end = Instant::now() + Duration::from_secs(30);
+                while Instant::now() < end
+                    && daemon_status(ctx, &socket).is_none_or(|s| {
+                        s["hints"]["state"] == "starting"
+                            || s["totals"]["processes"].as_u64() == Some(0)
+                    })
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            daemon = Some((d, log_path, socket.clone()));
         }
         System::Ksmtuned => {
             // Debian's settings, memory counted as tight (see ksmtuned.rs:
@@ -322,7 +360,21 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
             }
         }
     }
-    let mut sampler = Sampler::start(&name, groups, daemon.as_ref().map(|(d, _)| d.pid()))?;
+    let mut sampler = Sampler::start(&name, groups, daemon.as_ref().map(|(d, _, _)| d.pid()))?;
+    if let Some(plan) = &exp.files {
+        // t = 0: every reader reads its files now.
+        let mut secs = Vec::new();
+        for &i in &readers {
+            secs.push(crate::files::read_now(&mut loads[i], plan)?);
+        }
+        notes.push(format!(
+            "the readers read their files at t = 0 in {} s",
+            secs.iter()
+                .map(|s| format!("{s:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     let mut guests: Vec<Guest> = Vec::new();
     // Step 5.
     let mut next = Instant::now();
@@ -357,7 +409,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         if ctx.term.requested() {
             return Err(BenchError::Interrupted);
         }
-        if let Some((d, log)) = daemon.as_mut()
+        if let Some((d, log, _)) = daemon.as_mut()
             && !d.running()
         {
             let tail = std::fs::read_to_string(&*log).unwrap_or_default();
@@ -399,7 +451,32 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         }
     }
     // Step 6.
-    if let Some((mut d, log)) = daemon.take()
+    if exp.files.is_some()
+        && let Some((_, _, socket)) = &daemon
+        && let Some(st) = daemon_status(ctx, socket)
+    {
+        let h = &st["hints"];
+        notes.push(format!(
+            "hints {}{}: {} events, {} pages received, {} pushed, {} untracked, {} lost to a full              ring, {} stale, {} overwritten, {} looked up, {} duplicates, {} pages marked; {:.0}              ns per hint from the ring to the stack (drain, map, push; stack of {})",
+            h["state"].as_str().unwrap_or("?"),
+            h["reason"]
+                .as_str()
+                .map_or(String::new(), |r| format!(" ({r})")),
+            h["events"],
+            h["received"],
+            h["pushed"],
+            h["untracked"],
+            h["dropped_ring"],
+            h["dropped_stale"],
+            h["overwritten"],
+            h["sampled"],
+            h["duplicates"],
+            h["pages_marked"],
+            h["per_hint_ns"].as_f64().unwrap_or(0.0),
+            h["capacity"]
+        ));
+    }
+    if let Some((mut d, log, _)) = daemon.take()
         && !d.stop()
     {
         notes.push(format!(
@@ -425,6 +502,15 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
     drop(loads);
     drop(guard);
     drop(clean_slate(ctx)?);
+    if let Some(plan) = &exp.files
+        && system == exp.reference
+    {
+        // Once per experiment, with no system running.
+        let sets = crate::files::file_set(&ctx.work_dir, plan)?;
+        ctx.progress
+            .note("measuring the I/O hint program's overhead");
+        notes.extend(crate::files::hint_overhead(&ctx.workload_bin, &sets[0])?);
+    }
     Ok(RunResult {
         experiment: exp.name.clone(),
         system: name,
@@ -435,6 +521,21 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         window_s: exp.window_s,
         notes,
     })
+}
+
+/// `pagesift status --json` of the daemon on `socket`, if it answers.
+fn daemon_status(ctx: &Context, socket: &std::path::Path) -> Option<serde_json::Value> {
+    let out = Command::new(&ctx.pagesift_bin)
+        .args(["status", "--json", "--socket"])
+        .arg(socket)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
 }
 
 fn guest_error(e: GuestError) -> BenchError {

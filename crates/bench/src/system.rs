@@ -31,6 +31,9 @@ pub enum Tuning {
     /// CPU, short round times (the paper's 50/20/10/5 ms per level; the
     /// configuration's global round time has a 100 ms floor, so 100 ms).
     ShortLived,
+    /// The defaults with I/O hints off (`[hints] enabled = false`): the
+    /// files experiment's comparison.
+    NoHints,
 }
 
 /// A system under test.
@@ -47,6 +50,14 @@ pub enum System {
     Ksm {
         /// Pages per batch.
         pages_to_scan: u32,
+    },
+    /// Kernel KSM at a fixed `pages_to_scan` and `sleep_millisecs` (XLH's
+    /// settings: 100 pages per 20, 100 or 200 ms).
+    KsmSleep {
+        /// Pages per batch.
+        pages_to_scan: u32,
+        /// Sleep between batches, ms.
+        sleep_ms: u32,
     },
     /// Kernel KSM with `advisor_mode = scan-time` (its defaults).
     KsmAdvisor,
@@ -75,7 +86,12 @@ impl System {
                 Tuning::Default => format!("pagesift-{governor}"),
                 Tuning::CpuShare(s) => format!("pagesift-{governor}@{}%", pct(s)),
                 Tuning::ShortLived => format!("pagesift-{governor}-short"),
+                Tuning::NoHints => format!("pagesift-{governor}-nohints"),
             },
+            System::KsmSleep {
+                pages_to_scan,
+                sleep_ms,
+            } => format!("ksm-{pages_to_scan}@{sleep_ms}ms"),
             System::Ksm { pages_to_scan } => format!("ksm-{pages_to_scan}"),
             System::KsmAdvisor => "ksm-advisor".into(),
             System::KsmPaced { share } => format!("ksm-paced@{}%", pct(share)),
@@ -114,6 +130,7 @@ impl System {
                  [scan]\nsleep_ms = 20\nround_time_ms = 100\ncpu_cap = 0.5\n\n\
                  [ksm]\nmerge_share = 0.5\n"
                 .into(),
+            Tuning::NoHints => "# pagesift bench: I/O hints off\n[hints]\nenabled = false\n".into(),
         })
     }
 }
@@ -172,7 +189,12 @@ mod tests {
 
     #[test]
     fn the_configs_parse_as_the_daemon_reads_them() {
-        for t in [Tuning::Default, Tuning::CpuShare(0.1), Tuning::ShortLived] {
+        for t in [
+            Tuning::Default,
+            Tuning::CpuShare(0.1),
+            Tuning::ShortLived,
+            Tuning::NoHints,
+        ] {
             let s = System::Pagesift {
                 governor: Governor::Full,
                 tuning: t,

@@ -73,6 +73,7 @@ fn a_short_run_measures_both_systems_and_leaves_nothing_behind() {
         about: "64 MiB identical + 64 MiB random".into(),
         guests: None,
         interpreters: None,
+        files: None,
         workloads: vec![
             ["static-dup", "--mib", "64", "--seed", "1"]
                 .map(String::from)

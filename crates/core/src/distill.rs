@@ -47,6 +47,25 @@
 //! decides whether a run is worth making mergeable (issue 4, "Promote":
 //! "or a run of verified duplicate pages appears inside a region").
 //!
+//! **Hints** (XLH, dissertation §4.3.4). [`Distiller::wake_with_hints`]
+//! takes pages that just received file data from a [`HintStack`] and
+//! interleaves them with the ladder's walk at the [`Interleave`] ratio:
+//! the wake-up's total budget is a sequence of picks; a hint slot samples
+//! the newest live hint, a linear slot (or a hint slot with no hint left)
+//! goes to the levels, which then split the linear picks in proportion to
+//! their budgets. A hinted page is always looked up, whatever its region's
+//! level ("when processing a hint, the page is always looked-up", §4.3.4),
+//! is never recorded on the ladder (hints are no uniform sample of their
+//! region), and when it is a verified duplicate its run is followed at
+//! once, up to [`HINT_RUN_EXTEND_PAGES`] a side, in any region and without
+//! the one-run-per-round limit, and
+//! reported even if it is one page long (`DupRun::hinted`): a file read is
+//! exactly the run of duplicates the rule above waits a round for. A hint
+//! inside a run reported recently is skipped without reading. A hinted
+//! page of a region the distiller does not track (held by the caller) is
+//! looked up too, and reported as a run of one page (its region's bounds
+//! are unknown here).
+//!
 //! Levels are walked top-down, so a region that climbs at the end of a
 //! level's round waits for the next wake-up to be sampled on its new level
 //! instead of racing up several levels at once.
@@ -58,6 +77,7 @@
 
 use crate::governor::{CostEma, Governor, GovernorParams, pages_per_wakeup, sampling_interval};
 use crate::hash::{PartialHasher, Shifts};
+use crate::hints::{HintStack, Interleave, Next};
 use crate::index::{IndexConfig, IndexSet, SampleIndex};
 use crate::ladder::{Ladder, LadderConfig, Move, Sample};
 use crate::source::{MemorySource, PageState, SourceError};
@@ -73,6 +93,13 @@ const PROBES_PER_REGION: usize = 16;
 /// about 256 page reads, a few hundred µs. pagesift's choice; a longer run
 /// is found again from a sample further along it.
 pub const RUN_EXTEND_PAGES: u32 = 64;
+
+/// Most pages a run found from a hint is followed in each direction: a
+/// file read is one long run (4 MiB here), and following it whole in one
+/// go marks it with one call instead of splitting its region into many
+/// marked pieces that each restart at the bottom of the ladder. The reads
+/// are charged to the wake's budget like any other. pagesift's choice.
+pub const HINT_RUN_EXTEND_PAGES: u32 = 1024;
 
 /// Runs remembered per region, so that a sample inside a run reported
 /// within the last round does not follow it again.
@@ -92,6 +119,9 @@ pub struct DupRun {
     /// Where the twin run starts (page `first + k` equals `twin.page + k`);
     /// `None` for a run of zero pages, which merge among themselves.
     pub twin: Option<PageRef>,
+    /// Found from a hint (module header): reported even when one page long
+    /// and in a region the ladder does not hold.
+    pub hinted: bool,
 }
 
 impl DupRun {
@@ -150,6 +180,15 @@ pub struct WakeReport {
     pub run_pages_read: u64,
     /// Hash hits that a full comparison rejected.
     pub false_collisions: u64,
+    /// Hinted pages looked up (module header, "Hints").
+    pub hints_sampled: u64,
+    /// Hinted pages found duplicated (verified).
+    pub hint_duplicates: u64,
+    /// Hints skipped because their page lies in a run reported lately.
+    pub hints_in_runs: u64,
+    /// Pages read for hints (hinted pages and their runs), beside
+    /// `sampled`: the hints' share of the wake's budget.
+    pub hint_pages_read: u64,
     /// Ladder moves made at the end of level rounds.
     pub moves: Vec<Move>,
     /// Regions that disappeared while being sampled.
@@ -355,11 +394,75 @@ impl Distiller {
 
     /// One wake-up: sample every level within its budget.
     pub fn wake(&mut self, src: &mut impl MemorySource, now: Nanos) -> WakeReport {
-        let levels = self.ladder.levels();
         let budget = self.budgets();
+        self.wake_levels(src, now, budget.clone(), budget)
+    }
+
+    /// One wake-up whose budget is shared between the hints on `stack` and
+    /// the ladder's walk at the `interleave` ratio (module header, "Hints").
+    pub fn wake_with_hints(
+        &mut self,
+        src: &mut impl MemorySource,
+        now: Nanos,
+        stack: &mut HintStack,
+        interleave: &mut Interleave,
+    ) -> WakeReport {
+        let budget = self.budgets();
+        let total: u64 = budget.iter().sum();
+        let mut report = WakeReport::default();
+        let (mut spent, mut linear) = (0u64, 0u64);
+        while spent < total {
+            match interleave.next(stack, now) {
+                Next::Hint(h) => {
+                    let read_before = report.run_pages_read;
+                    self.sample_hint(src, h.page, now, total - spent - 1, &mut report);
+                    spent += 1 + (report.run_pages_read - read_before);
+                }
+                Next::Linear => {
+                    linear += 1;
+                    spent += 1;
+                }
+            }
+        }
+        // The levels share the linear picks in proportion to their budgets.
+        let scaled: Vec<u64> = if total == 0 {
+            budget.clone()
+        } else {
+            budget
+                .iter()
+                .map(|&b| (b as u128 * linear as u128 / total as u128) as u64)
+                .collect()
+        };
+        let mut levels = self.wake_levels(src, now, budget, scaled);
+        levels.hints_sampled = report.hints_sampled;
+        levels.hint_duplicates = report.hint_duplicates;
+        levels.hints_in_runs = report.hints_in_runs;
+        levels.hint_pages_read = spent - linear;
+        levels.false_collisions += report.false_collisions;
+        let mut runs = std::mem::take(&mut report.runs);
+        runs.append(&mut levels.runs);
+        levels.runs = runs;
+        for id in report.gone {
+            if !levels.gone.contains(&id) {
+                levels.gone.push(id);
+            }
+        }
+        levels
+    }
+
+    /// Walks every level within `budget` (reported as the wake's budget is
+    /// `shown`).
+    fn wake_levels(
+        &mut self,
+        src: &mut impl MemorySource,
+        now: Nanos,
+        shown: Vec<u64>,
+        budget: Vec<u64>,
+    ) -> WakeReport {
+        let levels = self.ladder.levels();
         let mut report = WakeReport {
             sampled: vec![0; levels],
-            budget: budget.clone(),
+            budget: shown,
             ..Default::default()
         };
         let s = self.cost.value();
@@ -574,9 +677,52 @@ impl Distiller {
             return None;
         }
         t.run_at = Some(now);
-        let pages = t.pages;
+        let run = self.extend_run(src, page, twin, budget, RUN_EXTEND_PAGES, report);
+        if run.pages < 2 {
+            return None;
+        }
+        self.remember_run(&run, now);
+        Some(run)
+    }
+
+    /// Remembers `run` in its region so that samples inside it do not
+    /// follow it again soon.
+    fn remember_run(&mut self, run: &DupRun, now: Nanos) {
+        if let Some(t) = self.regions.get_mut(&run.region) {
+            if t.runs.len() == RUNS_PER_REGION {
+                t.runs.pop_front();
+            }
+            t.runs.push_back((run.first, run.end(), now));
+        }
+    }
+
+    /// The run of verified duplicates through `page` (its words in
+    /// `scratch.page`), twin `twin`, reading at most `budget` pages: the
+    /// page alone if its region (or its twin's) is not tracked.
+    fn extend_run(
+        &mut self,
+        src: &mut impl MemorySource,
+        page: PageRef,
+        twin: Option<PageRef>,
+        budget: u64,
+        limit: u32,
+        report: &mut WakeReport,
+    ) -> DupRun {
+        let alone = DupRun {
+            region: page.region,
+            first: page.page,
+            pages: 1,
+            twin,
+            hinted: false,
+        };
+        let Some(pages) = self.regions.get(&page.region).map(|t| t.pages) else {
+            return alone;
+        };
         let twin_pages = match twin {
-            Some(q) => self.regions.get(&q.region)?.pages,
+            Some(q) => match self.regions.get(&q.region) {
+                Some(t) => t.pages,
+                None => return alone,
+            },
             None => 0,
         };
         // How far the run goes in one direction: pages p + dir·k, twin
@@ -584,7 +730,7 @@ impl Distiller {
         let read_limit = report.run_pages_read + budget;
         let mut reach = |dir: i64| -> u32 {
             let mut k = 0u32;
-            while k < RUN_EXTEND_PAGES && report.run_pages_read + 2 <= read_limit {
+            while k < limit && report.run_pages_read + 2 <= read_limit {
                 let step = dir * (k as i64 + 1);
                 let p = page.page as i64 + step;
                 if p < 0 || p >= pages as i64 {
@@ -616,7 +762,7 @@ impl Distiller {
         };
         let back = reach(-1);
         let ahead = reach(1);
-        let run = DupRun {
+        DupRun {
             region: page.region,
             first: page.page - back,
             pages: back + ahead + 1,
@@ -624,16 +770,57 @@ impl Distiller {
                 region: q.region,
                 page: q.page - back,
             }),
+            hinted: false,
+        }
+    }
+
+    /// Looks a hinted page up and follows its run if it is a duplicate
+    /// (module header, "Hints"), reading at most `budget` more pages.
+    fn sample_hint(
+        &mut self,
+        src: &mut impl MemorySource,
+        page: PageRef,
+        now: Nanos,
+        budget: u64,
+        report: &mut WakeReport,
+    ) {
+        if let Some(t) = self.regions.get(&page.region)
+            && t.runs.iter().any(|&(a, b, _)| (a..b).contains(&page.page))
+        {
+            report.hints_in_runs += 1;
+            return;
+        }
+        report.hints_sampled += 1;
+        match src.page_state(page) {
+            Ok(PageState::Present) => {}
+            Err(SourceError::Gone(id)) => {
+                if self.regions.contains_key(&id) && !report.gone.contains(&id) {
+                    report.gone.push(id);
+                }
+                return;
+            }
+            // Not present, merged or zero: nothing to find.
+            _ => return,
+        }
+        let Some(hash) = self.read_and_hash(src, page) else {
+            return;
         };
-        if run.pages < 2 {
-            return None;
-        }
-        let t = self.regions.get_mut(&page.region)?;
-        if t.runs.len() == RUNS_PER_REGION {
-            t.runs.pop_front();
-        }
-        t.runs.push_back((run.first, run.end(), now));
-        Some(run)
+        self.controller.on_hashed(1);
+        let twin = if hash == self.zero_hash && self.scratch.page.iter().all(|&w| w == 0) {
+            None
+        } else if let Some(t) = self.find(IndexSet::Stable, src, hash, page, report) {
+            Some(t)
+        } else if let Some(t) = self.find(IndexSet::Unstable, src, hash, page, report) {
+            self.index.insert_stable(hash, t);
+            Some(t)
+        } else {
+            return;
+        };
+        report.hint_duplicates += 1;
+        let mut run = self.extend_run(src, page, twin, budget, HINT_RUN_EXTEND_PAGES, report);
+        run.hinted = true;
+        self.remember_run(&run, now);
+        report.runs.push(run);
     }
 
     fn read_and_hash(&mut self, src: &mut impl MemorySource, page: PageRef) -> Option<u32> {
@@ -926,6 +1113,7 @@ mod tests {
             first: 100,
             pages: 32,
             twin: Some(PageRef { region: b, page: 0 }),
+            hinted: false,
         };
         assert!(runs.contains(&whole), "{runs:?}");
         // B is rich (50 %): it climbs on its own and follows no run.
@@ -935,6 +1123,87 @@ mod tests {
         // At most one follow per region per bottom round.
         let follows = runs.len() as u64;
         assert!(follows <= d.global_rounds(), "{follows} follows");
+    }
+
+    /// Two regions share a 64-page run (a file read twice). Hints on one
+    /// page of each find and follow the whole run in the first wake-up;
+    /// the same wake-up without hints finds nothing.
+    #[test]
+    fn hints_find_a_shared_run_in_the_first_wake() {
+        use crate::hints::{Hint, HintStack, Interleave};
+        let setup = || {
+            let mut src = InMemorySource::new();
+            let mut a_contents: Vec<u64> = (10_000..14_096).collect();
+            a_contents[1000..1064].copy_from_slice(&(5000..5064).collect::<Vec<u64>>());
+            let a = src.map(1, &a_contents);
+            let mut b_contents: Vec<u64> = (5000..5064).collect();
+            b_contents.extend(20_000..24_032);
+            let b = src.map(2, &b_contents);
+            (src, a, b)
+        };
+        let (mut src, a, b) = setup();
+        let mut d = distiller();
+        d.sync_regions(&src, 0);
+        let plain = d.wake(&mut src, 100 * MS);
+        assert!(plain.runs.is_empty(), "{:?}", plain.runs);
+
+        let (mut src, a2, b2) = setup();
+        assert_eq!((a, b), (a2, b2));
+        let mut d = distiller();
+        d.sync_regions(&src, 0);
+        let mut stack = HintStack::new(64, crate::hints::DEFAULT_MAX_AGE);
+        // b's read came first, a's last: a's hint is popped first, enters
+        // the unstable set; b's finds it.
+        stack.push(Hint {
+            page: PageRef {
+                region: b,
+                page: 10,
+            },
+            time: 0,
+        });
+        stack.push(Hint {
+            page: PageRef {
+                region: a,
+                page: 1010,
+            },
+            time: 0,
+        });
+        let mut il = Interleave::default();
+        let r = d.wake_with_hints(&mut src, 100 * MS, &mut stack, &mut il);
+        assert_eq!(r.hints_sampled, 2);
+        assert_eq!(r.hint_duplicates, 1);
+        let hinted: Vec<_> = r.runs.iter().filter(|x| x.hinted).collect();
+        assert_eq!(hinted.len(), 1, "{:?}", r.runs);
+        let run = hinted[0];
+        assert_eq!((run.region, run.first, run.pages), (b, 0, 64));
+        assert_eq!(
+            run.twin,
+            Some(PageRef {
+                region: a,
+                page: 1000
+            })
+        );
+        check_runs(&src, std::slice::from_ref(&r));
+        // The budget was shared: the levels sampled fewer pages than their
+        // budget by what the hints and the run cost.
+        let sampled: u64 = r.sampled.iter().sum();
+        let budget: u64 = r.budget.iter().sum();
+        assert!(r.hint_pages_read >= 2 + 2 * 63, "{}", r.hint_pages_read);
+        assert!(
+            sampled + r.hint_pages_read <= budget + 2,
+            "{sampled} + {} > {budget}",
+            r.hint_pages_read
+        );
+        // A hint inside the run just reported is skipped without a read.
+        stack.push(Hint {
+            page: PageRef {
+                region: b,
+                page: 30,
+            },
+            time: 0,
+        });
+        let r = d.wake_with_hints(&mut src, 200 * MS, &mut stack, &mut il);
+        assert_eq!((r.hints_in_runs, r.hints_sampled), (1, 0));
     }
 
     #[test]

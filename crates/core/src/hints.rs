@@ -198,6 +198,13 @@ impl HintStack {
         self.max_age
     }
 
+    /// Changes the maximum age: the caller narrows it to the time of one
+    /// scan round, since "XLH skips hints that were issued in the last
+    /// scan round" (§4.3.3), once the linear scan has passed them anyway.
+    pub fn set_max_age(&mut self, max_age: Nanos) {
+        self.max_age = max_age;
+    }
+
     /// Drops every stored hint (not counted as expired or overwritten).
     pub fn clear(&mut self) {
         self.len = 0;

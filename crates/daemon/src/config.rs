@@ -125,6 +125,8 @@ pub struct Config {
     pub status: StatusSection,
     /// Prometheus metrics.
     pub metrics: MetricsSection,
+    /// I/O hints (XLH).
+    pub hints: HintsSection,
 }
 
 /// `[ladder]`: UKSM Table 1 and §5.2.
@@ -376,6 +378,70 @@ pub struct MetricsSection {
     pub address: Option<String>,
 }
 
+/// The syscalls `[hints] syscalls` may name (the kernel's names).
+pub const HINT_SYSCALLS: [&str; 10] = [
+    "read", "pread64", "readv", "preadv", "preadv2", "write", "pwrite64", "writev", "pwritev",
+    "pwritev2",
+];
+
+/// `[hints]`: I/O hints from eBPF (the XLH dissertation, §4.3).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HintsSection {
+    /// Take hints from the syscalls below (needs CAP_BPF, CAP_PERFMON and
+    /// kernel BTF; without them the daemon says what is missing and runs
+    /// without hints). Default on.
+    pub enabled: bool,
+    /// Syscalls whose buffers are hinted. Default: the read family and the
+    /// write family (XLH hints writes too, §5.4.3).
+    pub syscalls: Vec<String>,
+    /// Hints the bounded stack holds; default: what drains in 15 s at the
+    /// scan rate the governor gives and the interleave's hint share
+    /// (§5.4.1).
+    pub capacity: Option<usize>,
+    /// Oldest hint still used, in ms (default 15 000, §4.3.3). A hint
+    /// older than the last global round is dropped too.
+    pub max_age_ms: u64,
+    /// Hint slots to linear slots, `"H:L"` (default `"1:1"`).
+    pub interleave: String,
+    /// The kernel's BTF.
+    pub btf: PathBuf,
+}
+
+impl Default for HintsSection {
+    fn default() -> Self {
+        HintsSection {
+            enabled: true,
+            syscalls: HINT_SYSCALLS.iter().map(|s| s.to_string()).collect(),
+            capacity: None,
+            max_age_ms: 15_000,
+            interleave: "1:1".into(),
+            btf: PathBuf::from("/sys/kernel/btf/vmlinux"),
+        }
+    }
+}
+
+impl HintsSection {
+    /// The interleave ratio `(hints, linear)`, or why it is not one.
+    pub fn ratio(&self) -> Result<(u32, u32), String> {
+        let bad = || {
+            format!(
+                "must be \"H:L\", hint slots to linear slots, each 0 to 1000 and not both 0 (\"1:1\", \"1:3\"), got {:?}",
+                self.interleave
+            )
+        };
+        let (h, l) = self.interleave.split_once(':').ok_or_else(bad)?;
+        let (h, l) = (
+            h.trim().parse::<u32>().map_err(|_| bad())?,
+            l.trim().parse::<u32>().map_err(|_| bad())?,
+        );
+        if h > 1000 || l > 1000 || h + l == 0 {
+            return Err(bad());
+        }
+        Ok((h, l))
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -388,6 +454,7 @@ impl Default for Config {
             ineligible: Selector::default(),
             status: StatusSection::default(),
             metrics: MetricsSection::default(),
+            hints: HintsSection::default(),
         }
     }
 }
@@ -582,6 +649,41 @@ impl Config {
         if let Some(addr) = &self.metrics.address {
             metrics_address(addr).map_err(|r| ("metrics.address".to_string(), r))?;
         }
+        let h = &self.hints;
+        if let Some(bad_name) = h
+            .syscalls
+            .iter()
+            .find(|n| !HINT_SYSCALLS.contains(&n.as_str()))
+        {
+            return bad(
+                "hints.syscalls",
+                format!(
+                    "unknown syscall {bad_name:?}; known: {}",
+                    HINT_SYSCALLS.join(", ")
+                ),
+            );
+        }
+        if let Some(c) = h.capacity
+            && c > pagesift_core::hints::MAX_CAPACITY
+        {
+            return bad(
+                "hints.capacity",
+                format!(
+                    "must be at most {} hints, got {c}",
+                    pagesift_core::hints::MAX_CAPACITY
+                ),
+            );
+        }
+        if h.max_age_ms == 0 || h.max_age_ms > 3_600_000 {
+            return bad(
+                "hints.max_age_ms",
+                format!(
+                    "must be between 1 ms and one hour (the dissertation's is about 15 000), got {}",
+                    h.max_age_ms
+                ),
+            );
+        }
+        h.ratio().map_err(|r| ("hints.interleave".to_string(), r))?;
         Ok(())
     }
 
@@ -805,6 +907,19 @@ address = "9100"
         assert!(e.to_string().contains("expected f64"), "{e}");
         let e = err("[eligible]\nuids = [\"root\"]\n");
         assert!(e.key().unwrap().starts_with("eligible.uids"), "{e}");
+        let e = err("[hints]\nsyscalls = [\"read\", \"mmap\"]\n");
+        assert_eq!(e.key(), Some("hints.syscalls"), "{e}");
+        assert!(e.to_string().contains("mmap"), "{e}");
+        let e = err("[hints]\ninterleave = \"2\"\n");
+        assert_eq!(e.key(), Some("hints.interleave"), "{e}");
+        let e = err("[hints]\ninterleave = \"0:0\"\n");
+        assert_eq!(e.key(), Some("hints.interleave"), "{e}");
+        let e = err("[hints]\nmax_age_ms = 0\n");
+        assert_eq!(e.key(), Some("hints.max_age_ms"), "{e}");
+        let e = err("[hints]\ncapacity = 99999999\n");
+        assert_eq!(e.key(), Some("hints.capacity"), "{e}");
+        let e = err("[hints]\nenable = true\n");
+        assert_eq!(e.key(), Some("hints.enable"), "{e}");
         let e = err("[actuate]\nwrite_tracking = \"yes\"\n");
         assert_eq!(e.key(), Some("actuate.write_tracking"), "{e}");
         assert!(e.to_string().contains("expected a boolean"), "{e}");

@@ -99,6 +99,10 @@
 //!    ([`IDLE_SLEEP`]) and the distiller's budgets grow with it: the same
 //!    samples per second in a tenth of the wake-ups.
 
+mod hinting;
+
+pub use hinting::{HintTap, open_source as open_hint_source};
+
 use crate::actuate::{Actuator, Advice, BatchOutcome, Marks, ProcKey, Unmarked, coalesce};
 use crate::config::Config;
 use crate::eligibility::Policy;
@@ -437,6 +441,8 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// Duplicate runs the last sweep found, waiting for their region's
     /// write watch (see [`Daemon::ready_sweep_runs`]).
     sweep_runs: Vec<DupRun>,
+    /// I/O hints (see `hinting`).
+    hints: hinting::HintFeed,
 }
 
 impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
@@ -454,7 +460,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let distiller = new_distiller(&config);
         let sweeper = Sweeper::new(config.scan.sweep_share, config.scan.sweep_every_s * SEC);
         let cow_ksm_start = target.cow_ksm();
+        let hints = hinting::HintFeed::new(&config.hints);
         let mut d = Daemon {
+            hints,
             config,
             config_path,
             policy,
@@ -589,6 +597,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             ..WakeSummary::default()
         };
         self.release_holds(now);
+        self.feed_hints(now);
         summary.sampled = self.distil(now);
         self.sweep(now);
         self.account(now);
@@ -669,6 +678,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     first,
                     pages: end - first,
                     twin: None,
+                    hinted: false,
                 });
             }
         }
@@ -722,6 +732,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             && summary.demoted.is_empty()
             && summary.run_marks.is_empty()
             && summary.remerging.is_empty()
+            && self.hints.idle()
             && (1..ladder.levels()).all(|l| ladder.level_pages(l) == 0);
         if !quiet {
             return base;
@@ -1069,6 +1080,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             }
         }
         self.need_sync = true;
+        self.sync_hints();
     }
 
     /// Unmarks what pagesift marked in processes that left the eligible
@@ -1146,10 +1158,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             hidden: &self.hidden,
         };
         let c0 = host::thread_cpu_ns();
-        let mut report = self.distiller.wake(&mut view, now);
+        let mut report = self.hints.wake(&mut self.distiller, &mut view, now);
         self.runs = std::mem::take(&mut report.runs);
         let cpu = host::thread_cpu_ns().saturating_sub(c0);
-        let sampled: u64 = report.sampled.iter().sum();
+        let sampled: u64 = report.sampled.iter().sum::<u64>() + report.hint_pages_read;
         if sampled > 0 {
             self.distiller.observe_cost(cpu as f64 / sampled as f64);
         }
@@ -1346,16 +1358,17 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let pad = self.config.actuate.run_pad_pages as u64;
         let align = RUN_ALIGN_PAGES * PAGE;
         // Both sides of every long enough run, as page ranges of regions.
-        let mut sides: Vec<(RegionId, u64, u64)> = Vec::new();
-        for run in runs.iter().filter(|r| r.pages >= min) {
-            sides.push((run.region, run.first as u64, run.end() as u64));
+        let mut sides: Vec<(RegionId, u64, u64, bool)> = Vec::new();
+        for run in runs.iter().filter(|r| r.pages >= min || r.hinted) {
+            sides.push((run.region, run.first as u64, run.end() as u64, run.hinted));
             if let Some(t) = run.twin {
-                sides.push((t.region, t.page as u64, t.page as u64 + run.pages as u64));
+                let end = t.page as u64 + run.pages as u64;
+                sides.push((t.region, t.page as u64, end, run.hinted));
             }
         }
         // Padded, aligned, clamped address ranges of sampling regions.
         let mut ranges: BTreeMap<u32, Vec<(RegionId, u64, u64)>> = BTreeMap::new();
-        for (id, first, end) in sides {
+        for (id, first, end, hinted) in sides {
             let Some(b) = self.books.get(&id) else {
                 continue;
             };
@@ -1363,11 +1376,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             let whole_now = batches
                 .get(&pid)
                 .is_some_and(|v| v.iter().any(|i| i.id == id && i.whole));
-            if b.mode != Mode::Sampling
+            // Hinted runs: held regions too, no write verdict (`hinting`).
+            let held = matches!(b.mode, Mode::Held { .. });
+            if !(b.mode == Mode::Sampling || (hinted && held))
                 || whole_now
                 || !self.injectable(pid, now)
-                || write_verdict(b, dup_share(self.distiller.ladder(), id), &self.config, now)
-                    != WriteVerdict::Cold
+                || (!hinted
+                    && write_verdict(b, dup_share(self.distiller.ladder(), id), &self.config, now)
+                        != WriteVerdict::Cold)
             {
                 continue;
             }
@@ -1375,6 +1391,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             let e = (b.span.start + (end + pad) * PAGE).div_ceil(align) * align;
             let (s, e) = (s.max(b.span.start), e.min(b.span.end()));
             if s < e && !self.marks.covers(b.span.proc, s, e) {
+                if hinted {
+                    self.hints.marked((e - s) / PAGE);
+                }
                 ranges.entry(pid).or_default().push((id, s, e));
             }
         }
@@ -2014,6 +2033,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             ksm,
             daemon,
             skipped,
+            hints: self.hints.status(),
         }
     }
 }

@@ -1047,4 +1047,112 @@ fn the_sweep_raises_regions_whose_duplicates_sit_at_other_offsets_and_they_merge
     assert!(!m.spans[&rand].mergeable, "the distinct region was marked");
     assert_eq!(m.count(a, PageState::Merged), 512);
     assert_eq!(m.count(b, PageState::Merged), 512);
+
+/// A hint source that hands out what the test queued.
+struct QueuedHints(
+    std::sync::Arc<std::sync::Mutex<Vec<(u32, u64, u64)>>>,
+    Vec<u32>,
+);
+
+impl crate::daemon::HintTap for QueuedHints {
+    fn watch(&mut self, tgids: &mut dyn Iterator<Item = u32>) {
+        self.1 = tgids.collect();
+    }
+    fn drain(&mut self, f: &mut dyn FnMut(u32, u64, u64)) -> u64 {
+        let v: Vec<_> = std::mem::take(&mut *self.0.lock().unwrap());
+        let mut n = 0;
+        for &(t, s, p) in &v {
+            // The kernel filters by the watched tgids.
+            if self.1.contains(&t) {
+                f(t, s, p);
+                n += 1;
+            }
+        }
+        n
+    }
+    fn ring_dropped(&self) -> u64 {
+        0
+    }
+}
+
+/// Two processes poor in duplicates share one 64-page run (a file each
+/// read). With the reads hinted, the run is found and marked on both sides
+/// in the first wake-ups; without hints the same wake-ups mark nothing.
+#[test]
+fn a_hinted_file_run_is_marked_at_once() {
+    use crate::target::Target;
+    let setup = || {
+        let w = world();
+        let (a, b) = {
+            let mut m = w.borrow_mut();
+            m.spawn(20, "reader-a", false);
+            m.spawn(21, "reader-b", false);
+            let mut ca = distinct(100_000, 4096);
+            ca[1000..1064].copy_from_slice(&distinct(7_000, 64));
+            let mut cb = distinct(200_000, 4096);
+            cb[3000..3064].copy_from_slice(&distinct(7_000, 64));
+            (m.map(20, &ca, false), m.map(21, &cb, false))
+        };
+        (w, a, b)
+    };
+    let (w, a, b) = setup();
+    let queue = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut d = daemon(&w, ALL, &[]);
+    d.start_hints(Ok(Box::new(QueuedHints(queue.clone(), Vec::new()))));
+    let (sa, sb) = (
+        d.target().span(a).unwrap().start,
+        d.target().span(b).unwrap().start,
+    );
+    queue.lock().unwrap().extend([
+        (21, sb + 3000 * 4096, 64),
+        (20, sa + 1000 * 4096, 64),
+        // A process that is not watched, and memory nobody tracks.
+        (99, sa, 64),
+        (20, 0x1000, 4),
+    ]);
+    let mut now = 0;
+    run(&mut d, &mut now, 3);
+    {
+        let m = w.borrow();
+        assert!(
+            (1000..1064).all(|p| m.page_mergeable(a, p)),
+            "a's run not marked"
+        );
+        assert!(
+            (3000..3064).all(|p| m.page_mergeable(b, p)),
+            "b's run not marked"
+        );
+        assert!(!m.page_mergeable(a, 0) && !m.page_mergeable(b, 4095));
+    }
+    let h = d.status(now).hints;
+    assert_eq!(h.state, "on");
+    assert_eq!((h.events, h.received, h.pushed), (3, 132, 128), "{h:?}");
+    assert_eq!(h.untracked, 4, "{h:?}");
+    assert!(h.duplicates >= 1 && h.pages_marked >= 128, "{h:?}");
+    assert!(h.capacity > 0);
+
+    // The same three wake-ups without hints mark nothing.
+    let (w, a, b) = setup();
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 3);
+    let m = w.borrow();
+    assert!(!(1000..1064).any(|p| m.page_mergeable(a, p)));
+    assert!(!(3000..3064).any(|p| m.page_mergeable(b, p)));
+    assert_eq!(d.status(now).hints.state, "starting");
+}
+
+#[test]
+fn hints_disabled_or_unavailable_say_so() {
+    let w = world();
+    let mut d = daemon(&w, "[hints]\nenabled = false\n", &[]);
+    d.start_hints(Err("never asked".into()));
+    let h = d.status(0).hints;
+    assert_eq!(h.state, "off");
+    assert!(h.reason.unwrap().contains("enabled = false"));
+    let mut d = daemon(&w, ALL, &[]);
+    d.start_hints(Err("missing capability CAP_BPF: ...".into()));
+    let h = d.status(0).hints;
+    assert_eq!(h.state, "unavailable");
+    assert!(h.reason.unwrap().contains("CAP_BPF"));
 }

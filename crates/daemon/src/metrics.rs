@@ -100,6 +100,15 @@ const GAUGES: &[(&str, &str)] = &[
         "CPU per sampled page the budgets assume",
     ),
     (
+        "hints_on",
+        "1 when I/O hints flow from the BPF program, else 0",
+    ),
+    ("hints_stacked", "Hints on the bounded stack now"),
+    (
+        "hint_cost_nanoseconds",
+        "CPU per hint from the ring buffer to the stack",
+    ),
+    (
         "cow_ksm_since_start",
         "/proc/vmstat cow_ksm since the daemon started",
     ),
@@ -126,6 +135,32 @@ const COUNTERS: &[(&str, &str)] = &[
         "Regions raised to the top level on the sweep's evidence",
     ),
     ("daemon_cpu_seconds", "pagesift CPU time"),
+    (
+        "hint_events",
+        "Read/write syscalls reported by the I/O hint program",
+    ),
+    (
+        "hints_received",
+        "Hinted pages received from the I/O hint program",
+    ),
+    (
+        "hints_pushed",
+        "Hinted pages of sampled regions pushed on the hint stack",
+    ),
+    (
+        "hints_dropped_ring",
+        "Hint events lost in the kernel because the ring buffer was full",
+    ),
+    (
+        "hints_dropped_stale",
+        "Hints dropped as older than the maximum age or the last round",
+    ),
+    ("hints_overwritten", "Hints overwritten in the full stack"),
+    ("hint_duplicates", "Hinted pages found duplicated"),
+    (
+        "hint_pages_marked",
+        "Pages marked mergeable in runs found from hints",
+    ),
     ("ksmd_cpu_seconds", "ksmd CPU time since pagesift started"),
 ];
 
@@ -230,6 +265,9 @@ impl Metrics {
             ("hash_strength", d.strength as f64),
             ("sample_cost_nanoseconds", d.per_page_ns),
             ("cow_ksm_since_start", k.cow_ksm.unwrap_or(0) as f64),
+            ("hints_on", f64::from(u8::from(s.hints.state == "on"))),
+            ("hints_stacked", s.hints.stacked as f64),
+            ("hint_cost_nanoseconds", s.hints.per_hint_ns),
         ] {
             self.set(name, v);
         }
@@ -248,6 +286,14 @@ impl Metrics {
             ("sweep_raised_regions", d.sweep.raised as f64),
             ("daemon_cpu_seconds", d.cpu_seconds),
             ("ksmd_cpu_seconds", k.cpu_seconds),
+            ("hint_events", s.hints.events as f64),
+            ("hints_received", s.hints.received as f64),
+            ("hints_pushed", s.hints.pushed as f64),
+            ("hints_dropped_ring", s.hints.dropped_ring as f64),
+            ("hints_dropped_stale", s.hints.dropped_stale as f64),
+            ("hints_overwritten", s.hints.overwritten as f64),
+            ("hint_duplicates", s.hints.duplicates as f64),
+            ("hint_pages_marked", s.hints.pages_marked as f64),
         ] {
             self.advance(name, v);
         }

@@ -248,6 +248,10 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         ksm,
         now_ns(t0),
     );
+    if daemon.config().hints.enabled {
+        let tap = crate::daemon::open_hint_source(&daemon.config().hints);
+        daemon.start_hints(tap);
+    }
     let deadline = opts.duration.map(|d| t0 + d);
     let stopping = || term.requested() || waker.stop.load(Ordering::SeqCst);
     loop {

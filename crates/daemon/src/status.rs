@@ -205,6 +205,47 @@ pub struct Status {
     pub daemon: DaemonStatus,
     /// Processes skipped, and why.
     pub skipped: Vec<Skipped>,
+    /// I/O hints.
+    #[serde(default)]
+    pub hints: HintsStatus,
+}
+
+/// I/O hints (XLH): where they come from and what became of them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HintsStatus {
+    /// `on`, `off` (configured so) or `unavailable`.
+    pub state: String,
+    /// Why hints are unavailable: names what is missing.
+    pub reason: Option<String>,
+    /// Syscall events received from the BPF program.
+    pub events: u64,
+    /// Hinted pages received (whole pages of those buffers).
+    pub received: u64,
+    /// Hinted pages of tracked, unmerged regions pushed on the stack.
+    pub pushed: u64,
+    /// Hinted pages outside any region the loop samples (unknown memory,
+    /// or regions already mergeable).
+    pub untracked: u64,
+    /// Events the kernel dropped because the ring was full.
+    pub dropped_ring: u64,
+    /// Hints dropped as stale (older than the maximum age or the last
+    /// global round).
+    pub dropped_stale: u64,
+    /// Hints overwritten in the full stack (the oldest go first).
+    pub overwritten: u64,
+    /// Hints looked up by the distiller.
+    pub sampled: u64,
+    /// Hinted pages found duplicated (verified).
+    pub duplicates: u64,
+    /// Pages marked mergeable in runs found from hints (both sides).
+    pub pages_marked: u64,
+    /// The stack's capacity and current length.
+    pub capacity: u64,
+    pub stacked: u64,
+    /// The oldest hint used, in ms, now.
+    pub max_age_ms: u64,
+    /// CPU per hint from the ring to the stack (drain, map, push), in ns.
+    pub per_hint_ns: f64,
 }
 
 /// Whether `path` can become the status socket: `Ok(false)` if nothing is

@@ -6,7 +6,9 @@
 //! - `CAP_SYS_PTRACE` to read processes of other users (pagemap and
 //!   `process_vm_readv` both need ptrace access to the target);
 //! - `CAP_SYS_ADMIN` (in the initial user namespace) to see PFNs in pagemap;
-//!   without it they read as 0 and `/proc/kpageflags` is useless.
+//!   without it they read as 0 and `/proc/kpageflags` is useless;
+//! - `CAP_BPF` and `CAP_PERFMON` (or `CAP_SYS_ADMIN`) for the I/O hint
+//!   program ([`crate::iohint`]).
 
 use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
 
@@ -15,8 +17,13 @@ use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
 pub enum Capability {
     /// `CAP_SYS_PTRACE`: read another process's memory and page map.
     SysPtrace,
-    /// `CAP_SYS_ADMIN`: see PFNs in pagemap.
+    /// `CAP_SYS_ADMIN`: see PFNs in pagemap (and stands in for the two
+    /// below, as the kernel's `bpf_capable`/`perfmon_capable` accept it).
     SysAdmin,
+    /// `CAP_BPF`: load BPF programs and create their maps (I/O hints).
+    Bpf,
+    /// `CAP_PERFMON`: attach a tracing BPF program (I/O hints).
+    Perfmon,
 }
 
 impl Capability {
@@ -24,6 +31,8 @@ impl Capability {
         match self {
             Capability::SysPtrace => CapabilitySet::SYS_PTRACE,
             Capability::SysAdmin => CapabilitySet::SYS_ADMIN,
+            Capability::Bpf => CapabilitySet::BPF,
+            Capability::Perfmon => CapabilitySet::PERFMON,
         }
     }
 
@@ -32,6 +41,8 @@ impl Capability {
         match self {
             Capability::SysPtrace => "CAP_SYS_PTRACE",
             Capability::SysAdmin => "CAP_SYS_ADMIN",
+            Capability::Bpf => "CAP_BPF",
+            Capability::Perfmon => "CAP_PERFMON",
         }
     }
 }

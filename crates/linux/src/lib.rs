@@ -59,6 +59,11 @@
 //!    mode, registered by injection and queried with `PAGEMAP_SCAN`, tells
 //!    which candidate pages were written, without merging them first.
 //!
+//! 7. **Hear about I/O** ([`iohint`], x86-64): a BPF program on the
+//!    syscall exit reports the whole pages of the user buffers that reads
+//!    and writes of the eligible processes just filled (or wrote out), the
+//!    XLH dissertation's I/O hints.
+//!
 //! All `unsafe` code is in [`sys`] and [`ptrace`], each block with a
 //! `// SAFETY:` comment.
 
@@ -69,6 +74,8 @@ pub mod host;
 #[cfg(target_arch = "x86_64")]
 pub mod inject;
 pub mod inspect;
+#[cfg(target_arch = "x86_64")]
+pub mod iohint;
 pub mod kpageflags;
 pub mod ksm;
 pub mod pagemap;

@@ -580,6 +580,16 @@ pub fn die_with_parent_before_exec(cmd: &mut Command, sig: DeathSignal) -> &mut 
     }
 }
 
+/// `preadv(2)`: reads from `file` at `offset` into `bufs` in order (the
+/// workload that reads files with the vector call XLH's guests use).
+pub fn preadv(
+    file: &std::fs::File,
+    bufs: &mut [std::io::IoSliceMut<'_>],
+    offset: u64,
+) -> io::Result<usize> {
+    nix::sys::uio::preadv(file, bufs, offset as i64).map_err(io::Error::from)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

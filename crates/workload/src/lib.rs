@@ -37,11 +37,20 @@
 //!   in every child), so the family has shared frames, private copies and
 //!   cross-process duplicates.
 //!
+//! - `read-files`: maps page-aligned buffers for the given files and,
+//!   on the stdin command `read`, reads them into those buffers in an
+//!   order of its own (`--order-seed`) with the chosen syscall, beside
+//!   `--private-mib` MiB of distinct pages of its own (XLH's HTTPerf-like
+//!   setting: many servers holding the same file data). `read` answers
+//!   with where each file landed and the checksum; `checksum` covers the
+//!   private memory and, once read, the buffers.
+//!
 //! `--hole-every`, `--zero-every` and `--untouched-mib` leave pages
 //! non-present or mapped to the zero page, so that tests can check a scan
 //! never faults anything in.
 
 mod content;
+mod files;
 mod layout;
 mod memory;
 
@@ -133,6 +142,27 @@ enum Workload {
         /// Fraction of the parent's written pages each child rewrites.
         #[arg(long, default_value_t = 0.25)]
         dirty_fraction: f64,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Reads files into page-aligned buffers on the `read` command, beside
+    /// private distinct memory.
+    ReadFiles {
+        /// The files, in buffer order (comma-separated).
+        #[arg(long, value_delimiter = ',', required = true)]
+        files: Vec<std::path::PathBuf>,
+        /// Seeds the order in which the files are read.
+        #[arg(long, default_value_t = 1)]
+        order_seed: u64,
+        /// The syscall that reads.
+        #[arg(long, value_enum, default_value_t = files::ReadCall::Read)]
+        syscall: files::ReadCall,
+        /// Bytes per call, in KiB.
+        #[arg(long, default_value_t = 256)]
+        chunk_kib: usize,
+        /// Distinct private pages beside the buffers, in MiB.
+        #[arg(long, default_value_t = 0)]
+        private_mib: u64,
         #[command(flatten)]
         common: Common,
     },
@@ -315,7 +345,105 @@ fn run(w: Workload) -> Result<(), String> {
             dirty_fraction,
             common,
         } => fork_family(shape, mix, children, dirty_fraction, common, t0),
+        Workload::ReadFiles {
+            files,
+            order_seed,
+            syscall,
+            chunk_kib,
+            private_mib,
+            common,
+        } => read_files(
+            &files,
+            order_seed,
+            syscall,
+            chunk_kib,
+            private_mib,
+            common,
+            t0,
+        ),
     }
+}
+
+/// The `read-files` workload (crate documentation).
+fn read_files(
+    paths: &[std::path::PathBuf],
+    order_seed: u64,
+    syscall: files::ReadCall,
+    chunk_kib: usize,
+    private_mib: u64,
+    common: Common,
+    t0: Instant,
+) -> Result<(), String> {
+    let bufs = files::FileBuffers::map(paths)?;
+    let shape = Shape {
+        data_pages: private_mib as usize * ((1 << 20) / PAGE),
+        hole_every: 0,
+        zero_every: 0,
+        untouched_tail: 0,
+    };
+    let private = if private_mib > 0 {
+        let mut mem = Memory::map(layout::random(&shape), HugePages::Never)
+            .map_err(|e| format!("mmap: {e}"))?;
+        mem.fill(&PageMaker::new(common.seed, 0));
+        Some(mem)
+    } else {
+        None
+    };
+    let (addr, pages) = bufs.region();
+    let mut regions = vec![RegionOut { start: addr, pages }];
+    if let Some(m) = &private {
+        regions.push(RegionOut {
+            start: m.addr(),
+            pages: m.slots().len() as u64,
+        });
+    }
+    let checksum = |b: &files::FileBuffers, p: &Option<Memory>| -> String {
+        format!(
+            "{}:{}",
+            b.checksum().unwrap_or_default(),
+            p.as_ref().map(|m| m.checksum()).unwrap_or_default()
+        )
+    };
+    print_line(&serde_json::json!({
+        "workload": "read-files",
+        "pid": std::process::id(),
+        "seed": common.seed,
+        "page_size": PAGE,
+        "regions": regions,
+        "checksum": checksum(&bufs, &private),
+        "fill_seconds": t0.elapsed().as_secs_f64(),
+    }));
+    let shared = Arc::new(Mutex::new((bufs, private)));
+    let serve = shared.clone();
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        for line in stdin.lock().lines() {
+            let Ok(line) = line else { break };
+            let mut g = serve.lock().unwrap();
+            match line.trim() {
+                "read" => {
+                    let t = Instant::now();
+                    let r = g.0.read_all(syscall, chunk_kib * 1024, order_seed);
+                    match r {
+                        Ok(placed) => print_line(&serde_json::json!({
+                            "read": placed,
+                            "seconds": t.elapsed().as_secs_f64(),
+                            "checksum": checksum(&g.0, &g.1),
+                        })),
+                        Err(e) => print_line(&serde_json::json!({ "error": e })),
+                    }
+                }
+                "checksum" => print_line(&serde_json::json!({ "checksum": checksum(&g.0, &g.1) })),
+                "" => {}
+                other => print_line(
+                    &serde_json::json!({ "error": format!("unknown command {other:?}") }),
+                ),
+            }
+        }
+    });
+    stay_alive(&common, Instant::now());
+    drop(shared);
+    Ok(())
 }
 
 fn report(workload: &'static str, seed: u64, mem: &Memory, t0: Instant) -> Report {

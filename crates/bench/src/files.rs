@@ -1,0 +1,169 @@
+//! The files experiment's workload and the I/O hint program's measured
+//! cost (see [`crate::experiment::FilesPlan`]).
+//!
+//! ## The files
+//! [`file_set`] writes `files` files of `file_mib` MiB of ChaCha8 random
+//! bytes (no page equals another or the zero page: every duplicate comes
+//! from readers holding the same file) once per invocation, and gives each
+//! reader its own directory of hard links to them, so that each reads "its
+//! own" files by its own names. [`reader_args`] makes reader `k` read them
+//! in its own shuffled order, with `read`, `pread64` or `preadv` in turn,
+//! beside its own `private_mib` MiB of distinct pages.
+//!
+//! ## The hint program's cost
+//! [`hint_overhead`] times a read-heavy process (a reader re-reading a
+//! cached file in 4 KiB and 64 KiB `pread64` calls) with and without the
+//! BPF program loaded and watching it, alternating, and compares medians;
+//! the per-hint cost from the ring to the stack is the daemon's own figure
+//! (`pagesift status`, hints.per_hint_ns).
+
+use crate::BenchError;
+use crate::experiment::FilesPlan;
+use crate::procs::Workload;
+use std::path::{Path, PathBuf};
+
+/// Seed of file `i`'s content.
+fn seed(i: usize) -> u64 {
+    0x786c_6866_696c_6500 + i as u64
+}
+
+/// The plan's files (written once) and each reader's directory of links.
+pub fn file_set(dir: &Path, plan: &FilesPlan) -> Result<Vec<Vec<PathBuf>>, BenchError> {
+    let out = |p: &Path, e: std::io::Error| BenchError::Output(format!("{}: {e}", p.display()));
+    let base = dir.join(format!("xlh-files-{}x{}mib", plan.files, plan.file_mib));
+    std::fs::create_dir_all(&base).map_err(|e| out(&base, e))?;
+    let mut originals = Vec::new();
+    for i in 0..plan.files {
+        let p = base.join(format!("data-{i}.bin"));
+        if !p.is_file() {
+            crate::interpreters::write_data_file(&p, plan.file_mib << 20, seed(i))
+                .map_err(|e| out(&p, e))?;
+        }
+        originals.push(p);
+    }
+    let mut sets = Vec::new();
+    for k in 0..plan.readers {
+        let d = base.join(format!("reader-{k}"));
+        std::fs::create_dir_all(&d).map_err(|e| out(&d, e))?;
+        let mut names = Vec::new();
+        for (i, o) in originals.iter().enumerate() {
+            let link = d.join(format!("r{k}-page-{i}.html"));
+            if !link.exists() {
+                std::fs::hard_link(o, &link).map_err(|e| out(&link, e))?;
+            }
+            names.push(link);
+        }
+        sets.push(names);
+    }
+    Ok(sets)
+}
+
+/// `pagesift-workload` arguments of reader `k`.
+pub fn reader_args(plan: &FilesPlan, k: usize, files: &[PathBuf]) -> Vec<String> {
+    let list: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+    vec![
+        "read-files".into(),
+        "--files".into(),
+        list.join(","),
+        "--order-seed".into(),
+        (k + 1).to_string(),
+        "--syscall".into(),
+        ["read", "pread64", "preadv"][k % 3].into(),
+        "--private-mib".into(),
+        plan.private_mib.to_string(),
+        "--seed".into(),
+        (100 + k).to_string(),
+    ]
+}
+
+/// Sends `read` to a reader and checks that it read every byte.
+pub fn read_now(w: &mut Workload, plan: &FilesPlan) -> Result<f64, BenchError> {
+    let r = w.ask("read")?;
+    let placed = r["read"].as_array().cloned().unwrap_or_default();
+    let bytes: u64 = placed.iter().filter_map(|f| f["bytes"].as_u64()).sum();
+    let want = plan.files as u64 * (plan.file_mib << 20);
+    if bytes != want {
+        return Err(BenchError::Workload(format!(
+            "a reader read {bytes} bytes, not {want}: {r}"
+        )));
+    }
+    Ok(r["seconds"].as_f64().unwrap_or(0.0))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// The hint program's overhead on a read-heavy process (module header):
+/// one line per call size, for the report.
+#[cfg(target_arch = "x86_64")]
+pub fn hint_overhead(workload_bin: &Path, files: &[PathBuf]) -> Result<Vec<String>, BenchError> {
+    use pagesift_linux::iohint::{HintSource, HintSourceConfig};
+    let mut bytes = 0;
+    for f in files {
+        bytes += std::fs::metadata(f)
+            .map_err(|e| BenchError::Output(format!("{}: {e}", f.display())))?
+            .len();
+    }
+    let list: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+    let list = list.join(",");
+    let mut lines = Vec::new();
+    for chunk_kib in [4u64, 64] {
+        let args: Vec<String> = [
+            "read-files",
+            "--files",
+            &list,
+            "--syscall",
+            "pread64",
+            "--chunk-kib",
+            &chunk_kib.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut w = Workload::start(workload_bin, &args, false)?;
+        let pid = w.pgid();
+        let read = |w: &mut Workload| -> Result<f64, BenchError> {
+            let r = w.ask("read")?;
+            Ok(r["seconds"].as_f64().unwrap_or(0.0))
+        };
+        read(&mut w)?; // warm the page cache and the buffer
+        let (mut off, mut on) = (Vec::new(), Vec::new());
+        let mut hints = 0u64;
+        let mut ring_full = 0u64;
+        for _ in 0..7 {
+            off.push(read(&mut w)?);
+            let mut src = HintSource::open(&HintSourceConfig::default())
+                .map_err(|e| BenchError::Missing(format!("I/O hint program: {e}")))?;
+            src.watch([pid]);
+            on.push(read(&mut w)?);
+            hints += src.drain(|_| {});
+            ring_full += src.counters().ring_full;
+        }
+        let (a, b) = (median(&mut off), median(&mut on));
+        let calls = bytes.div_ceil(chunk_kib << 10) as f64;
+        lines.push(format!(
+            "I/O hint program overhead, {chunk_kib} KiB pread64 calls over cached files of {:.0} MiB \
+             (median of 7 alternating trials): {:.2} ms without, {:.2} ms with the program \
+             watching the reader: {:+.1} % ({:+.0} ns per call; {} events read, {} lost to a \
+             full ring)",
+            bytes as f64 / 1048576.0,
+            a * 1e3,
+            b * 1e3,
+            (b / a - 1.0) * 100.0,
+            (b - a) / calls * 1e9,
+            hints,
+            ring_full
+        ));
+    }
+    Ok(lines)
+}
+
+/// Only x86-64 has the hint program.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn hint_overhead(_workload_bin: &Path, _files: &[PathBuf]) -> Result<Vec<String>, BenchError> {
+    Ok(vec![
+        "I/O hint program overhead: not measured (x86-64 only)".into(),
+    ])
+}

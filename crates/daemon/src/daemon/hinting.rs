@@ -1,0 +1,318 @@
+//! I/O hints in the loop (the XLH dissertation, §4.3): from the BPF
+//! program's ring to the bounded stack, and from the stack into the
+//! distiller's wake-ups.
+//!
+//! ## Flow
+//! 1. **Start** ([`Daemon::start_hints`]): unless `[hints] enabled` is
+//!    false, the hint source is opened (`pagesift_linux::iohint`); if it
+//!    cannot be (no `CAP_BPF`/`CAP_PERFMON`, no kernel BTF, lockdown, a
+//!    load failure) the reason, which names what is missing, is logged
+//!    and shown in status, and the loop runs on without hints. The stack
+//!    is sized once: `[hints] capacity`, or what drains in 15 s at the
+//!    scan rate the governor's budgets give at start and the interleave's
+//!    hint share (`HintStack::capacity_for`, §5.4.1).
+//! 2. **Watch**: after every refresh the program's tgid map is made equal
+//!    to the eligible processes, and an index of their regions (by pid,
+//!    sorted by address) is rebuilt.
+//! 3. **Feed** (each wake-up, before distilling): the ring is drained;
+//!    each hinted range is cut into pages of the regions it overlaps; the
+//!    pages of regions that are sampling or held (not yet mergeable) are
+//!    pushed on the stack, newest last, stamped with the wake's time; the
+//!    rest are counted as untracked. The CPU time of this step over the
+//!    pages pushed is the per-hint cost.
+//! 4. **Distil**: while the stack holds hints the wake-up is
+//!    `Distiller::wake_with_hints` at the configured ratio; the maximum
+//!    age is the configured one, narrowed to the duration of the last
+//!    global round ("XLH skips hints that were issued in the last scan
+//!    round", §4.3.3), since the sampler has passed over the regions since.
+//! 5. **Mark**: hinted runs go to the loop's run marking (`run_items`),
+//!    which takes them even when one page long, in held regions too, and
+//!    without waiting for a write verdict (XLH does not filter hinted
+//!    pages, §4.3.4: file data is rarely rewritten soon).
+
+use super::{Daemon, Mode};
+use crate::actuate::Actuator;
+use crate::config::HintsSection;
+use crate::ksmd::KsmControl;
+use crate::status::HintsStatus;
+use crate::target::{Target, View};
+use pagesift_core::distill::{Distiller, WakeReport};
+use pagesift_core::hints::{Hint, HintStack, Interleave};
+use pagesift_core::{Nanos, PageRef, RegionId};
+use pagesift_linux::host;
+use std::collections::HashMap;
+use tracing::{info, warn};
+
+const MS: Nanos = 1_000_000;
+const PAGE: u64 = 4096;
+
+/// Where hints come from: the BPF program, or a stand-in in tests.
+pub trait HintTap: Send {
+    /// Makes the processes that produce hints exactly `tgids`.
+    fn watch(&mut self, tgids: &mut dyn Iterator<Item = u32>);
+    /// Hands every pending hinted range `(tgid, first address, pages)` to
+    /// `f`; returns the syscall events read.
+    fn drain(&mut self, f: &mut dyn FnMut(u32, u64, u64)) -> u64;
+    /// Events the kernel dropped because the ring was full, so far.
+    fn ring_dropped(&self) -> u64;
+}
+
+#[cfg(target_arch = "x86_64")]
+impl HintTap for pagesift_linux::iohint::HintSource {
+    fn watch(&mut self, tgids: &mut dyn Iterator<Item = u32>) {
+        let failed = pagesift_linux::iohint::HintSource::watch(self, tgids);
+        if failed > 0 {
+            warn!(
+                failed,
+                "the hint program's tgid map is full: some processes give no hints"
+            );
+        }
+    }
+    fn drain(&mut self, f: &mut dyn FnMut(u32, u64, u64)) -> u64 {
+        pagesift_linux::iohint::HintSource::drain(self, |h| f(h.tgid, h.start, h.pages))
+    }
+    fn ring_dropped(&self) -> u64 {
+        self.counters().ring_full
+    }
+}
+
+/// Opens the BPF hint source as `[hints]` says, or says why it cannot.
+#[cfg(target_arch = "x86_64")]
+pub fn open_source(config: &HintsSection) -> Result<Box<dyn HintTap>, String> {
+    use pagesift_linux::iohint::{HintSource, HintSourceConfig, Syscall};
+    let syscalls = config
+        .syscalls
+        .iter()
+        .filter_map(|n| Syscall::from_name(n))
+        .collect();
+    let source = HintSource::open(&HintSourceConfig {
+        syscalls,
+        btf: config.btf.clone(),
+    })
+    .map_err(|e| e.to_string())?;
+    Ok(Box::new(source))
+}
+
+/// Opens the BPF hint source: only x86-64 has one.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn open_source(_config: &HintsSection) -> Result<Box<dyn HintTap>, String> {
+    Err("I/O hints need x86-64 (the BPF program reads its syscall registers)".into())
+}
+
+#[derive(Clone, Debug, Default)]
+struct Counts {
+    events: u64,
+    received: u64,
+    pushed: u64,
+    untracked: u64,
+    sampled: u64,
+    duplicates: u64,
+    pages_marked: u64,
+    feed_cpu_ns: u64,
+}
+
+/// The loop's hint state (module header).
+pub struct HintFeed {
+    tap: Option<Box<dyn HintTap>>,
+    /// `None`: on or not started; `Some`: why hints are off.
+    off: Option<String>,
+    stack: HintStack,
+    interleave: Interleave,
+    max_age: Nanos,
+    /// Regions of eligible processes by pid, sorted by start: (start,
+    /// end, id).
+    regions: HashMap<u32, Vec<(u64, u64, RegionId)>>,
+    last_round_end: Option<Nanos>,
+    counts: Counts,
+}
+
+impl HintFeed {
+    /// Hints as `config` says, not started yet.
+    pub fn new(config: &HintsSection) -> HintFeed {
+        let (h, l) = config.ratio().unwrap_or((1, 1));
+        HintFeed {
+            tap: None,
+            off: (!config.enabled).then(|| "disabled ([hints] enabled = false)".to_string()),
+            stack: HintStack::new(0, config.max_age_ms * MS),
+            interleave: Interleave::new(h, l),
+            max_age: config.max_age_ms * MS,
+            regions: HashMap::new(),
+            last_round_end: None,
+            counts: Counts::default(),
+        }
+    }
+
+    /// Whether hints flow.
+    pub fn on(&self) -> bool {
+        self.tap.is_some()
+    }
+
+    /// Whether no hint waits on the stack.
+    pub fn idle(&self) -> bool {
+        self.stack.is_empty()
+    }
+
+    /// Counts pages a hinted run submitted for marking.
+    pub fn marked(&mut self, pages: u64) {
+        self.counts.pages_marked += pages;
+    }
+
+    /// One wake-up of `distiller` over `view`: with the hints if any wait
+    /// (module header, step 4).
+    pub fn wake<T: Target>(
+        &mut self,
+        distiller: &mut Distiller,
+        view: &mut View<'_, T>,
+        now: Nanos,
+    ) -> WakeReport {
+        let report = if self.stack.is_empty() {
+            distiller.wake(view, now)
+        } else {
+            distiller.wake_with_hints(view, now, &mut self.stack, &mut self.interleave)
+        };
+        self.counts.sampled += report.hints_sampled;
+        self.counts.duplicates += report.hint_duplicates;
+        if report.global_round_ended {
+            if let Some(prev) = self.last_round_end {
+                let round = now.saturating_sub(prev).max(1);
+                self.stack.set_max_age(self.max_age.min(round));
+            }
+            self.last_round_end = Some(now);
+        }
+        report
+    }
+
+    /// The status section.
+    pub fn status(&self) -> HintsStatus {
+        let c = &self.counts;
+        let st = self.stack.stats();
+        let state = match (&self.off, self.on()) {
+            (_, true) => "on",
+            (Some(r), false) if r.starts_with("disabled") => "off",
+            (Some(_), false) => "unavailable",
+            (None, false) => "starting",
+        };
+        HintsStatus {
+            state: state.into(),
+            reason: self.off.clone(),
+            events: c.events,
+            received: c.received,
+            pushed: c.pushed,
+            untracked: c.untracked,
+            dropped_ring: self.tap.as_ref().map_or(0, |t| t.ring_dropped()),
+            dropped_stale: st.expired,
+            overwritten: st.overwritten,
+            sampled: c.sampled,
+            duplicates: c.duplicates,
+            pages_marked: c.pages_marked,
+            capacity: self.stack.capacity() as u64,
+            stacked: self.stack.len() as u64,
+            max_age_ms: self.stack.max_age() / MS,
+            per_hint_ns: if c.pushed == 0 {
+                0.0
+            } else {
+                c.feed_cpu_ns as f64 / c.pushed as f64
+            },
+        }
+    }
+}
+
+impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
+    /// Starts hints with `tap` (`Ok`), or records why there are none
+    /// (`Err`, which names what is missing) and runs on without (module
+    /// header, step 1). Does nothing when `[hints]` disables them.
+    pub fn start_hints(&mut self, tap: Result<Box<dyn HintTap>, String>) {
+        if self.hints.off.is_some() {
+            return;
+        }
+        match tap {
+            Ok(tap) => {
+                let rate = self.distiller.budgets().iter().sum::<u64>() as f64
+                    / (self.config.sleep() as f64 / 1e9);
+                let capacity = self
+                    .config
+                    .hints
+                    .capacity
+                    .unwrap_or_else(|| HintStack::capacity_for(rate, &self.hints.interleave));
+                self.hints.stack = HintStack::new(capacity, self.hints.max_age);
+                self.hints.tap = Some(tap);
+                info!(capacity, scan_pages_per_s = rate as u64, "I/O hints on");
+                self.sync_hints();
+            }
+            Err(reason) => {
+                warn!(reason = %reason, "I/O hints unavailable: running without them");
+                self.hints.off = Some(reason);
+            }
+        }
+    }
+
+    /// After a refresh: the program watches the eligible processes, and
+    /// the region index follows the books (module header, step 2).
+    pub(super) fn sync_hints(&mut self) {
+        let Some(tap) = self.hints.tap.as_mut() else {
+            return;
+        };
+        tap.watch(&mut self.allowed.keys().copied());
+        let mut regions: HashMap<u32, Vec<(u64, u64, RegionId)>> = HashMap::new();
+        for (&id, b) in &self.books {
+            regions
+                .entry(b.span.proc.pid)
+                .or_default()
+                .push((b.span.start, b.span.end(), id));
+        }
+        for v in regions.values_mut() {
+            v.sort_unstable();
+        }
+        self.hints.regions = regions;
+    }
+
+    /// Drains the ring onto the stack (module header, step 3).
+    pub(super) fn feed_hints(&mut self, now: Nanos) {
+        let Some(tap) = self.hints.tap.as_mut() else {
+            return;
+        };
+        let t0 = host::thread_cpu_ns();
+        let mut ranges = Vec::new();
+        self.hints.counts.events += tap.drain(&mut |tgid, start, pages| {
+            ranges.push((tgid, start, pages));
+        });
+        let feed = &mut self.hints;
+        for (tgid, start, pages) in ranges {
+            feed.counts.received += pages;
+            let end = start.saturating_add(pages.saturating_mul(PAGE));
+            let Some(regions) = feed.regions.get(&tgid) else {
+                feed.counts.untracked += pages;
+                continue;
+            };
+            let mut covered = 0;
+            // The first region that ends after `start`.
+            let from = regions.partition_point(|&(_, e, _)| e <= start);
+            for &(rs, re, id) in &regions[from..] {
+                if rs >= end {
+                    break;
+                }
+                let (a, b) = (rs.max(start), re.min(end));
+                let n = (b - a) / PAGE;
+                covered += n;
+                let sampling = self
+                    .books
+                    .get(&id)
+                    .is_some_and(|b| matches!(b.mode, Mode::Sampling | Mode::Held { .. }));
+                if !sampling {
+                    feed.counts.untracked += n;
+                    continue;
+                }
+                for k in 0..n {
+                    let page = ((a - rs) / PAGE + k) as u32;
+                    feed.stack.push(Hint {
+                        page: PageRef { region: id, page },
+                        time: now,
+                    });
+                }
+                feed.counts.pushed += n;
+            }
+            feed.counts.untracked += pages - covered.min(pages);
+        }
+        feed.counts.feed_cpu_ns += host::thread_cpu_ns().saturating_sub(t0);
+    }
+}

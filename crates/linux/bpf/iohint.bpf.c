@@ -1,0 +1,208 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0
+//
+// pagesift's I/O hint source (crates/linux/src/iohint.rs loads it).
+//
+// On every syscall exit of a process whose tgid is in `tgids`, a read or
+// write of the family enabled in `syscall_mask` that moved ret > 0 bytes
+// reports the whole pages of its user buffer that the transfer covered:
+// the buffer is clipped to ret (for the vector calls, the iovecs in order
+// until ret is used up, at most MAX_SEGS of them) and rounded inward to
+// page boundaries, so a partly filled page is never hinted. One event per
+// syscall goes to the `hints` ring buffer without a wake-up (the reader
+// polls); a full ring is counted, never silent.
+//
+// It hooks the BTF-typed raw tracepoint sys_exit (tp_btf): it needs neither
+// tracefs nor kprobes, and the kernel has already copied the data into the
+// buffer when the tracepoint fires. Its arguments are (struct pt_regs *regs,
+// long ret); the syscall number and arguments are read from the saved
+// registers (x86-64: orig_ax, si, dx), whose layout is the kernel's ABI.
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#define PAGE_SIZE 4096ULL
+#define PAGE_MASK (~(PAGE_SIZE - 1))
+/* Most iovecs read per vector call (a bounded loop). 64 covers a 256 KiB
+   virtio-blk request of a guest, one guest page per iovec. */
+#define MAX_SEGS 64
+
+/* Syscall kinds, the bit positions of syscall_mask (iohint.rs Syscall). */
+enum kind { K_READ, K_PREAD64, K_READV, K_PREADV, K_PREADV2,
+            K_WRITE, K_PWRITE64, K_WRITEV, K_PWRITEV, K_PWRITEV2, K_NONE };
+
+/* Counter slots (iohint.rs Counter). */
+enum counter { C_EVENTS, C_RING_FULL, C_IOV_BEYOND, C_NO_WHOLE_PAGE, C_COUNTERS };
+
+/* struct pt_regs of x86-64, up to orig_ax. */
+struct regs_x86 {
+    __u64 r15, r14, r13, r12, bp, bx, r11, r10, r9, r8;
+    __u64 ax, cx, dx, si, di, orig_ax;
+};
+
+struct seg {
+    __u64 start; /* page-aligned user address */
+    __u64 pages;
+};
+
+struct event {
+    __u32 tgid;
+    __u32 kind;
+    __u32 segs;
+    __u32 pad;
+    struct seg seg[];
+};
+
+struct io_vec {
+    __u64 base;
+    __u64 len;
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u32);
+    __type(value, __u8);
+} tgids SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, __u64);
+} syscall_mask SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, C_COUNTERS);
+    __type(key, __u32);
+    __type(value, __u64);
+} counters SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, 16 << 20);
+} hints SEC(".maps");
+
+static __always_inline void count(__u32 slot)
+{
+    __u64 *c = bpf_map_lookup_elem(&counters, &slot);
+    if (c)
+        *c += 1;
+}
+
+static __always_inline int kind_of(__u64 nr)
+{
+    switch (nr) {
+    case 0: return K_READ;
+    case 1: return K_WRITE;
+    case 17: return K_PREAD64;
+    case 18: return K_PWRITE64;
+    case 19: return K_READV;
+    case 20: return K_WRITEV;
+    case 295: return K_PREADV;
+    case 296: return K_PWRITEV;
+    case 327: return K_PREADV2;
+    case 328: return K_PWRITEV2;
+    default: return K_NONE;
+    }
+}
+
+/* Whole pages of [start, start + len): first page-aligned address and count. */
+static __always_inline __u64 whole_pages(__u64 start, __u64 len, __u64 *first)
+{
+    __u64 a = (start + PAGE_SIZE - 1) & PAGE_MASK;
+    __u64 b = (start + len) & PAGE_MASK;
+    *first = a;
+    return b > a ? (b - a) / PAGE_SIZE : 0;
+}
+
+SEC("tp_btf/sys_exit")
+int iohint_sys_exit(__u64 *ctx)
+{
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!bpf_map_lookup_elem(&tgids, &tgid))
+        return 0;
+    long ret = (long)ctx[1];
+    /* Fewer bytes than a page cannot cover a whole page. */
+    if (ret < (long)PAGE_SIZE)
+        return 0;
+    struct regs_x86 regs;
+    if (bpf_probe_read_kernel(&regs, sizeof(regs), (void *)ctx[0]))
+        return 0;
+    int kind = kind_of(regs.orig_ax);
+    if (kind == K_NONE)
+        return 0;
+    __u32 zero = 0;
+    __u64 *mask = bpf_map_lookup_elem(&syscall_mask, &zero);
+    if (!mask || !(*mask & (1ULL << kind)))
+        return 0;
+
+    int vector = kind == K_READV || kind == K_PREADV || kind == K_PREADV2 ||
+                 kind == K_WRITEV || kind == K_PWRITEV || kind == K_PWRITEV2;
+    if (!vector) {
+        __u64 first;
+        __u64 pages = whole_pages(regs.si, (__u64)ret, &first);
+        if (!pages) {
+            count(C_NO_WHOLE_PAGE);
+            return 0;
+        }
+        struct event *e = bpf_ringbuf_reserve(&hints, sizeof(*e) + sizeof(struct seg), 0);
+        if (!e) {
+            count(C_RING_FULL);
+            return 0;
+        }
+        e->tgid = tgid;
+        e->kind = kind;
+        e->segs = 1;
+        e->pad = 0;
+        e->seg[0].start = first;
+        e->seg[0].pages = pages;
+        bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+        count(C_EVENTS);
+        return 0;
+    }
+
+    struct event *e = bpf_ringbuf_reserve(&hints, sizeof(*e) + MAX_SEGS * sizeof(struct seg), 0);
+    if (!e) {
+        count(C_RING_FULL);
+        return 0;
+    }
+    __u64 iov = regs.si;
+    __u64 iovcnt = regs.dx;
+    __u64 left = (__u64)ret;
+    __u64 any = 0;
+    __u32 i;
+    /* Segment i is iovec i (pages 0 when it holds no whole page): one
+       index keeps the verifier's states few. */
+    for (i = 0; i < MAX_SEGS; i++) {
+        if ((__u64)i >= iovcnt || left == 0)
+            break;
+        struct io_vec v;
+        if (bpf_probe_read_user(&v, sizeof(v), (void *)(iov + i * sizeof(v))))
+            break;
+        __u64 len = v.len < left ? v.len : left;
+        left -= len;
+        __u64 first;
+        __u64 pages = whole_pages(v.base, len, &first);
+        e->seg[i].start = first;
+        e->seg[i].pages = pages;
+        any |= pages;
+    }
+    if (left > 0 && i == MAX_SEGS)
+        count(C_IOV_BEYOND);
+    if (!any) {
+        bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
+        count(C_NO_WHOLE_PAGE);
+        return 0;
+    }
+    e->tgid = tgid;
+    e->kind = kind;
+    e->segs = i;
+    e->pad = 0;
+    bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    count(C_EVENTS);
+    return 0;
+}
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";

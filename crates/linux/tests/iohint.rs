@@ -1,0 +1,214 @@
+//! Live test of the I/O hint source: real `pagesift-workload read-files`
+//! processes read real files into page-aligned buffers with read, pread64,
+//! readv and preadv; the BPF program must report exactly the whole pages
+//! each call filled, for the watched processes only. Needs root (CAP_BPF,
+//! CAP_PERFMON) and kernel BTF, as the daemon does.
+
+mod common;
+
+use common::*;
+use pagesift_linux::Capability;
+use pagesift_linux::caps;
+use pagesift_linux::iohint::{HintSource, HintSourceConfig, IoHint, Syscall, Unavailable};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+const PAGE: u64 = 4096;
+const CHUNK_KIB: u64 = 64;
+
+/// Writes a file of `len` bytes of varied content.
+fn make_file(dir: &Path, name: &str, len: usize) -> PathBuf {
+    let p = dir.join(name);
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
+    std::fs::write(&p, data).unwrap();
+    p
+}
+
+/// The whole pages `[start, start + len)` covers.
+fn whole(start: u64, len: u64, out: &mut BTreeMap<u64, u32>) {
+    let a = start.div_ceil(PAGE) * PAGE;
+    let b = (start + len) / PAGE * PAGE;
+    let mut p = a;
+    while p < b {
+        *out.entry(p).or_default() += 1;
+        p += PAGE;
+    }
+}
+
+/// The pages one file's reads must hint: the workload reads `bytes` at
+/// `addr` in chunks of CHUNK_KIB, each chunk split into four iovecs of
+/// ceil(n/4) bytes for the vector calls (crates/workload/src/files.rs).
+fn expected(addr: u64, bytes: u64, vector: bool, out: &mut BTreeMap<u64, u32>) {
+    let chunk = CHUNK_KIB * 1024;
+    let mut done = 0;
+    while done < bytes {
+        let n = (bytes - done).min(chunk);
+        if vector {
+            let q = n.div_ceil(4);
+            let mut o = 0;
+            while o < n {
+                whole(addr + done + o, q.min(n - o), out);
+                o += q;
+            }
+        } else {
+            whole(addr + done, n, out);
+        }
+        done += n;
+    }
+}
+
+fn hinted_pages(hints: &[IoHint], tgid: u32) -> BTreeMap<u64, u32> {
+    let mut out = BTreeMap::new();
+    for h in hints.iter().filter(|h| h.tgid == tgid) {
+        for k in 0..h.pages {
+            *out.entry(h.start + k * PAGE).or_default() += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn hints_are_exactly_the_whole_pages_each_read_filled() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    // Odd sizes: the last chunk of each file leaves a partial page.
+    let big = make_file(dir.path(), "big", (1 << 20) + 100);
+    let small = make_file(dir.path(), "small", 3 * 4096 + 5);
+    let files = format!("{},{}", big.display(), small.display());
+    let chunk = CHUNK_KIB.to_string();
+    let start = |call: &str| {
+        Workload::start(&[
+            "--die-with-parent",
+            "read-files",
+            "--files",
+            &files,
+            "--syscall",
+            call,
+            "--chunk-kib",
+            &chunk,
+            "--order-seed",
+            "3",
+        ])
+    };
+    let mut source = HintSource::open(&HintSourceConfig::default()).expect("hint source");
+    let calls = ["read", "pread64", "readv", "preadv"];
+    let mut watched: Vec<Workload> = calls.iter().map(|c| start(c)).collect();
+    let mut stranger = start("read");
+    source.watch(watched.iter().map(|w| w.pid()));
+    assert_eq!(source.watched().len(), calls.len());
+
+    let mut hints = Vec::new();
+    let mut want = Vec::new();
+    for (w, call) in watched.iter_mut().zip(calls) {
+        let reply = w.ask("read");
+        let placed = reply["read"].as_array().expect("placed files").clone();
+        assert_eq!(placed.len(), 2, "{reply}");
+        let mut pages = BTreeMap::new();
+        for f in &placed {
+            let (addr, bytes) = (f["addr"].as_u64().unwrap(), f["bytes"].as_u64().unwrap());
+            assert_eq!(addr % PAGE, 0);
+            expected(addr, bytes, call.ends_with('v'), &mut pages);
+        }
+        want.push((w.pid(), call, pages));
+    }
+    let stranger_reply = stranger.ask("read");
+    assert!(stranger_reply["read"].is_array(), "{stranger_reply}");
+    source.drain(|h| hints.push(h));
+
+    for (pid, call, pages) in &want {
+        let got = hinted_pages(&hints, *pid);
+        assert!(!pages.is_empty());
+        assert_eq!(
+            got, *pages,
+            "{call}: hinted pages differ from the whole pages read"
+        );
+        let kinds: Vec<Syscall> = hints
+            .iter()
+            .filter(|h| h.tgid == *pid)
+            .map(|h| h.syscall)
+            .collect();
+        assert!(
+            kinds.iter().all(|k| k.name() == *call),
+            "{call}: hinted as {kinds:?}"
+        );
+    }
+    assert!(
+        hinted_pages(&hints, stranger.pid()).is_empty(),
+        "a process outside the tgid map produced hints"
+    );
+    let c = source.counters();
+    assert_eq!(c.ring_full, 0, "{c:?}");
+    assert!(c.events as usize >= hints.len() / 4, "{c:?}");
+
+    // Unwatching stops the hints: the next read of a watched process is
+    // silent.
+    source.watch([]);
+    let mut again = start("pread64");
+    let before = hints.len();
+    again.ask("read");
+    source.drain(|h| hints.push(h));
+    assert_eq!(hinted_pages(&hints[before..], again.pid()).len(), 0);
+}
+
+#[test]
+fn the_syscall_mask_limits_what_is_hinted() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let f = make_file(dir.path(), "f", 256 * 1024);
+    let files = f.display().to_string();
+    let config = HintSourceConfig {
+        syscalls: vec![Syscall::Preadv],
+        ..HintSourceConfig::default()
+    };
+    let mut source = HintSource::open(&config).expect("hint source");
+    let mut r = Workload::start(&["--die-with-parent", "read-files", "--files", &files]);
+    let mut v = Workload::start(&[
+        "--die-with-parent",
+        "read-files",
+        "--files",
+        &files,
+        "--syscall",
+        "preadv",
+    ]);
+    source.watch([r.pid(), v.pid()]);
+    r.ask("read");
+    v.ask("read");
+    let mut hints = Vec::new();
+    source.drain(|h| hints.push(h));
+    assert!(hinted_pages(&hints, r.pid()).is_empty(), "read was masked");
+    assert_eq!(hinted_pages(&hints, v.pid()).len(), 64);
+}
+
+#[test]
+fn without_cap_bpf_the_error_names_the_capability() {
+    require_root();
+    // Capabilities are per thread: drop them in one, load from there.
+    let err = std::thread::spawn(|| {
+        caps::drop_from_this_thread(&[Capability::SysAdmin, Capability::Bpf]).unwrap();
+        HintSource::open(&HintSourceConfig::default()).err()
+    })
+    .join()
+    .unwrap()
+    .expect("loading without CAP_BPF must fail");
+    assert!(
+        matches!(err, Unavailable::MissingCapability(Capability::Bpf)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("CAP_BPF"), "{err}");
+}
+
+#[test]
+fn without_btf_the_error_names_it() {
+    require_root();
+    let config = HintSourceConfig {
+        btf: PathBuf::from("/nonexistent/btf/vmlinux"),
+        ..HintSourceConfig::default()
+    };
+    let err = HintSource::open(&config).err().expect("no BTF must fail");
+    assert!(matches!(err, Unavailable::NoBtf { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("/nonexistent/btf/vmlinux") && msg.contains("BTF"),
+        "{msg}"
+    );
+}
