@@ -399,6 +399,8 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// Ranges write-tracked now, and when their writes were last read.
     tracked: usize,
     last_write_read: Nanos,
+    /// Host page-cache scrubbing (`[scrub]`), when enabled.
+    scrub: Option<crate::scrub::Scrubber>,
 }
 
 impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
@@ -452,6 +454,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             cow_ksm_start,
             tracked: 0,
             last_write_read: 0,
+            scrub: None,
             started: now,
             cpu_start_ns: host::process_cpu_ns(),
             cpu_window: VecDeque::new(),
@@ -533,6 +536,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             self.distiller.set_params(self.config.governor_params());
         }
         self.force_refresh = true;
+        self.scrub = None; // rebuilt from the new [scrub] at the next wake-up
     }
 
     /// One wake-up at `now`; returns what it did, including how long to
@@ -549,6 +553,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         self.watch_writes(now);
         self.actuate(now, &mut summary);
         summary.ksm_share = self.pace(now);
+        self.scrub_tick(now);
         let active = host::thread_cpu_ns().saturating_sub(cpu0);
         let base = self.next_sleep(&summary);
         self.distiller.set_sleep(base);
@@ -558,6 +563,21 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         summary.sleep = sleep;
         self.counters.wakes += 1;
         summary
+    }
+
+    /// Host page-cache scrubbing of the eligible guests (`crate::scrub`).
+    fn scrub_tick(&mut self, now: Nanos) {
+        if !self.config.scrub.enabled {
+            return;
+        }
+        let config = &self.config.scrub;
+        let scrub = self
+            .scrub
+            .get_or_insert_with(|| crate::scrub::Scrubber::new(config.clone(), now));
+        let eligible: Vec<(u32, String)> = (self.allowed.keys())
+            .map(|pid| (*pid, self.comms.get(pid).cloned().unwrap_or_default()))
+            .collect();
+        scrub.tick(now, &eligible);
     }
 
     /// Held regions are out of the ladder: one that cannot be promoted
@@ -1832,6 +1852,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             ksm,
             daemon,
             skipped,
+            scrub: self.scrub.as_ref().map(|s| s.status()),
         }
     }
 }

@@ -202,6 +202,9 @@ pub struct Status {
     pub daemon: DaemonStatus,
     /// Processes skipped, and why.
     pub skipped: Vec<Skipped>,
+    /// Host page-cache scrubbing, when enabled.
+    #[serde(default)]
+    pub scrub: Option<crate::scrub::ScrubStatus>,
 }
 
 /// Whether `path` can become the status socket: `Ok(false)` if nothing is

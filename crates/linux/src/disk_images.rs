@@ -59,6 +59,23 @@ pub fn opened_for_writing(flags: u32) -> bool {
 /// The disk images of `pid` (see the module header), in descriptor order.
 /// Needs ptrace read access to `pid` (its fd directory).
 pub fn disk_images(pid: u32) -> Result<Vec<DiskImage>, LinuxError> {
+    disk_images_with(pid, true, &[])
+}
+
+/// Device and inode of `path` (for [`disk_images_with`]).
+pub fn identity(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
+    let m = fs::metadata(path)?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// [`disk_images`], choosing the sources: files open for writing when
+/// `writable` is set, and files whose (device, inode) is in `named`
+/// whatever their access mode (images the operator named).
+pub fn disk_images_with(
+    pid: u32,
+    writable: bool,
+    named: &[(u64, u64)],
+) -> Result<Vec<DiskImage>, LinuxError> {
     let dir = format!("/proc/{pid}/fd");
     let entries = fs::read_dir(&dir).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => LinuxError::NoSuchProcess(pid),
@@ -81,7 +98,7 @@ pub fn disk_images(pid: u32) -> Result<Vec<DiskImage>, LinuxError> {
         let Some(flags) = fdinfo_flags(&info) else {
             continue;
         };
-        if !opened_for_writing(flags) {
+        if named.is_empty() && !(writable && opened_for_writing(flags)) {
             continue;
         }
         let link = format!("/proc/{pid}/fd/{fd}");
@@ -89,7 +106,9 @@ pub fn disk_images(pid: u32) -> Result<Vec<DiskImage>, LinuxError> {
         let Ok(meta) = fs::metadata(&link) else {
             continue;
         };
-        if !meta.file_type().is_file() || !seen.insert((meta.dev(), meta.ino())) {
+        let id = (meta.dev(), meta.ino());
+        let wanted = (writable && opened_for_writing(flags)) || named.contains(&id);
+        if !wanted || !meta.file_type().is_file() || !seen.insert(id) {
             continue;
         }
         let Ok(path) = fs::read_link(&link) else {
