@@ -37,7 +37,7 @@
 
 use crate::config::ScrubSection;
 use pagesift_core::scrub::{
-    CachedPage, FrequencyControl, GuestIndex, Held, MemoryStats, Trigger, plan_drops,
+    CachedPage, DropRange, FrequencyControl, GuestIndex, Held, MemoryStats, Trigger, plan_drops,
 };
 use pagesift_core::{Nanos, PAGE_SIZE, PageWords, WORDS_PER_PAGE};
 use pagesift_linux::LinuxError;
@@ -94,7 +94,7 @@ pub struct ScrubStatus {
 }
 
 /// The result of scrubbing one image once.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ImagePass {
     /// Cached pages found.
     pub cached: u64,
@@ -107,6 +107,8 @@ pub struct ImagePass {
     pub dropped: u64,
     /// Ranges left alone: dirty or writeback.
     pub busy: u64,
+    /// The ranges `DONTNEED`ed (whole folios, file order).
+    pub dropped_ranges: Vec<DropRange>,
 }
 
 /// One guest: its RAM reader, its index, its images.
@@ -197,7 +199,7 @@ impl Scrubber {
         for &pid in pids {
             match self.scrub_guest(pid) {
                 Ok(passes) => {
-                    for p in passes {
+                    for (_, p) in passes {
                         dropped += p.dropped;
                         cached += p.cached;
                         self.status.busy_ranges += p.busy;
@@ -224,8 +226,9 @@ impl Scrubber {
         (dropped, cached)
     }
 
-    /// One guest: index its RAM, then scrub each of its images.
-    pub fn scrub_guest(&mut self, pid: u32) -> Result<Vec<ImagePass>, LinuxError> {
+    /// One guest: index its RAM, then scrub each of its images. Returns
+    /// each image's path and pass.
+    pub fn scrub_guest(&mut self, pid: u32) -> Result<Vec<(PathBuf, ImagePass)>, LinuxError> {
         let found = disk_images::disk_images_with(pid, self.config.discover_images, &self.named)?;
         let found: Vec<DiskImage> = found.into_iter().filter(|i| !i.direct).collect();
         if found.is_empty() {
@@ -273,7 +276,7 @@ impl Scrubber {
             entry.1.cached_before = pass.cached;
             entry.1.held_pages = pass.held;
             entry.1.dropped_pages += pass.dropped;
-            passes.push(pass);
+            passes.push((image.path.clone(), pass));
         }
         Ok(passes)
     }
@@ -375,7 +378,10 @@ pub fn scrub_image(
     let folio_list: Vec<_> = states.iter().map(|s| s.folio).collect();
     for range in plan_drops(&pages, &folio_list) {
         match cache.drop_range(range.offset, range.len)? {
-            DropOutcome::Dropped { evicted } => pass.dropped += evicted,
+            DropOutcome::Dropped { evicted } => {
+                pass.dropped += evicted;
+                pass.dropped_ranges.push(range);
+            }
             DropOutcome::Busy => pass.busy += 1,
         }
     }

@@ -168,7 +168,10 @@ impl Guest {
             ready_after: None,
             ram: None,
             disk,
-            disk_md5: image.disk().map(|d| d.checksum().to_string()),
+            disk_md5: image
+                .disk()
+                .filter(|_| !image.custom_init())
+                .map(|d| d.checksum().to_string()),
         })
     }
 
