@@ -94,6 +94,36 @@ pub enum Goal {
         /// Largest CPU-seconds ratio system ÷ against over the window.
         max_cpu_ratio: f64,
     },
+    /// The page-cache experiment: `system`'s host cache of the guests'
+    /// images (mean over the window's 2nd half) is at least `factor` ×
+    /// smaller than `against`'s.
+    CacheSmaller {
+        /// The system judged.
+        system: System,
+        /// The system it is compared with.
+        against: System,
+        /// Smallest ratio against ÷ system.
+        factor: f64,
+    },
+    /// The page-cache experiment: the guests' read throughput under
+    /// `system` is at least `min_ratio` × `against`'s (strictly above it
+    /// when `strictly`).
+    Throughput {
+        /// The system judged.
+        system: System,
+        /// The system it is compared with.
+        against: System,
+        /// Smallest ratio system ÷ against.
+        min_ratio: f64,
+        /// Require strictly more.
+        strictly: bool,
+    },
+    /// The page-cache experiment: every guest's data was byte-identical
+    /// (its md5 inside the guest) under `system`.
+    DataIntact {
+        /// The system judged.
+        system: System,
+    },
 }
 
 /// A goal and where it was set (`issue 10, goal 2`).
