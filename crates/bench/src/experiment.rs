@@ -537,12 +537,21 @@ mod tests {
             assert!(e.systems.contains(&e.reference), "{}", e.name);
             // A goal compares systems that both run.
             for g in &e.goals {
-                let (Goal::ReachExact {
-                    system, against, ..
-                }
-                | Goal::SaveAsMuch {
-                    system, against, ..
-                }) = g.goal;
+                let (system, against) = match g.goal {
+                    Goal::ReachExact {
+                        system, against, ..
+                    }
+                    | Goal::SaveAsMuch {
+                        system, against, ..
+                    }
+                    | Goal::CacheSmaller {
+                        system, against, ..
+                    }
+                    | Goal::Throughput {
+                        system, against, ..
+                    } => (system, against),
+                    Goal::DataIntact { system } => (system, system),
+                };
                 assert!(e.systems.contains(&system), "{}", e.name);
                 assert!(e.systems.contains(&against), "{}", e.name);
             }

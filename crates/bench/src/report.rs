@@ -384,7 +384,11 @@ pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
                 times(r)
             );
             if let Some(r) = r {
-                v.met = Some(if strictly { r > min_ratio } else { r >= min_ratio });
+                v.met = Some(if strictly {
+                    r > min_ratio
+                } else {
+                    r >= min_ratio
+                });
             }
         }
         Goal::DataIntact { .. } => {

@@ -378,8 +378,8 @@ pub struct MetricsSection {
 pub struct ScrubSection {
     /// Scrub at all.
     pub enabled: bool,
-    /// Take the regular files an eligible guest process has open for
-    /// writing as its disk images.
+    /// Take the regular files an eligible guest process has open
+    /// read-write as its disk images.
     pub discover_images: bool,
     /// Image files to scrub too, when an eligible guest process has them
     /// open in any mode (absolute paths).
@@ -452,7 +452,10 @@ impl ScrubSection {
                 "must lie between period_min_s and period_max_s".into(),
             );
         }
-        for (k, v) in [("cached_frac", self.cached_frac), ("free_frac", self.free_frac)] {
+        for (k, v) in [
+            ("cached_frac", self.cached_frac),
+            ("free_frac", self.free_frac),
+        ] {
             if !(0.0..=1.0).contains(&v) {
                 return bad(k, format!("must be a fraction in 0..=1, got {v}"));
             }
@@ -464,10 +467,16 @@ impl ScrubSection {
             );
         }
         if let Some(p) = self.images.iter().find(|p| !p.is_absolute()) {
-            return bad("images", format!("must be absolute paths, got {}", p.display()));
+            return bad(
+                "images",
+                format!("must be absolute paths, got {}", p.display()),
+            );
         }
         if self.comm_prefixes.iter().any(|p| p.is_empty()) {
-            return bad("comm_prefixes", "an empty prefix would match every process".into());
+            return bad(
+                "comm_prefixes",
+                "an empty prefix would match every process".into(),
+            );
         }
         Ok(())
     }
@@ -881,11 +890,17 @@ address = "9100"
         .unwrap();
         assert!(c.scrub.enabled);
         let f = c.scrub.frequency();
-        assert_eq!((f.period_min, f.period_max), (2_000_000_000, 40_000_000_000));
+        assert_eq!(
+            (f.period_min, f.period_max),
+            (2_000_000_000, 40_000_000_000)
+        );
         assert_eq!((f.cached_frac, f.free_frac), (0.4, 0.2));
         assert!(f.check().is_ok());
         for (text, key) in [
-            ("[scrub]\nperiod_min_s = 90\nperiod_initial_s = 90\n", "scrub.period_min_s"),
+            (
+                "[scrub]\nperiod_min_s = 90\nperiod_initial_s = 90\n",
+                "scrub.period_min_s",
+            ),
             ("[scrub]\nperiod_initial_s = 1\n", "scrub.period_initial_s"),
             ("[scrub]\ncached_frac = 2\n", "scrub.cached_frac"),
             ("[scrub]\nfree_frac = -0.1\n", "scrub.free_frac"),

@@ -121,9 +121,15 @@ const COUNTERS: &[(&str, &str)] = &[
     ("global_rounds", "Global sampling rounds"),
     ("daemon_cpu_seconds", "pagesift CPU time"),
     ("ksmd_cpu_seconds", "ksmd CPU time since pagesift started"),
-    ("scrub_dropped_pages", "Host page-cache pages dropped by scrubbing"),
+    (
+        "scrub_dropped_pages",
+        "Host page-cache pages dropped by scrubbing",
+    ),
     ("scrubs", "Page-cache scrubs run"),
-    ("scrub_cpu_seconds", "CPU time spent scrubbing the host page cache"),
+    (
+        "scrub_cpu_seconds",
+        "CPU time spent scrubbing the host page cache",
+    ),
 ];
 
 impl Default for Metrics {

@@ -7,7 +7,7 @@
 //! prefix from `scrub.comm_prefixes`):
 //!
 //! 1. **Images** ([`pagesift_linux::disk_images`]): the regular files it has
-//!    open for writing (unless `scrub.discover_images = false`) and the
+//!    open read-write (unless `scrub.discover_images = false`) and the
 //!    files named in `scrub.images` that it has open. `O_DIRECT` files are
 //!    skipped (no page cache).
 //! 2. **Index the guest** ([`pagesift_linux::guest_ram`],
@@ -48,7 +48,7 @@ use pagesift_linux::page_cache::{DropOutcome, ImageCache};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// Host-cache pages read per `preadv2` while matching.
 const READ_BATCH_PAGES: usize = 256;
@@ -183,9 +183,19 @@ impl Scrubber {
             .filter(|(_, c)| self.wants(c))
             .map(|&(p, _)| p)
             .collect();
+        let cpu0 = self.status.cpu_seconds;
         let (dropped, cached) = self.scrub_all(&pids);
-        self.control.scrubbed(now, trigger, dropped, cached);
+        let period = self.control.scrubbed(now, trigger, dropped, cached);
         self.status.last_trigger = trigger.name().into();
+        info!(
+            trigger = trigger.name(),
+            guests = pids.len(),
+            cached,
+            dropped,
+            cpu_ms = (self.status.cpu_seconds - cpu0) * 1e3,
+            next_s = period as f64 / 1e9,
+            "scrubbed the host page cache"
+        );
         Some(trigger)
     }
 

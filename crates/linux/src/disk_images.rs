@@ -2,10 +2,11 @@
 //!
 //! Singleton (§3.3) takes "the file opened by the QEMU process associated
 //! with the VM" as its virtual disk. Here a disk image of a process is a
-//! **regular file it has open for writing** (`O_WRONLY` or `O_RDWR` in
+//! **regular file it has open for reading and writing** (`O_RDWR` in
 //! `/proc/PID/fdinfo/N`'s `flags`, octal): QEMU opens a writable drive
-//! read-write and its own binaries, libraries and firmware read-only, so
-//! the access mode tells them apart without knowing QEMU's command line.
+//! read-write, its own binaries, libraries and firmware read-only, and its
+//! logs and serial-console files write-only, so the access mode tells them
+//! apart without knowing QEMU's command line.
 //! Files opened with `O_DIRECT` (QEMU `cache=none`/`directsync`) are
 //! listed with [`DiskImage::direct`] set: their I/O bypasses the page cache,
 //! so there is nothing to scrub. The operator may also name images in the
@@ -20,10 +21,9 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-/// `O_ACCMODE`, `O_WRONLY`, `O_RDWR`, `O_DIRECT` on Linux (x86-64, arm64
-/// share these values except `O_DIRECT` on arm64, which is 0o200000).
+/// `O_ACCMODE` and `O_RDWR` on Linux; `O_DIRECT` from libc (it differs
+/// between architectures).
 const O_ACCMODE: u32 = 0o3;
-const O_WRONLY: u32 = 0o1;
 const O_RDWR: u32 = 0o2;
 const O_DIRECT: u32 = libc::O_DIRECT as u32;
 
@@ -51,9 +51,10 @@ pub fn fdinfo_flags(text: &str) -> Option<u32> {
         .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
 }
 
-/// Whether `flags` open a file for writing.
+/// Whether `flags` open a file for reading and writing (a drive is both
+/// read and written; a write-only file is a log, not a disk).
 pub fn opened_for_writing(flags: u32) -> bool {
-    matches!(flags & O_ACCMODE, O_WRONLY | O_RDWR)
+    flags & O_ACCMODE == O_RDWR
 }
 
 /// The disk images of `pid` (see the module header), in descriptor order.
@@ -68,7 +69,7 @@ pub fn identity(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
     Ok((m.dev(), m.ino()))
 }
 
-/// [`disk_images`], choosing the sources: files open for writing when
+/// [`disk_images`], choosing the sources: files open read-write when
 /// `writable` is set, and files whose (device, inode) is in `named`
 /// whatever their access mode (images the operator named).
 pub fn disk_images_with(
@@ -136,24 +137,34 @@ mod tests {
         let text = "pos:\t0\nflags:\t0100002\nmnt_id:\t25\nino:\t12\n";
         assert_eq!(fdinfo_flags(text), Some(0o100002));
         assert!(opened_for_writing(0o100002));
-        assert!(opened_for_writing(0o1));
+        assert!(!opened_for_writing(0o1), "write-only: a log");
         assert!(!opened_for_writing(0o100000));
         assert_eq!(fdinfo_flags("pos:\t0\n"), None);
     }
 
     #[test]
-    fn a_process_files_open_for_writing_are_found_once_and_read_only_ones_not() {
-        // This test process: a file opened read-write twice and one opened
-        // read-only. /proc/self/fd needs no privilege.
+    fn a_process_files_open_read_write_are_found_once_and_others_not() {
+        // This test process: a file opened read-write twice, one opened
+        // read-only and one write-only. /proc/self/fd needs no privilege.
         let dir = std::env::temp_dir().join(format!("pagesift-images-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let rw = dir.join("rw.img");
         let ro = dir.join("ro.img");
         fs::write(&rw, vec![1u8; 8192]).unwrap();
         fs::write(&ro, vec![2u8; 4096]).unwrap();
-        let a = fs::OpenOptions::new().read(true).write(true).open(&rw).unwrap();
-        let b = fs::OpenOptions::new().read(true).write(true).open(&rw).unwrap();
+        let a = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&rw)
+            .unwrap();
+        let b = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&rw)
+            .unwrap();
         let c = fs::File::open(&ro).unwrap();
+        let log = dir.join("qemu.log");
+        let d = fs::File::create(&log).unwrap();
         let found = disk_images(std::process::id()).unwrap();
         let ours: Vec<_> = found.iter().filter(|i| i.path.starts_with(&dir)).collect();
         assert_eq!(ours.len(), 1, "{found:?}");
@@ -161,7 +172,7 @@ mod tests {
         assert_eq!(ours[0].fd, a.as_raw_fd() as u32);
         assert_eq!(ours[0].bytes, 8192);
         assert!(!ours[0].direct);
-        drop((a, b, c));
+        drop((a, b, c, d));
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -182,7 +182,10 @@ impl FolioFinder {
             }
             let head = window[at - before as usize];
             out.push(FolioState {
-                folio: Folio { first: start, pages: len },
+                folio: Folio {
+                    first: start,
+                    pages: len,
+                },
                 dirty: head.dirty(),
                 writeback: head.writeback(),
             });

@@ -60,7 +60,7 @@
 //!    which candidate pages were written, without merging them first.
 //!
 //! 7. **Scrub the host page cache** (Singleton): [`disk_images`] finds the
-//!    files a guest's QEMU process has open for writing, [`page_cache`]
+//!    files a guest's QEMU process has open read-write, [`page_cache`]
 //!    finds which of their pages are cached, reads them without I/O and
 //!    drops them, [`folio`] finds the folio and dirty/writeback state of a
 //!    cached page, and [`guest_ram`] reads the guest's RAM to match against.

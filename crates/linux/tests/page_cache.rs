@@ -81,8 +81,14 @@ fn cached_pages_are_found_read_and_foliated_without_io() {
         cached.len(),
         stat.cache
     );
-    let scattered_cached = scattered.iter().filter(|i| cached.binary_search(i).is_ok()).count();
-    assert!(scattered_cached * 10 >= scattered.len() * 9, "{scattered_cached}");
+    let scattered_cached = scattered
+        .iter()
+        .filter(|i| cached.binary_search(i).is_ok())
+        .count();
+    assert!(
+        scattered_cached * 10 >= scattered.len() * 9,
+        "{scattered_cached}"
+    );
 
     // Content without I/O equals the file's.
     let mut page = vec![0u8; PAGE as usize];
@@ -95,7 +101,9 @@ fn cached_pages_are_found_read_and_foliated_without_io() {
     // this kernel the flag does not keep the read from starting I/O (it
     // starts read-ahead and may find the page ready), which is why the
     // scrubber reads only pages mincore has just reported cached.
-    let uncached = (0..PAGES).find(|i| cached.binary_search(i).is_err()).unwrap();
+    let uncached = (0..PAGES)
+        .find(|i| cached.binary_search(i).is_err())
+        .unwrap();
     assert_eq!(cache.stat(uncached * PAGE, PAGE).unwrap().cache, 0);
     let got = cache.read_cached(uncached, &mut page).unwrap();
     let after = cache.stat(uncached * PAGE, PAGE).unwrap().cache;
@@ -108,8 +116,14 @@ fn cached_pages_are_found_read_and_foliated_without_io() {
     // Folios: order 0 in the scattered half, larger in the sequential one.
     let mut finder = FolioFinder::open().unwrap();
     let folios = finder.folios(&cache, &cached).unwrap();
-    let low: Vec<_> = folios.iter().filter(|f| f.folio.first < PAGES / 2).collect();
-    let high: Vec<_> = folios.iter().filter(|f| f.folio.first >= PAGES / 2).collect();
+    let low: Vec<_> = folios
+        .iter()
+        .filter(|f| f.folio.first < PAGES / 2)
+        .collect();
+    let high: Vec<_> = folios
+        .iter()
+        .filter(|f| f.folio.first >= PAGES / 2)
+        .collect();
     assert!(low.iter().all(|f| f.folio.pages == 1), "{low:?}");
     let largest = high.iter().map(|f| f.folio.pages).max().unwrap_or(0);
     eprintln!(
@@ -160,7 +174,10 @@ fn a_dirty_page_is_seen_dirty_and_never_dropped() {
     let folios = finder.folios(&cache, &[i]).unwrap();
     assert_eq!(folios.len(), 1);
     let fo = folios[0];
-    assert!(fo.dirty || fo.writeback, "kpageflags shows it dirty: {fo:?}");
+    assert!(
+        fo.dirty || fo.writeback,
+        "kpageflags shows it dirty: {fo:?}"
+    );
     assert_eq!(
         cache
             .drop_range(fo.folio.first * PAGE, fo.folio.pages * PAGE)
@@ -178,4 +195,3 @@ fn a_dirty_page_is_seen_dirty_and_never_dropped() {
         DropOutcome::Dropped { evicted: fo.pages }
     );
 }
-

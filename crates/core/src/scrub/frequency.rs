@@ -94,7 +94,10 @@ impl FrequencyParams {
         if !(self.period_min..=self.period_max).contains(&self.period_initial) {
             return Err("period_initial must lie within period_min..=period_max".into());
         }
-        for (name, f) in [("cached_frac", self.cached_frac), ("free_frac", self.free_frac)] {
+        for (name, f) in [
+            ("cached_frac", self.cached_frac),
+            ("free_frac", self.free_frac),
+        ] {
             if !(0.0..=1.0).contains(&f) {
                 return Err(format!("{name} must be a fraction in 0..=1"));
             }

@@ -206,10 +206,7 @@ mod tests {
 
     #[test]
     fn a_large_folio_goes_whole_or_not_at_all() {
-        let big = [Folio {
-            first: 8,
-            pages: 8,
-        }];
+        let big = [Folio { first: 8, pages: 8 }];
         let all: Vec<_> = (8..16).map(|i| page(i, Held::Verified)).collect();
         assert_eq!(
             plan_drops(&all, &big),
