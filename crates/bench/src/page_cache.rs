@@ -378,53 +378,6 @@ fn run_system(
     let mut daemon: Option<Spawned> = None;
     let guard = if system.is_pagesift() {
         drop(guard); // the daemon takes KSM's lock itself
-        let stem = format!("page-cache-{}", crate::run::sanitize(&name));
-        let config = ctx.work_dir.join(format!("{stem}.toml"));
-        let qemu = &image.tools().qemu;
-        let qemu = std::fs::canonicalize(qemu).unwrap_or_else(|_| qemu.clone());
-        let text = format!(
-            "{}\n[eligible]\nexes = [{:?}]\n",
-            system.config_toml().unwrap_or_default(),
-            qemu.display().to_string()
-        );
-        std::fs::write(&config, text)
-            .map_err(|e| BenchError::Output(format!("{}: {e}", config.display())))?;
-        let socket = ctx
-            .work_dir
-            .join(format!("pagesift-bench-{}.sock", std::process::id()));
-        let log_path = ctx.log_dir.join(format!("{stem}.log"));
-        let log = std::fs::File::create(&log_path)
-            .map_err(|e| BenchError::Output(format!("{}: {e}", log_path.display())))?;
-        let mut cmd = Command::new(&ctx.pagesift_bin);
-        cmd.arg("run")
-            .arg("--config")
-            .arg(&config)
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--ksm-wait")
-            .arg(ctx.ksm_wait.as_secs().to_string());
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
-        let _ = std::fs::remove_file(&socket);
-        let mut d = Spawned::spawn(
-            "pagesift run",
-            &mut cmd,
-            DeathSignal::Term,
-            Duration::from_secs(20),
-        )?;
-        let end = Instant::now() + ctx.ksm_wait + Duration::from_secs(30);
-        while !socket.exists() {
-            if ctx.term.requested() {
-                return Err(BenchError::Interrupted);
-            }
-            if !d.running() || Instant::now() > end {
-                return Err(BenchError::System(format!(
-                    "pagesift run did not start (log {})",
-                    log_path.display()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        daemon = Some(d);
         None
     } else {
         let pages = match system {
@@ -460,6 +413,12 @@ fn run_system(
         flushed.map_err(|e| BenchError::System(format!("{}: {e}", disk.display())))?;
         ImageCache::open(disk)?.drop_all()?;
         guests.push(guest);
+    }
+    if system.is_pagesift() {
+        // Eligible by pid: only this run's guests (other QEMU processes on
+        // the machine are not ours to scrub).
+        let pids: Vec<u32> = guests.iter().map(|g| g.pid()).collect();
+        daemon = Some(spawn_daemon(ctx, system, &pids)?);
     }
     for g in &mut guests {
         g.wait_ready(Duration::from_secs(300))
@@ -604,45 +563,53 @@ fn run_system(
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_goals_compare_systems_that_run_and_the_plan_fits_the_issue() {
-        let systems = PageCachePlan::systems();
-        let names: Vec<String> = systems.iter().map(|s| s.name()).collect();
-        assert_eq!(names, ["ksm-100", "fadvise-ksm-100", "pagesift-full-scrub"]);
-        for g in PageCachePlan::goals() {
-            let (a, b) = match g.goal {
-                Goal::CacheSmaller {
-                    system, against, ..
-                }
-                | Goal::Throughput {
-                    system, against, ..
-                } => (system, against),
-                Goal::DataIntact { system } => (system, system),
-                _ => panic!("not a page-cache goal"),
-            };
-            assert!(systems.contains(&a) && systems.contains(&b));
-        }
-        for mode in [Mode::Quick, Mode::Full] {
-            let p = PageCachePlan::of(mode);
-            assert_eq!(p.file_mib, 2 * u64::from(p.mem_mib), "a file twice guest RAM");
-            assert!(p.limit_mib > p.guests as u64 * u64::from(p.mem_mib));
-        }
-        assert_eq!(PageCachePlan::of(Mode::Full).mem_mib, 512);
+/// `pagesift run` for `system` on the guests `pids`, once its status
+/// socket is up (it has KSM's lock then).
+fn spawn_daemon(ctx: &Context, system: System, pids: &[u32]) -> Result<Spawned, BenchError> {
+    let name = system.name();
+    let stem = format!("page-cache-{}", crate::run::sanitize(&name));
+    let config = ctx.work_dir.join(format!("{stem}.toml"));
+    std::fs::write(&config, system.config_toml().unwrap_or_default())
+        .map_err(|e| BenchError::Output(format!("{}: {e}", config.display())))?;
+    let socket = ctx
+        .work_dir
+        .join(format!("pagesift-bench-{}.sock", std::process::id()));
+    let log_path = ctx.log_dir.join(format!("{stem}.log"));
+    let log = std::fs::File::create(&log_path)
+        .map_err(|e| BenchError::Output(format!("{}: {e}", log_path.display())))?;
+    let mut cmd = Command::new(&ctx.pagesift_bin);
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&config)
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--ksm-wait")
+        .arg(ctx.ksm_wait.as_secs().to_string());
+    for pid in pids {
+        cmd.arg("--pid").arg(pid.to_string());
     }
-
-    #[test]
-    fn serial_fields_are_read_from_the_marked_line() {
-        let log = "x\npagesift-guest: reads n=3 bytes=196608 start=10.5 stop=70.25\n";
-        assert_eq!(
-            serial_field(log, "pagesift-guest: reads", "bytes").as_deref(),
-            Some("196608")
-        );
-        assert_eq!(serial_field(log, "pagesift-guest: done", "md5"), None);
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+    let _ = std::fs::remove_file(&socket);
+    let mut d = Spawned::spawn(
+        "pagesift run",
+        &mut cmd,
+        DeathSignal::Term,
+        Duration::from_secs(20),
+    )?;
+    let end = Instant::now() + ctx.ksm_wait + Duration::from_secs(30);
+    while !socket.exists() {
+        if ctx.term.requested() {
+            return Err(BenchError::Interrupted);
+        }
+        if !d.running() || Instant::now() > end {
+            return Err(BenchError::System(format!(
+                "pagesift run did not start (log {})",
+                log_path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
+    Ok(d)
 }
 
 fn last(r: &RunResult, m: &str) -> Option<f64> {
@@ -659,9 +626,10 @@ pub fn markdown(plan: &PageCachePlan, runs: &[RunResult], goals: &[Verdict]) -> 
          cache=writeback) for {} s with busybox `dd`, then md5 of the whole file; all QEMU \
          processes under one {} MiB memory cgroup (no swap). Default = `ksm-100` (KSM, no \
          scrubbing); Fadvise = `fadvise-ksm-100` (KSM plus DONTNEED of every image every {} s); \
-         pagesift = `pagesift-full-scrub` (`[scrub]` on: period 2-20 s, first after 4 s). Host \
+         pagesift = `pagesift-full-scrub` (`pagesift run --pid` on the guests with `[scrub]` on: period 2-20 s, first after 4 s, and host read-ahead off on the images' descriptors, as Singleton §3.3 does). Host \
          cache = cachestat of the images, sampled every second; hit ratio = 1 − read_bytes ÷ \
-         rchar of the QEMU processes over the reading window; throughput = MiB read ÷ seconds \
+         rchar of the QEMU processes over the reading window (negative when host read-ahead \
+         reads more from the disk than QEMU asked for); throughput = MiB read ÷ seconds \
          (guest clock), averaged over the guests; CPU = the pagesift process over the window. \
          Two cores shared with other work: noisy figures, compare within the run.\n",
         plan.guests,
@@ -715,4 +683,49 @@ pub fn markdown(plan: &PageCachePlan, runs: &[RunResult], goals: &[Verdict]) -> 
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_goals_compare_systems_that_run_and_the_plan_fits_the_issue() {
+        let systems = PageCachePlan::systems();
+        let names: Vec<String> = systems.iter().map(|s| s.name()).collect();
+        assert_eq!(names, ["ksm-100", "fadvise-ksm-100", "pagesift-full-scrub"]);
+        for g in PageCachePlan::goals() {
+            let (a, b) = match g.goal {
+                Goal::CacheSmaller {
+                    system, against, ..
+                }
+                | Goal::Throughput {
+                    system, against, ..
+                } => (system, against),
+                Goal::DataIntact { system } => (system, system),
+                _ => panic!("not a page-cache goal"),
+            };
+            assert!(systems.contains(&a) && systems.contains(&b));
+        }
+        for mode in [Mode::Quick, Mode::Full] {
+            let p = PageCachePlan::of(mode);
+            assert_eq!(
+                p.file_mib,
+                2 * u64::from(p.mem_mib),
+                "a file twice guest RAM"
+            );
+            assert!(p.limit_mib > p.guests as u64 * u64::from(p.mem_mib));
+        }
+        assert_eq!(PageCachePlan::of(Mode::Full).mem_mib, 512);
+    }
+
+    #[test]
+    fn serial_fields_are_read_from_the_marked_line() {
+        let log = "x\npagesift-guest: reads n=3 bytes=196608 start=10.5 stop=70.25\n";
+        assert_eq!(
+            serial_field(log, "pagesift-guest: reads", "bytes").as_deref(),
+            Some("196608")
+        );
+        assert_eq!(serial_field(log, "pagesift-guest: done", "md5"), None);
+    }
 }

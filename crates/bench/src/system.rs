@@ -123,8 +123,8 @@ impl System {
                 k = s * 0.75,
             ),
             Tuning::Scrub => "# pagesift bench: host page-cache scrubbing (Singleton)\n\
-                 [scrub]\nenabled = true\nperiod_min_s = 2.0\nperiod_max_s = 20.0\n\
-                 period_initial_s = 4.0\n"
+                 [scrub]\nenabled = true\nhost_readahead = false\nperiod_min_s = 2.0\n\
+                 period_max_s = 20.0\nperiod_initial_s = 4.0\n"
                 .into(),
             Tuning::ShortLived => "# pagesift bench: UKSM §8.1.3's short-lived setting\n\
                  [scan]\nsleep_ms = 20\nround_time_ms = 100\ncpu_cap = 0.5\n\n\

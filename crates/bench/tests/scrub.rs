@@ -153,7 +153,11 @@ fn ready_guest(image: &GuestImage, name: &str, held: &Path) -> Guest {
     let mut guest = Guest::start(image, gopts).unwrap();
     guest.wait_ready(Duration::from_secs(180)).unwrap();
     let ready = serial_line(&guest, "pagesift-guest: ready", Duration::from_secs(1));
-    assert_eq!(field(&ready, "held-md5"), md5(held), "the guest read its file right");
+    assert_eq!(
+        field(&ready, "held-md5"),
+        md5(held),
+        "the guest read its file right"
+    );
     guest
 }
 
@@ -282,7 +286,10 @@ fn the_daemon_scrubs_eligible_guests_only() {
     let other_cache = ImageCache::open(other.disk().unwrap()).unwrap();
     let other_before = other_cache.stat(0, 0).unwrap().cache;
     let before = eligible_cache.stat(0, 0).unwrap().cache;
-    assert!(before >= HELD_MIB * 256 * 9 / 10, "the host cached the guest's reads: {before}");
+    assert!(
+        before >= HELD_MIB * 256 * 9 / 10,
+        "the host cached the guest's reads: {before}"
+    );
 
     let config = dir.path().join("pagesift.toml");
     fs::write(
@@ -305,7 +312,10 @@ fn the_daemon_scrubs_eligible_guests_only() {
     let deadline = Instant::now() + Duration::from_secs(600);
     let status = loop {
         assert!(Instant::now() < deadline, "the daemon reported no scrub");
-        assert!(daemon.try_wait().unwrap().is_none(), "the daemon exited early");
+        assert!(
+            daemon.try_wait().unwrap().is_none(),
+            "the daemon exited early"
+        );
         std::thread::sleep(Duration::from_secs(1));
         let out = Command::new(&pagesift)
             .args(["status", "--json", "--socket"])

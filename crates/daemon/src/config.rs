@@ -389,6 +389,10 @@ pub struct ScrubSection {
     pub comm_prefixes: Vec<String>,
     /// Anonymous mappings of at least this many MiB are guest RAM.
     pub guest_ram_min_mib: u64,
+    /// Leave the host's read-ahead on the guests' image descriptors as it
+    /// is (true), or turn it off (`POSIX_FADV_RANDOM` on QEMU's open file,
+    /// restored when pagesift stops; it outlives a SIGKILLed pagesift).
+    pub host_readahead: bool,
     /// Shortest scrub period, and least time between two scrubs, seconds.
     pub period_min_s: f64,
     /// Longest scrub period, seconds.
@@ -410,6 +414,7 @@ impl Default for ScrubSection {
             images: Vec::new(),
             comm_prefixes: vec!["qemu".into()],
             guest_ram_min_mib: 64,
+            host_readahead: true,
             period_min_s: f.period_min as f64 / 1e9,
             period_max_s: f.period_max as f64 / 1e9,
             period_initial_s: f.period_initial as f64 / 1e9,

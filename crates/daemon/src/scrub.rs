@@ -246,16 +246,12 @@ impl Scrubber {
             return Ok(Vec::new());
         }
         let min_bytes = self.config.guest_ram_min_mib << 20;
-        if !self.guests.contains_key(&pid) {
-            let ram = GuestRam::open(pid, min_bytes)?;
-            self.guests.insert(
-                pid,
-                Guest {
-                    ram,
-                    index: GuestIndex::new(),
-                    images: BTreeMap::new(),
-                },
-            );
+        if let std::collections::btree_map::Entry::Vacant(slot) = self.guests.entry(pid) {
+            slot.insert(Guest {
+                ram: GuestRam::open(pid, min_bytes)?,
+                index: GuestIndex::new(),
+                images: BTreeMap::new(),
+            });
         }
         if self.folios.is_none() {
             self.folios = Some(FolioFinder::open()?);
@@ -272,6 +268,9 @@ impl Scrubber {
             let folios = self.folios.as_mut().expect("opened above");
             let pass = scrub_image(&cache, &mut guest.ram, &guest.index, folios)?;
             let after = cache.stat(0, 0).map(|s| s.cache).unwrap_or(0);
+            if !self.config.host_readahead && !guest.images.contains_key(&id) {
+                pagesift_linux::readahead::set_random(pid, image.fd, true)?;
+            }
             let entry = guest.images.entry(id).or_insert_with(|| {
                 (
                     image.clone(),
@@ -289,6 +288,23 @@ impl Scrubber {
             passes.push((image.path.clone(), pass));
         }
         Ok(passes)
+    }
+}
+
+impl Drop for Scrubber {
+    /// Gives the guests their read-ahead back (`scrub.host_readahead =
+    /// false` turned it off).
+    fn drop(&mut self) {
+        if self.config.host_readahead {
+            return;
+        }
+        for (pid, g) in &self.guests {
+            for (image, _) in g.images.values() {
+                if let Err(e) = pagesift_linux::readahead::set_random(*pid, image.fd, false) {
+                    debug!(pid, fd = image.fd, error = %e, "could not restore read-ahead");
+                }
+            }
+        }
     }
 }
 

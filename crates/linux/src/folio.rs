@@ -177,7 +177,7 @@ impl FolioFinder {
             let Some(start) = p.checked_sub(before) else {
                 continue;
             };
-            if !len.is_power_of_two() || start % len != 0 || start + len > last {
+            if !len.is_power_of_two() || !start.is_multiple_of(len) || start + len > last {
                 continue;
             }
             let head = window[at - before as usize];

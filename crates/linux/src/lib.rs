@@ -86,6 +86,7 @@ pub mod procstat;
 #[cfg(target_arch = "x86_64")]
 pub mod ptrace;
 pub mod read;
+pub mod readahead;
 pub mod secure;
 pub mod source;
 pub mod sys;

@@ -672,7 +672,10 @@ impl FileMapping {
     /// `offset` of the file open as `fd`.
     pub fn new(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<FileMapping> {
         use rustix::mm::{MapFlags, ProtFlags, mmap};
-        if len == 0 || len % crate::PAGE_SIZE as usize != 0 || offset % crate::PAGE_SIZE != 0 {
+        if len == 0
+            || !len.is_multiple_of(crate::PAGE_SIZE as usize)
+            || !offset.is_multiple_of(crate::PAGE_SIZE)
+        {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         }
         // SAFETY: a fresh read-only mapping at an address the kernel chooses

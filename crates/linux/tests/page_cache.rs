@@ -134,7 +134,7 @@ fn cached_pages_are_found_read_and_foliated_without_io() {
     );
     assert!(folios.iter().all(|f| !f.dirty && !f.writeback));
     for f in &folios {
-        assert!(f.folio.first % f.folio.pages == 0);
+        assert!(f.folio.first.is_multiple_of(f.folio.pages));
     }
 
     // DONTNEED of one page inside a large folio evicts nothing; of the

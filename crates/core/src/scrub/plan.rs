@@ -265,7 +265,7 @@ mod tests {
             let mut i = 0u64;
             while i < 64 {
                 let mut order = orders[i as usize];
-                while order > 0 && (i % (1 << order) != 0 || i + (1 << order) > 64) {
+                while order > 0 && (!i.is_multiple_of(1 << order) || i + (1 << order) > 64) {
                     order -= 1;
                 }
                 out.push(Folio {
