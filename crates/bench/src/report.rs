@@ -340,7 +340,7 @@ pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
         }
         Goal::CacheSmaller { factor, .. } => {
             v.goal = format!(
-                "{system}'s host page cache of the guest images is ≥ {factor} × smaller than                  {against}'s (mean of the {window_s:.0} s window's 2nd half)"
+                "{system}'s host page cache of the guest images is ≥ {factor} × smaller than {against}'s (mean of the {window_s:.0} s window's 2nd half)"
             );
             let cache = |r: &str| {
                 run_of(runs, r)
@@ -393,7 +393,7 @@ pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
         }
         Goal::DataIntact { .. } => {
             v.goal = format!(
-                "under {system}, every guest's data is byte-identical to what was written (md5                  inside the guest)"
+                "under {system}, every guest's data is byte-identical to what was written (md5 inside the guest)"
             );
             let ok = run_of(runs, &system)
                 .and_then(|r| r.series(metric::DATA_INTACT))
