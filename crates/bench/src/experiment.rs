@@ -132,6 +132,36 @@ pub enum Goal {
         /// Smallest ratio time(against) ÷ time(system).
         min_speedup: f64,
     },
+    /// The page-cache experiment: `system`'s host cache of the guests'
+    /// images (mean over the window's 2nd half) is at least `factor` ×
+    /// smaller than `against`'s.
+    CacheSmaller {
+        /// The system judged.
+        system: System,
+        /// The system it is compared with.
+        against: System,
+        /// Smallest ratio against ÷ system.
+        factor: f64,
+    },
+    /// The page-cache experiment: the guests' read throughput under
+    /// `system` is at least `min_ratio` × `against`'s (strictly above it
+    /// when `strictly`).
+    Throughput {
+        /// The system judged.
+        system: System,
+        /// The system it is compared with.
+        against: System,
+        /// Smallest ratio system ÷ against.
+        min_ratio: f64,
+        /// Require strictly more.
+        strictly: bool,
+    },
+    /// The page-cache experiment: every guest's data was byte-identical
+    /// (its md5 inside the guest) under `system`.
+    DataIntact {
+        /// The system judged.
+        system: System,
+    },
 }
 
 /// A goal and where it was set (`issue 10, goal 2`).
@@ -611,15 +641,24 @@ mod tests {
             assert!(e.systems.contains(&e.reference), "{}", e.name);
             // A goal compares systems that both run.
             for g in &e.goals {
-                let (Goal::ReachExact {
-                    system, against, ..
-                }
-                | Goal::SaveAsMuch {
-                    system, against, ..
-                }
-                | Goal::Sooner {
-                    system, against, ..
-                }) = g.goal;
+                let (system, against) = match g.goal {
+                    Goal::ReachExact {
+                        system, against, ..
+                    }
+                    | Goal::SaveAsMuch {
+                        system, against, ..
+                    }
+                    | Goal::CacheSmaller {
+                        system, against, ..
+                    }
+                    | Goal::Throughput {
+                        system, against, ..
+                    }
+                    | Goal::Sooner {
+                        system, against, ..
+                    } => (system, against),
+                    Goal::DataIntact { system } => (system, system),
+                };
                 assert!(e.systems.contains(&system), "{}", e.name);
                 assert!(e.systems.contains(&against), "{}", e.name);
             }

@@ -29,6 +29,7 @@ pub mod guest;
 pub mod interpreters;
 pub mod ksmtuned;
 pub mod measure;
+pub mod page_cache;
 pub mod plot;
 pub mod procs;
 pub mod report;
@@ -372,8 +373,15 @@ pub fn run(opts: &BenchOptions) -> Result<Summary, BenchError> {
             "the sampling interval must be between 1 and 500 ms (≥ 2 Hz)".into(),
         ));
     }
+    let page_cache = opts.only.iter().any(|o| o == "page-cache");
+    if page_cache && (opts.only.len() > 1 || !opts.systems.is_empty()) {
+        return Err(BenchError::Usage(
+            "--only page-cache runs alone (its three systems are fixed)".into(),
+        ));
+    }
     let mut experiments = match &opts.experiments {
         Some(e) => e.clone(),
+        None if page_cache => Vec::new(),
         None => {
             experiment::select(experiment::all(opts.mode), &opts.only).map_err(BenchError::Usage)?
         }
@@ -411,9 +419,57 @@ pub fn run(opts: &BenchOptions) -> Result<Summary, BenchError> {
         guest_image: std::cell::OnceCell::new(),
         lock_wait: std::cell::Cell::new(Duration::ZERO),
     };
-    let result = run_all(&ctx, opts, &experiments);
+    let result = if page_cache {
+        run_page_cache(&ctx, opts)
+    } else {
+        run_all(&ctx, opts, &experiments)
+    };
     let _ = std::fs::remove_dir_all(&work_dir);
     result
+}
+
+/// `--only page-cache` ([`page_cache`]): its own table and goals, written
+/// like the other experiments' (report.md, results.json, csv/, docs).
+fn run_page_cache(ctx: &Context, opts: &BenchOptions) -> Result<Summary, BenchError> {
+    let t0 = Instant::now();
+    let started = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let before = pagesift_linux::procstat::machine().load_average;
+    let (runs, goals, section) = page_cache::run(ctx, opts.mode)?;
+    report::write_csv(&opts.out, &runs)?;
+    let h = header(opts, started, t0, before, ctx.lock_wait.get());
+    let head = report::markdown(&h, &[], false);
+    write_file(
+        &opts.out.join("report.md"),
+        &format!("# pagesift bench report\n\n{head}\n{section}"),
+    )?;
+    let summary = Summary {
+        header: h,
+        experiments: vec![ExperimentSummary {
+            name: "page-cache".into(),
+            reference: page_cache::PageCachePlan::systems()[0].name(),
+            rows: Vec::new(),
+            goals,
+        }],
+        out: opts.out.clone(),
+    };
+    let json = serde_json::to_string_pretty(&summary).expect("a summary serializes");
+    write_file(&opts.out.join("results.json"), &json)?;
+    if let Some(doc) = &opts.write_docs {
+        let old = std::fs::read_to_string(doc)
+            .map_err(|e| BenchError::Output(format!("{}: {e}", doc.display())))?;
+        let key = docs_key(opts);
+        let text = format!(
+            "## pagesift bench ({}): Singleton §4's page-cache experiment\n\n{head}\n{section}",
+            key.trim_start_matches("bench-"),
+        );
+        write_file(doc, &report::splice_docs(&old, &key, &text))?;
+    }
+    ctx.progress.note(&format!(
+        "done in {:.0} s: {}",
+        t0.elapsed().as_secs_f64(),
+        opts.out.join("report.md").display()
+    ));
+    Ok(summary)
 }
 
 /// The docs section an invocation writes: `bench-quick`, `bench-full`,

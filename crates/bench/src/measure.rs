@@ -131,6 +131,20 @@ pub fn sample_rate(points: &[(f64, f64)]) -> Option<f64> {
     (last.0 > first.0).then(|| (points.len() - 1) as f64 / (last.0 - first.0))
 }
 
+/// Mean of the values in the second half of the series' time span.
+pub fn mean_second_half(points: &[(f64, f64)]) -> f64 {
+    let (Some(first), Some(last)) = (points.first(), points.last()) else {
+        return 0.0;
+    };
+    let mid = (first.0 + last.0) / 2.0;
+    let half: Vec<f64> = points.iter().filter(|p| p.0 >= mid).map(|p| p.1).collect();
+    if half.is_empty() {
+        0.0
+    } else {
+        half.iter().sum::<f64>() / half.len() as f64
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

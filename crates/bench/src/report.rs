@@ -250,7 +250,14 @@ pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
         }
         | Goal::Sooner {
             system, against, ..
+        }
+        | Goal::CacheSmaller {
+            system, against, ..
+        }
+        | Goal::Throughput {
+            system, against, ..
         } => (system.name(), against.name()),
+        Goal::DataIntact { system } => (system.name(), system.name()),
     };
     let mut v = Verdict {
         source: spec.source.to_string(),
@@ -381,6 +388,73 @@ pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
             }
             v.evidence = format!("{system} vs {against}: {}", parts.join("; "));
             v.met = met;
+        }
+        Goal::CacheSmaller { factor, .. } => {
+            v.goal = format!(
+                "{system}'s host page cache of the guest images is ≥ {factor} × smaller than {against}'s (mean of the {window_s:.0} s window's 2nd half)"
+            );
+            let cache = |r: &str| {
+                run_of(runs, r)
+                    .and_then(|r| r.series(metric::IMAGE_CACHE_MIB))
+                    .map(|s| measure::mean_second_half(&s.points))
+            };
+            let (me, them) = (cache(&system), cache(&against));
+            let r = ratio(them, me.filter(|&m| m > 0.0));
+            v.evidence = format!(
+                "{system}: {} MiB; {against}: {} MiB; {against} ÷ {system} {}",
+                or_dash(me, ""),
+                or_dash(them, ""),
+                times(r)
+            );
+            if let (Some(me), Some(them)) = (me, them) {
+                v.met = Some(me * factor <= them);
+            }
+        }
+        Goal::Throughput {
+            min_ratio,
+            strictly,
+            ..
+        } => {
+            let cmp = if strictly { ">" } else { "≥" };
+            v.goal = if min_ratio == 1.0 {
+                format!("the guests read {cmp} {against}'s MiB/s under {system}")
+            } else {
+                format!("the guests read {cmp} {min_ratio} × {against}'s MiB/s under {system}")
+            };
+            let tp = |r: &str| {
+                run_of(runs, r)
+                    .and_then(|r| r.series(metric::GUEST_READ_MIB_S))
+                    .and_then(|s| s.points.last().map(|p| p.1))
+            };
+            let (me, them) = (tp(&system), tp(&against));
+            let r = ratio(me, them.filter(|&t| t > 0.0));
+            v.evidence = format!(
+                "{system}: {} MiB/s; {against}: {} MiB/s; ratio {}",
+                or_dash(me, ""),
+                or_dash(them, ""),
+                times(r)
+            );
+            if let Some(r) = r {
+                v.met = Some(if strictly {
+                    r > min_ratio
+                } else {
+                    r >= min_ratio
+                });
+            }
+        }
+        Goal::DataIntact { .. } => {
+            v.goal = format!(
+                "under {system}, every guest's data is byte-identical to what was written (md5 inside the guest)"
+            );
+            let ok = run_of(runs, &system)
+                .and_then(|r| r.series(metric::DATA_INTACT))
+                .and_then(|s| s.points.last().map(|p| p.1));
+            v.evidence = match ok {
+                Some(x) if x >= 1.0 => "every guest's md5 matched the host's".into(),
+                Some(_) => "a guest's md5 differed from the host's".into(),
+                None => "no md5 was reported".into(),
+            };
+            v.met = ok.map(|x| x >= 1.0);
         }
     }
     v

@@ -186,6 +186,11 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
             advisor(&guard, AdvisorMode::None)?;
             Some(guard)
         }
+        System::KsmFadvise { .. } => {
+            return Err(BenchError::Usage(
+                "the fadvise system runs only in the page-cache experiment".into(),
+            ));
+        }
     };
     // Step 3.
     let mut loads = Vec::new();

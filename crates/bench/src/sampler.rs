@@ -49,6 +49,16 @@ pub mod metric {
     pub const COW: &str = "cow_breaks";
     /// KSM's `pages_to_scan` knob.
     pub const PAGES_TO_SCAN: &str = "pages_to_scan";
+    /// Page-cache experiment: host page cache of the guests' images, MiB.
+    pub const IMAGE_CACHE_MIB: &str = "image_cache_mib";
+    /// Page-cache experiment: the guests' read throughput over the
+    /// window, MiB/s (one point).
+    pub const GUEST_READ_MIB_S: &str = "guest_read_mib_s";
+    /// Page-cache experiment: host cache hit ratio of the QEMU processes'
+    /// reads, 1 − read_bytes ÷ rchar (one point).
+    pub const HOST_HIT_RATIO: &str = "host_hit_ratio";
+    /// Page-cache experiment: 1 if every guest's md5 matched (one point).
+    pub const DATA_INTACT: &str = "data_intact";
 }
 
 /// Reads the measures of one run.

@@ -27,6 +27,9 @@ pub enum Tuning {
     /// daemon plus ksmd held to this share of one core: ksmd gets 3/4 of
     /// it, the daemon's sampling 1/4.
     CpuShare(f64),
+    /// Host page-cache scrubbing on (`[scrub]`, Singleton), periods for a
+    /// run of a minute or two.
+    Scrub,
     /// UKSM §8.1.3's setting for short-lived regions: 20 ms sleep, 50 %
     /// CPU, short round times (the paper's 50/20/10/5 ms per level; the
     /// configuration's global round time has a 100 ms floor, so 100 ms).
@@ -68,6 +71,13 @@ pub enum System {
     },
     /// Kernel KSM driven by ksmtuned.
     Ksmtuned,
+    /// Kernel KSM at a fixed `pages_to_scan` plus a periodic
+    /// `POSIX_FADV_DONTNEED` of every guest disk image (Singleton §4.1's
+    /// "Fadvise"); page-cache experiment only.
+    KsmFadvise {
+        /// Pages per batch.
+        pages_to_scan: u32,
+    },
 }
 
 impl System {
@@ -87,6 +97,7 @@ impl System {
                 Tuning::CpuShare(s) => format!("pagesift-{governor}@{}%", pct(s)),
                 Tuning::ShortLived => format!("pagesift-{governor}-short"),
                 Tuning::NoHints => format!("pagesift-{governor}-nohints"),
+                Tuning::Scrub => format!("pagesift-{governor}-scrub"),
             },
             System::KsmSleep {
                 pages_to_scan,
@@ -96,6 +107,7 @@ impl System {
             System::KsmAdvisor => "ksm-advisor".into(),
             System::KsmPaced { share } => format!("ksm-paced@{}%", pct(share)),
             System::Ksmtuned => "ksmtuned".into(),
+            System::KsmFadvise { pages_to_scan } => format!("fadvise-ksm-{pages_to_scan}"),
         }
     }
 
@@ -126,6 +138,10 @@ impl System {
                 d = s / 4.0,
                 k = s * 0.75,
             ),
+            Tuning::Scrub => "# pagesift bench: host page-cache scrubbing (Singleton)\n\
+                 [scrub]\nenabled = true\nhost_readahead = false\nperiod_min_s = 2.0\n\
+                 period_max_s = 20.0\nperiod_initial_s = 4.0\n"
+                .into(),
             Tuning::ShortLived => "# pagesift bench: UKSM §8.1.3's short-lived setting\n\
                  [scan]\nsleep_ms = 20\nround_time_ms = 100\ncpu_cap = 0.5\n\n\
                  [ksm]\nmerge_share = 0.5\n"

@@ -60,6 +60,7 @@ pub mod index;
 pub mod ladder;
 pub mod pacing;
 pub mod ranges;
+pub mod scrub;
 pub mod sim;
 pub mod source;
 pub mod strength;

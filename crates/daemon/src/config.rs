@@ -127,6 +127,8 @@ pub struct Config {
     pub metrics: MetricsSection,
     /// I/O hints (XLH).
     pub hints: HintsSection,
+    /// Host page-cache scrubbing (Singleton).
+    pub scrub: ScrubSection,
 }
 
 /// `[ladder]`: UKSM Table 1 and §5.2.
@@ -442,6 +444,123 @@ impl HintsSection {
     }
 }
 
+/// `[scrub]`: drop the host page-cache copies of disk blocks that an
+/// eligible guest holds (Singleton; see `crate::scrub`). Off by default.
+/// The frequency keys are Algorithm 2's thresholds (Singleton §3.4, §4.1).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScrubSection {
+    /// Scrub at all.
+    pub enabled: bool,
+    /// Take the regular files an eligible guest process has open
+    /// read-write as its disk images.
+    pub discover_images: bool,
+    /// Image files to scrub too, when an eligible guest process has them
+    /// open in any mode (absolute paths).
+    pub images: Vec<PathBuf>,
+    /// Only eligible processes whose command name starts with one of these
+    /// are guests.
+    pub comm_prefixes: Vec<String>,
+    /// Anonymous mappings of at least this many MiB are guest RAM.
+    pub guest_ram_min_mib: u64,
+    /// Leave the host's read-ahead on the guests' image descriptors as it
+    /// is (true), or turn it off (`POSIX_FADV_RANDOM` on QEMU's open file,
+    /// restored when pagesift stops; it outlives a SIGKILLed pagesift).
+    pub host_readahead: bool,
+    /// Shortest scrub period, and least time between two scrubs, seconds.
+    pub period_min_s: f64,
+    /// Longest scrub period, seconds.
+    pub period_max_s: f64,
+    /// The period before the first scrub, seconds.
+    pub period_initial_s: f64,
+    /// Scrub early when the page cache exceeds this fraction of memory.
+    pub cached_frac: f64,
+    /// Scrub early when free memory is below this fraction of memory.
+    pub free_frac: f64,
+}
+
+impl Default for ScrubSection {
+    fn default() -> Self {
+        let f = pagesift_core::scrub::FrequencyParams::default();
+        ScrubSection {
+            enabled: false,
+            discover_images: true,
+            images: Vec::new(),
+            comm_prefixes: vec!["qemu".into()],
+            guest_ram_min_mib: 64,
+            host_readahead: true,
+            period_min_s: f.period_min as f64 / 1e9,
+            period_max_s: f.period_max as f64 / 1e9,
+            period_initial_s: f.period_initial as f64 / 1e9,
+            cached_frac: f.cached_frac,
+            free_frac: f.free_frac,
+        }
+    }
+}
+
+impl ScrubSection {
+    /// Algorithm 2's parameters.
+    pub fn frequency(&self) -> pagesift_core::scrub::FrequencyParams {
+        let ns = |s: f64| (s * 1e9) as u64;
+        pagesift_core::scrub::FrequencyParams {
+            period_min: ns(self.period_min_s),
+            period_max: ns(self.period_max_s),
+            period_initial: ns(self.period_initial_s),
+            cached_frac: self.cached_frac,
+            free_frac: self.free_frac,
+        }
+    }
+
+    fn validate(&self) -> Result<(), (String, String)> {
+        let bad = |k: &str, r: String| Err((format!("scrub.{k}"), r));
+        for (k, v) in [
+            ("period_min_s", self.period_min_s),
+            ("period_max_s", self.period_max_s),
+            ("period_initial_s", self.period_initial_s),
+        ] {
+            if !(0.001..=86_400.0).contains(&v) {
+                return bad(k, format!("must be between 0.001 and 86400 s, got {v}"));
+            }
+        }
+        if self.period_min_s > self.period_max_s {
+            return bad("period_min_s", "must not exceed period_max_s".into());
+        }
+        if !(self.period_min_s..=self.period_max_s).contains(&self.period_initial_s) {
+            return bad(
+                "period_initial_s",
+                "must lie between period_min_s and period_max_s".into(),
+            );
+        }
+        for (k, v) in [
+            ("cached_frac", self.cached_frac),
+            ("free_frac", self.free_frac),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return bad(k, format!("must be a fraction in 0..=1, got {v}"));
+            }
+        }
+        if self.guest_ram_min_mib == 0 || self.guest_ram_min_mib > 1 << 30 {
+            return bad(
+                "guest_ram_min_mib",
+                format!("must be 1..=2^30, got {}", self.guest_ram_min_mib),
+            );
+        }
+        if let Some(p) = self.images.iter().find(|p| !p.is_absolute()) {
+            return bad(
+                "images",
+                format!("must be absolute paths, got {}", p.display()),
+            );
+        }
+        if self.comm_prefixes.iter().any(|p| p.is_empty()) {
+            return bad(
+                "comm_prefixes",
+                "an empty prefix would match every process".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -454,6 +573,7 @@ impl Default for Config {
             ineligible: Selector::default(),
             status: StatusSection::default(),
             metrics: MetricsSection::default(),
+            scrub: ScrubSection::default(),
             hints: HintsSection::default(),
         }
     }
@@ -649,6 +769,7 @@ impl Config {
         if let Some(addr) = &self.metrics.address {
             metrics_address(addr).map_err(|r| ("metrics.address".to_string(), r))?;
         }
+        self.scrub.validate()?;
         let h = &self.hints;
         if let Some(bad_name) = h
             .syscalls
@@ -888,6 +1009,38 @@ address = "9100"
         let sum: u64 = p.levels.iter().map(|l| l.round_time).sum();
         assert!((sum as i64 - 4000 * MS as i64).abs() < 10, "{sum}");
         assert!(p.levels.iter().all(|l| l.cpu_share <= 0.1));
+    }
+
+    #[test]
+    fn the_scrub_section_is_read_and_checked_by_key() {
+        let c = Config::from_toml(
+            "[scrub]\nenabled = true\nimages = [\"/var/lib/vm/a.img\"]\nperiod_min_s = 2\nperiod_max_s = 40\nperiod_initial_s = 10\ncached_frac = 0.4\nfree_frac = 0.2\n",
+            "t",
+        )
+        .unwrap();
+        assert!(c.scrub.enabled);
+        let f = c.scrub.frequency();
+        assert_eq!(
+            (f.period_min, f.period_max),
+            (2_000_000_000, 40_000_000_000)
+        );
+        assert_eq!((f.cached_frac, f.free_frac), (0.4, 0.2));
+        assert!(f.check().is_ok());
+        for (text, key) in [
+            (
+                "[scrub]\nperiod_min_s = 90\nperiod_initial_s = 90\n",
+                "scrub.period_min_s",
+            ),
+            ("[scrub]\nperiod_initial_s = 1\n", "scrub.period_initial_s"),
+            ("[scrub]\ncached_frac = 2\n", "scrub.cached_frac"),
+            ("[scrub]\nfree_frac = -0.1\n", "scrub.free_frac"),
+            ("[scrub]\nimages = [\"a.img\"]\n", "scrub.images"),
+            ("[scrub]\ncomm_prefixes = [\"\"]\n", "scrub.comm_prefixes"),
+            ("[scrub]\nenabeld = true\n", "scrub"),
+        ] {
+            let e = err(text);
+            assert!(e.to_string().contains(key), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -443,6 +443,8 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     sweep_runs: Vec<DupRun>,
     /// I/O hints (see `hinting`).
     hints: hinting::HintFeed,
+    /// Host page-cache scrubbing (`[scrub]`), when enabled.
+    scrub: Option<crate::scrub::Scrubber>,
 }
 
 impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
@@ -499,6 +501,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             cow_ksm_start,
             tracked: 0,
             last_write_read: 0,
+            scrub: None,
             started: now,
             cpu_start_ns: host::process_cpu_ns(),
             cpu_window: VecDeque::new(),
@@ -586,6 +589,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             self.distiller.set_params(self.config.governor_params());
         }
         self.force_refresh = true;
+        self.scrub = None; // rebuilt from the new [scrub] at the next wake-up
     }
 
     /// One wake-up at `now`; returns what it did, including how long to
@@ -604,6 +608,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         self.watch_writes(now);
         self.actuate(now, &mut summary);
         summary.ksm_share = self.pace(now);
+        self.scrub_tick(now);
         let active = host::thread_cpu_ns().saturating_sub(cpu0);
         let base = self.next_sleep(&summary);
         self.distiller.set_sleep(base);
@@ -693,6 +698,21 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             runs,
             "sweep done"
         );
+    }
+
+    /// Host page-cache scrubbing of the eligible guests (`crate::scrub`).
+    fn scrub_tick(&mut self, now: Nanos) {
+        if !self.config.scrub.enabled {
+            return;
+        }
+        let config = &self.config.scrub;
+        let scrub = self
+            .scrub
+            .get_or_insert_with(|| crate::scrub::Scrubber::new(config.clone(), now));
+        let eligible: Vec<(u32, String)> = (self.allowed.keys())
+            .map(|pid| (*pid, self.comms.get(pid).cloned().unwrap_or_default()))
+            .collect();
+        scrub.tick(now, &eligible);
     }
 
     /// Held regions are out of the ladder: one that cannot be promoted
@@ -2034,6 +2054,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             daemon,
             skipped,
             hints: self.hints.status(),
+            scrub: self.scrub.as_ref().map(|s| s.status()),
         }
     }
 }

@@ -33,6 +33,7 @@ pub mod ksmd;
 pub mod ledger;
 pub mod metrics;
 pub mod run;
+pub mod scrub;
 pub mod status;
 pub mod sweep;
 pub mod target;

@@ -1047,6 +1047,7 @@ fn the_sweep_raises_regions_whose_duplicates_sit_at_other_offsets_and_they_merge
     assert!(!m.spans[&rand].mergeable, "the distinct region was marked");
     assert_eq!(m.count(a, PageState::Merged), 512);
     assert_eq!(m.count(b, PageState::Merged), 512);
+}
 
 /// A hint source that hands out what the test queued.
 struct QueuedHints(

@@ -31,6 +31,7 @@ pub struct Metrics {
     level_regions: Family<Labels, G>,
     level_pages: Family<Labels, G>,
     governor: Family<Labels, G>,
+    image_cached: Family<Labels, G>,
 }
 
 /// Gauges: (name, help).
@@ -162,6 +163,15 @@ const COUNTERS: &[(&str, &str)] = &[
         "Pages marked mergeable in runs found from hints",
     ),
     ("ksmd_cpu_seconds", "ksmd CPU time since pagesift started"),
+    (
+        "scrub_dropped_pages",
+        "Host page-cache pages dropped by scrubbing",
+    ),
+    ("scrubs", "Page-cache scrubs run"),
+    (
+        "scrub_cpu_seconds",
+        "CPU time spent scrubbing the host page cache",
+    ),
 ];
 
 impl Default for Metrics {
@@ -202,6 +212,12 @@ impl Metrics {
             "Pages on a ladder level",
             level_pages.clone(),
         );
+        let image_cached = Family::<Labels, G>::default();
+        registry.register(
+            "scrub_image_cached_pages",
+            "Host page-cache pages of a guest disk image after the last scrub",
+            image_cached.clone(),
+        );
         let governor = Family::<Labels, G>::default();
         registry.register(
             "governor",
@@ -215,6 +231,7 @@ impl Metrics {
             level_regions,
             level_pages,
             governor,
+            image_cached,
         }
     }
 
@@ -303,6 +320,21 @@ impl Metrics {
                 .get_or_create(&labels)
                 .set(l.region_count as f64);
             self.level_pages.get_or_create(&labels).set(l.pages as f64);
+        }
+        if let Some(sc) = &s.scrub {
+            self.advance("scrub_dropped_pages", sc.dropped_pages as f64);
+            self.advance("scrubs", sc.scrubs as f64);
+            self.advance("scrub_cpu_seconds", sc.cpu_seconds);
+            self.image_cached.clear();
+            for i in &sc.images {
+                let labels = vec![
+                    ("pid".to_string(), i.pid.to_string()),
+                    ("image".to_string(), i.path.clone()),
+                ];
+                self.image_cached
+                    .get_or_create(&labels)
+                    .set(i.cached_pages as f64);
+            }
         }
         self.governor.clear();
         self.governor

@@ -205,6 +205,9 @@ pub struct Status {
     pub daemon: DaemonStatus,
     /// Processes skipped, and why.
     pub skipped: Vec<Skipped>,
+    /// Host page-cache scrubbing, when enabled.
+    #[serde(default)]
+    pub scrub: Option<crate::scrub::ScrubStatus>,
     /// I/O hints.
     #[serde(default)]
     pub hints: HintsStatus,

@@ -67,6 +67,24 @@ pub fn thread_cpu_ns() -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
+/// `MemTotal`, `Cached` and `MemFree` of `/proc/meminfo`, KiB, as the
+/// scrubber's frequency control reads them.
+pub fn memory_kib() -> Result<pagesift_core::scrub::MemoryStats, LinuxError> {
+    let text = std::fs::read_to_string("/proc/meminfo")
+        .map_err(|e| LinuxError::io("reading /proc/meminfo", e))?;
+    let field = |name: &str| -> Result<u64, LinuxError> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .ok_or_else(|| LinuxError::Parse(format!("/proc/meminfo: {name}")))
+    };
+    Ok(pagesift_core::scrub::MemoryStats {
+        total: field("MemTotal")?,
+        cached: field("Cached")?,
+        free: field("MemFree")?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,8 @@
 //! `/proc/kpageflags`: per physical frame, what kind of page is it?
 //!
 //! One 64-bit word per PFN (Documentation/admin-guide/mm/pagemap.rst). The
-//! bits pagesift uses, verified on this machine (mechanisms.md §4): ANON 12,
+//! bits pagesift uses, verified on this machine (mechanisms.md §4): DIRTY 4
+//! and WRITEBACK 8 (for page cache, see `docs/page-cache-scrubbing.md`), ANON 12,
 //! COMPOUND_HEAD 15, COMPOUND_TAIL 16, HUGE (hugetlb) 17, NOPAGE 20, KSM 21,
 //! THP 22, ZERO_PAGE 24 (set for the zero page and the huge zero page); and
 //! SWAPBACKED 14 (pagemap.rst), which the discovery test
@@ -26,6 +27,14 @@ pub struct KpfFlags(pub u64);
 impl KpfFlags {
     fn bit(self, b: u32) -> bool {
         self.0 >> b & 1 == 1
+    }
+    /// Dirty: newer than its backing store (bit 4).
+    pub fn dirty(self) -> bool {
+        self.bit(4)
+    }
+    /// Under writeback (bit 8).
+    pub fn writeback(self) -> bool {
+        self.bit(8)
     }
     /// An anonymous page.
     pub fn anon(self) -> bool {

@@ -63,13 +63,21 @@
 //!    syscall exit reports the whole pages of the user buffers that reads
 //!    and writes of the eligible processes just filled (or wrote out), the
 //!    XLH dissertation's I/O hints.
+//! 8. **Scrub the host page cache** (Singleton): [`disk_images`] finds the
+//!    files a guest's QEMU process has open read-write, [`page_cache`]
+//!    finds which of their pages are cached, reads them without I/O and
+//!    drops them, [`folio`] finds the folio and dirty/writeback state of a
+//!    cached page, and [`guest_ram`] reads the guest's RAM to match against.
 //!
 //! All `unsafe` code is in [`sys`] and [`ptrace`], each block with a
 //! `// SAFETY:` comment.
 
 pub mod caps;
 pub mod discover;
+pub mod disk_images;
 pub mod error;
+pub mod folio;
+pub mod guest_ram;
 pub mod host;
 #[cfg(target_arch = "x86_64")]
 pub mod inject;
@@ -78,11 +86,13 @@ pub mod inspect;
 pub mod iohint;
 pub mod kpageflags;
 pub mod ksm;
+pub mod page_cache;
 pub mod pagemap;
 pub mod procstat;
 #[cfg(target_arch = "x86_64")]
 pub mod ptrace;
 pub mod read;
+pub mod readahead;
 pub mod secure;
 pub mod source;
 pub mod sys;

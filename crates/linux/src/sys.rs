@@ -23,6 +23,13 @@
 //! - [`die_with_parent_before_exec`]: `PR_SET_PDEATHSIG` in a child before
 //!   exec, so that `pagesift bench`'s workloads and daemons die with it.
 //!
+//! - [`cachestat`]: `cachestat(2)` (Linux 6.5+, syscall 451 on x86-64),
+//!   page-cache counts of a file range, which libc does not wrap.
+//! - [`FileMapping`]: a read-only shared mapping of a file range, for
+//!   `mincore` (which pages are cached, without reading the disk) and for
+//!   finding the frames of cached pages through our own pagemap
+//!   ([`crate::page_cache`], [`crate::folio`]).
+//!
 //! Everything else (process_vm_readv, capget, kill) has safe wrappers
 //! in `nix`/`rustix` and is called directly by the modules that need it.
 #![allow(unsafe_code)]
@@ -606,5 +613,142 @@ mod tests {
         assert!(m.as_slice()[4096..8192].iter().all(|&b| b == 0));
         // An unmapped range is an error, not undefined behaviour.
         assert!(advise_huge_pages(HUGE_PAGE, HUGE_PAGE).is_err());
+    }
+}
+
+/// `struct cachestat` of `<linux/mman.h>`: page-cache counts of a range.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStat {
+    /// Pages of the range in the page cache.
+    pub cache: u64,
+    /// Of which dirty.
+    pub dirty: u64,
+    /// Of which under writeback.
+    pub writeback: u64,
+    /// Pages evicted from the range.
+    pub evicted: u64,
+    /// Of which evicted recently (would still be in the cache with a
+    /// little more memory).
+    pub recently_evicted: u64,
+}
+
+/// `cachestat(fd, {offset, len}, &out, 0)`; `len == 0` means to the end of
+/// the file. Never reads the disk. ENOSYS before Linux 6.5.
+pub fn cachestat(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<CacheStat> {
+    #[cfg(target_arch = "x86_64")]
+    const SYS_CACHESTAT: libc::c_long = 451;
+    #[cfg(not(target_arch = "x86_64"))]
+    const SYS_CACHESTAT: libc::c_long = 451; // the generic table has the same number
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    let range = Range { off: offset, len };
+    let mut out = CacheStat::default();
+    // SAFETY: `range` and `out` are live, properly laid-out `repr(C)`
+    // copies of the kernel's `cachestat_range` and `cachestat`; the kernel
+    // reads the first and writes the second, nothing else; flags is 0.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd.as_raw_fd() as libc::c_long,
+            &range as *const Range,
+            &mut out as *mut CacheStat,
+            0 as libc::c_long,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(out)
+    }
+}
+
+/// A read-only shared mapping (`PROT_READ`, `MAP_SHARED`) of
+/// `[offset, offset + len)` of a file, unmapped on drop. It is only read
+/// through [`resident`](Self::resident) (`mincore`, which never faults) and
+/// [`touch`](Self::touch). It must cover only bytes below the file's end:
+/// touching a page past the end raises SIGBUS.
+#[derive(Debug)]
+pub struct FileMapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl FileMapping {
+    /// Maps `len` bytes (a multiple of the page size, > 0) from page-aligned
+    /// `offset` of the file open as `fd`.
+    pub fn new(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<FileMapping> {
+        use rustix::mm::{MapFlags, ProtFlags, mmap};
+        if len == 0
+            || !len.is_multiple_of(crate::PAGE_SIZE as usize)
+            || !offset.is_multiple_of(crate::PAGE_SIZE)
+        {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
+        // SAFETY: a fresh read-only mapping at an address the kernel chooses
+        // cannot alias any existing Rust object; it is never written.
+        let raw = unsafe {
+            mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ,
+                MapFlags::SHARED,
+                fd,
+                offset,
+            )
+        }?;
+        Ok(FileMapping {
+            ptr: NonNull::new(raw.cast()).expect("mmap never returns null on success"),
+            len,
+        })
+    }
+
+    /// The mapping's first address.
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Pages mapped.
+    pub fn pages(&self) -> usize {
+        self.len / crate::PAGE_SIZE as usize
+    }
+
+    /// Per page, whether it is in the page cache (`mincore` bit 0). Reads
+    /// no data and faults nothing in.
+    pub fn resident(&self) -> io::Result<Vec<bool>> {
+        let mut vec = vec![0u8; self.pages()];
+        // SAFETY: the range is exactly our live mapping and `vec` has one
+        // byte per page of it, which is all the kernel writes.
+        let r = unsafe { libc::mincore(self.ptr.as_ptr().cast(), self.len, vec.as_mut_ptr()) };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(vec.into_iter().map(|b| b & 1 == 1).collect())
+    }
+
+    /// Reads the first byte of page `page`, which maps it into this process
+    /// (a minor fault if it is cached), so that our pagemap shows its frame.
+    pub fn touch(&self, page: usize) -> u8 {
+        assert!(page < self.pages(), "page {page} outside the mapping");
+        // SAFETY: the address is inside our live read-only mapping; the
+        // caller keeps it below the file's end (see the type's docs), so the
+        // read sees the file's byte. A volatile read keeps the fault.
+        unsafe {
+            self.ptr
+                .as_ptr()
+                .add(page * crate::PAGE_SIZE as usize)
+                .read_volatile()
+        }
+    }
+}
+
+impl Drop for FileMapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was created by `new` and nothing borrows it
+        // beyond `self`.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }

@@ -75,6 +75,34 @@ mount -t tmpfs -o mode=0755 data /data || fail "mounting a tmpfs on /data"
     };
 }
 
+/// Loads the disk's modules and mounts `/dev/vda` (ext2) read-only on
+/// `/disk`.
+macro_rules! disk_mount {
+    () => {
+        r#"echo "pagesift-guest: init at $(cut -d' ' -f1 /proc/uptime) s; loading modules"
+for m in /lib/modules/pagesift/*.ko; do
+    [ -e "$m" ] || continue
+    insmod "$m" || fail "insmod $m"
+done
+i=0
+while [ ! -b /dev/vda ]; do
+    i=$((i + 1))
+    [ $i -le 600 ] || fail "no /dev/vda after 60 s"
+    sleep 0.1
+done
+mount -t ext2 -o ro /dev/vda /disk || fail "mounting /dev/vda (ext2) on /disk"
+"#
+    };
+}
+
+/// A disk guest's `/init` made of the common start (pseudo file systems,
+/// modules, `/dev/vda` mounted read-only on `/disk`) and `body`, a shell
+/// script that must print [`super::READY_MARKER`] and never exit. Its ready
+/// line is not checked against the disk's checksum.
+pub fn disk_init_with(body: &str) -> String {
+    format!("{}{}{}", init_prelude!(), disk_mount!(), body)
+}
+
 /// The guest's `/init`. It must never exit (PID 1 exiting panics the
 /// kernel); on failure it prints [`super::FAILED_MARKER`] and powers off,
 /// which ends QEMU (`-no-reboot`).
@@ -97,19 +125,8 @@ while :; do sleep 3600; done
 /// list, as [`super::disk::tree_checksum`] computes on the host) and idles.
 pub const DISK_INIT_SCRIPT: &str = concat!(
     init_prelude!(),
-    r#"echo "pagesift-guest: init at $(cut -d' ' -f1 /proc/uptime) s; loading modules"
-for m in /lib/modules/pagesift/*.ko; do
-    [ -e "$m" ] || continue
-    insmod "$m" || fail "insmod $m"
-done
-i=0
-while [ ! -b /dev/vda ]; do
-    i=$((i + 1))
-    [ $i -le 600 ] || fail "no /dev/vda after 60 s"
-    sleep 0.1
-done
-mount -t ext2 -o ro /dev/vda /disk || fail "mounting /dev/vda (ext2) on /disk"
-echo "pagesift-guest: disk mounted at $(cut -d' ' -f1 /proc/uptime) s; reading it"
+    disk_mount!(),
+    r#"echo "pagesift-guest: disk mounted at $(cut -d' ' -f1 /proc/uptime) s; reading it"
 (cd /disk && find . -type f | sort | xargs md5sum) > /disk.md5 || fail "reading /disk"
 sum=$(md5sum < /disk.md5 | cut -d' ' -f1)
 cp -a /disk/. /data/ || fail "copying /disk into the tmpfs /data"
@@ -142,6 +159,12 @@ pub struct ImageOptions {
     pub payload_roots: Vec<PathBuf>,
     /// Initramfs or disk.
     pub payload_on: PayloadOn,
+    /// With a disk: these files instead of a selection from
+    /// `payload_roots` (each at its host path on the disk).
+    pub files: Option<Vec<PayloadFile>>,
+    /// With a disk: this `/init` instead of [`DISK_INIT_SCRIPT`] (see
+    /// [`disk_init_with`]).
+    pub init: Option<String>,
 }
 
 impl Default for ImageOptions {
@@ -150,6 +173,8 @@ impl Default for ImageOptions {
             payload_bytes: DEFAULT_PAYLOAD_BYTES,
             payload_roots: vec!["/usr/lib".into(), "/usr/share".into()],
             payload_on: PayloadOn::Disk,
+            files: None,
+            init: None,
         }
     }
 }
@@ -193,6 +218,7 @@ pub struct GuestImage {
     initramfs_bytes: u64,
     disk: Option<DiskImage>,
     modules: Vec<String>,
+    custom_init: bool,
 }
 
 impl GuestImage {
@@ -208,7 +234,10 @@ impl GuestImage {
         fs::create_dir_all(dir)
             .map_err(|e| GuestError::io(format!("creating {}", dir.display()), e))?;
         let applets = busybox_applets(&tools.busybox)?;
-        let payload = select_payload(&opts.payload_roots, opts.payload_bytes)?;
+        let payload = match &opts.files {
+            Some(files) => files.clone(),
+            None => select_payload(&opts.payload_roots, opts.payload_bytes)?,
+        };
         if payload.is_empty() {
             return Err(GuestError::BadOption {
                 key: "payload_roots",
@@ -229,7 +258,7 @@ impl GuestImage {
             ),
             PayloadOn::Disk => (
                 Content {
-                    init: DISK_INIT_SCRIPT,
+                    init: opts.init.as_deref().unwrap_or(DISK_INIT_SCRIPT),
                     payload: &[],
                     modules: KernelModules::collect(
                         &tools.kernel_release,
@@ -264,6 +293,7 @@ impl GuestImage {
                 .into_iter()
                 .map(|(n, _)| n)
                 .collect(),
+            custom_init: opts.init.is_some(),
         })
     }
 
@@ -271,6 +301,12 @@ impl GuestImage {
     /// disk.
     pub fn disk(&self) -> Option<&DiskImage> {
         self.disk.as_ref()
+    }
+
+    /// Whether `/init` is the caller's ([`ImageOptions::init`]): its ready
+    /// line carries no disk checksum.
+    pub fn custom_init(&self) -> bool {
+        self.custom_init
     }
 
     /// The kernel modules the initramfs carries, in load order.

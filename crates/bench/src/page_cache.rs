@@ -1,0 +1,731 @@
+//! The `page-cache` experiment (Singleton §4, scaled to this machine):
+//! QEMU guests doing random reads over a disk file twice their RAM, under
+//! the same memory limit, with three systems:
+//!
+//! - **Default** (`ksm-100`): kernel KSM at `pages_to_scan` 100, nothing
+//!   done about the host page cache;
+//! - **Fadvise** (`fadvise-ksm-100`): the same plus a `POSIX_FADV_DONTNEED`
+//!   of every guest image every [`PageCachePlan::fadvise_every_s`] seconds
+//!   (Singleton §4.1's "Fadvise");
+//! - **pagesift** (`pagesift-full-scrub`): `pagesift run` with `[scrub]`
+//!   on (and its KSM pacing).
+//!
+//! ## One run, before the code
+//!
+//! 1. KSM's lock, a clean slate (as every experiment, [`crate::run`]).
+//! 2. A memory cgroup with a limit ([`PageCachePlan::limit_mib`]; v2
+//!    `memory.max` where the memory controller is on the unified
+//!    hierarchy, else v1 `memory.limit_in_bytes`), the same for every
+//!    system. Each QEMU process is moved into it right after it starts,
+//!    before its guest boots, so its guest RAM and the host page cache it
+//!    reads are charged there: the host cache of the images competes with
+//!    guest RAM for the limit. The machine has no swap.
+//! 3. The guests (`cache=writeback`, `mem-merge=on`) boot, each from its
+//!    own copy of an ext2 disk holding `data.bin` (random bytes, twice the
+//!    guest's RAM), and read random 64 KiB blocks of it with busybox `dd`
+//!    for [`PageCachePlan::read_s`] seconds of their own clock, then print
+//!    the bytes read and the seconds (their throughput), then the md5 of
+//!    the whole file (checked against the host's).
+//! 4. Every second the harness samples the images' host page cache
+//!    (`cachestat`) and the QEMU processes' `/proc/PID/io`; the host hit
+//!    ratio is `1 − Δread_bytes ÷ Δrchar` over the reading window.
+//! 5. pagesift's CPU is its process's CPU time over the window.
+//!
+//! Throughput inside a TCG guest is dominated by busybox's process
+//! start-ups (one `dd` per block), and the machine's two cores are shared
+//! with other work: the figures are noisy, the comparison is within one
+//! invocation.
+
+use crate::experiment::{Goal, GoalSpec, Mode};
+use crate::guest::image::{PayloadFile, disk_init_with};
+use crate::guest::{Guest, GuestImage, GuestOptions, ImageOptions};
+use crate::procs::Spawned;
+use crate::report::{self, Verdict};
+use crate::run::{RunResult, clean_slate};
+use crate::sampler::metric;
+use crate::series::Series;
+use crate::system::{System, Tuning};
+use crate::{BenchError, Context};
+use pagesift_core::governor::Governor;
+use pagesift_linux::ksm::Run;
+use pagesift_linux::page_cache::ImageCache;
+use pagesift_linux::sys::DeathSignal;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Sizes and times of one invocation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PageCachePlan {
+    /// Guests.
+    pub guests: usize,
+    /// RAM of each, MiB.
+    pub mem_mib: u32,
+    /// `data.bin`, MiB (twice the guest RAM).
+    pub file_mib: u64,
+    /// Seconds each guest reads.
+    pub read_s: u64,
+    /// Bytes per random read.
+    pub block_kib: u64,
+    /// The memory cgroup's limit, MiB.
+    pub limit_mib: u64,
+    /// Fadvise's period.
+    pub fadvise_every_s: f64,
+}
+
+impl PageCachePlan {
+    /// Quick: two guests of 256 MiB (below §4's 1 GiB VMs, and below the
+    /// issue's 512 MiB: two reading guests under TCG on two shared cores),
+    /// a minute of reads. Full: two guests of 512 MiB, three minutes.
+    pub fn of(mode: Mode) -> PageCachePlan {
+        let mem_mib: u32 = if mode == Mode::Full { 512 } else { 256 };
+        PageCachePlan {
+            guests: 2,
+            mem_mib,
+            file_mib: 2 * u64::from(mem_mib),
+            read_s: if mode == Mode::Full { 180 } else { 60 },
+            block_kib: 64,
+            // Guest RAM and QEMU's own memory (~200 MiB under TCG) of each
+            // guest, plus room for host cache of half a guest's RAM each.
+            limit_mib: 2 * (u64::from(mem_mib) * 3 / 2 + 200),
+            fadvise_every_s: 5.0,
+        }
+    }
+
+    /// The systems compared, Default first.
+    pub fn systems() -> [System; 3] {
+        [
+            System::Ksm { pages_to_scan: 100 },
+            System::KsmFadvise { pages_to_scan: 100 },
+            System::Pagesift {
+                governor: Governor::Full,
+                tuning: Tuning::Scrub,
+            },
+        ]
+    }
+
+    /// The issue's goals.
+    pub fn goals() -> Vec<GoalSpec> {
+        let [default, fadvise, pagesift] = PageCachePlan::systems();
+        vec![
+            GoalSpec {
+                source: "Singleton §4.2 (host cache 2-10× smaller)",
+                goal: Goal::CacheSmaller {
+                    system: pagesift,
+                    against: default,
+                    factor: 2.0,
+                },
+            },
+            GoalSpec {
+                source: "Singleton §4.3",
+                goal: Goal::Throughput {
+                    system: pagesift,
+                    against: default,
+                    min_ratio: 1.0,
+                    strictly: false,
+                },
+            },
+            GoalSpec {
+                source: "Singleton §4.3",
+                goal: Goal::Throughput {
+                    system: pagesift,
+                    against: fadvise,
+                    min_ratio: 1.0,
+                    strictly: true,
+                },
+            },
+            GoalSpec {
+                source: "nothing lost",
+                goal: Goal::DataIntact { system: pagesift },
+            },
+        ]
+    }
+}
+
+/// The guest's `/init` body (after the disk is mounted).
+fn init_body(plan: &PageCachePlan) -> String {
+    let bs = plan.block_kib * 1024;
+    let w = plan.read_s;
+    format!(
+        r#"f=$(find /disk -name data.bin)
+[ -n "$f" ] || fail "no data.bin on /disk"
+size=$(stat -c %s "$f") || fail "stat $f"
+blocks=$((size / {bs}))
+echo "pagesift-guest: ready blocks=$blocks"
+read start rest < /proc/uptime
+s=${{start%%.*}}
+end=$((s + {w}))
+n=0
+while :; do
+    read now rest < /proc/uptime
+    [ ${{now%%.*}} -lt $end ] || break
+    r=$(( (RANDOM * 32768 + RANDOM) % blocks ))
+    dd if="$f" of=/dev/null bs={bs} count=1 skip=$r 2>/dev/null || fail "dd skip=$r"
+    n=$((n + 1))
+done
+read stop rest < /proc/uptime
+echo "pagesift-guest: reads n=$n bytes=$((n * {bs})) start=$start stop=$stop"
+sum=$(md5sum < "$f" | cut -d' ' -f1) || fail "md5sum $f"
+echo "pagesift-guest: done md5=$sum"
+while :; do sleep 3600; done
+"#
+    )
+}
+
+/// A memory cgroup made for one run, removed on drop.
+struct MemoryCgroup {
+    dir: PathBuf,
+    v2: bool,
+}
+
+impl MemoryCgroup {
+    fn create(name: &str, limit_bytes: u64) -> Result<MemoryCgroup, BenchError> {
+        let unified = Path::new("/sys/fs/cgroup");
+        let v2 = std::fs::read_to_string(unified.join("cgroup.controllers"))
+            .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"));
+        let dir = if v2 {
+            unified.join(name)
+        } else {
+            unified.join("memory").join(name)
+        };
+        let shown = dir.display().to_string();
+        let io = |what: &str, e: std::io::Error| {
+            BenchError::Missing(format!("a memory cgroup ({what} {shown}): {e}"))
+        };
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).map_err(|e| io("creating", e))?;
+        let cg = MemoryCgroup { dir, v2 };
+        let (file, value) = if v2 {
+            ("memory.max", limit_bytes.to_string())
+        } else {
+            ("memory.limit_in_bytes", limit_bytes.to_string())
+        };
+        std::fs::write(cg.dir.join(file), value).map_err(|e| io(file, e))?;
+        Ok(cg)
+    }
+
+    fn add(&self, pid: u32) -> Result<(), BenchError> {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).map_err(|e| {
+            BenchError::System(format!("moving {pid} into {}: {e}", self.dir.display()))
+        })
+    }
+
+    fn describe(&self) -> String {
+        if self.v2 {
+            "cgroup v2 memory.max".into()
+        } else {
+            "cgroup v1 memory.limit_in_bytes (this machine mounts the memory controller on v1)"
+                .into()
+        }
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        // The guests are gone by now; their exit can take a moment.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// `rchar` and `read_bytes` of `/proc/PID/io`.
+fn proc_io(pid: u32) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    let get = |k: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    Some((get("rchar")?, get("read_bytes")?))
+}
+
+/// CPU seconds (user + system) of `pid` so far.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = procfs::process::Process::new(pid as i32)
+        .ok()?
+        .stat()
+        .ok()?;
+    Some((stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64)
+}
+
+fn serial_field(log: &str, marker: &str, key: &str) -> Option<String> {
+    log.lines()
+        .find(|l| l.starts_with(marker))?
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .map(str::to_string)
+}
+
+/// Builds the image (once per invocation) and the host's md5 of data.bin.
+fn build_image(ctx: &Context, plan: &PageCachePlan) -> Result<(GuestImage, String), BenchError> {
+    let dir = ctx.guest_dir.join("page-cache");
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| BenchError::Output(format!("{}: {e}", dir.display())))?;
+    let data = dir.join("data.bin");
+    ctx.progress.note(&format!(
+        "page-cache: writing {} MiB of random data and the guest image in {}",
+        plan.file_mib,
+        dir.display()
+    ));
+    {
+        use std::io::Write;
+        let mut out = std::io::BufWriter::new(
+            std::fs::File::create(&data)
+                .map_err(|e| BenchError::Output(format!("{}: {e}", data.display())))?,
+        );
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut chunk = vec![0u8; 1 << 20];
+        for _ in 0..plan.file_mib {
+            for w in chunk.chunks_exact_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                w.copy_from_slice(&x.to_le_bytes());
+            }
+            out.write_all(&chunk)
+                .map_err(|e| BenchError::Output(format!("{}: {e}", data.display())))?;
+        }
+    }
+    let md5 = Command::new("md5sum")
+        .arg(&data)
+        .output()
+        .map_err(|e| BenchError::Missing(format!("md5sum: {e}")))?;
+    let md5 = String::from_utf8_lossy(&md5.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let opts = ImageOptions {
+        files: Some(vec![PayloadFile {
+            source: data.clone(),
+            bytes: plan.file_mib << 20,
+        }]),
+        init: Some(disk_init_with(&init_body(plan))),
+        ..ImageOptions::default()
+    };
+    let image = GuestImage::build_with(&dir, &opts).map_err(|e| match e {
+        crate::guest::GuestError::Missing { .. } | crate::guest::GuestError::Unsuitable(_) => {
+            BenchError::Missing(e.to_string())
+        }
+        e => BenchError::System(e.to_string()),
+    })?;
+    // The disk image holds its own copy; the source is no longer needed.
+    let _ = std::fs::remove_file(&data);
+    Ok((image, md5))
+}
+
+/// Runs every system; returns the runs and the goals judged.
+pub fn run(
+    ctx: &Context,
+    mode: Mode,
+) -> Result<(Vec<RunResult>, Vec<Verdict>, String), BenchError> {
+    let plan = PageCachePlan::of(mode);
+    let (image, md5) = build_image(ctx, &plan)?;
+    let mut runs = Vec::new();
+    for (k, system) in PageCachePlan::systems().into_iter().enumerate() {
+        ctx.progress.note(&format!(
+            "run {}/3: page-cache · {} ({} s of reads)",
+            k + 1,
+            system.name(),
+            plan.read_s
+        ));
+        match run_system(ctx, &plan, &image, &md5, system) {
+            Ok(r) => runs.push(r),
+            Err(BenchError::System(e)) => {
+                ctx.progress
+                    .note(&format!("page-cache · {}: FAILED: {e}", system.name()));
+                runs.push(failed(&plan, system, e));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let goals: Vec<Verdict> = PageCachePlan::goals()
+        .iter()
+        .map(|g| report::judge(g, &runs, plan.read_s as f64))
+        .collect();
+    let md = markdown(&plan, &runs, &goals);
+    Ok((runs, goals, md))
+}
+
+fn failed(plan: &PageCachePlan, system: System, e: String) -> RunResult {
+    RunResult {
+        experiment: "page-cache".into(),
+        system: system.name(),
+        series: Vec::new(),
+        target_pages: None,
+        saved_by: crate::experiment::SavedBy::Pss,
+        fill_seconds: 0.0,
+        window_s: plan.read_s as f64,
+        notes: vec![format!("FAILED: {e}")],
+    }
+}
+
+fn run_system(
+    ctx: &Context,
+    plan: &PageCachePlan,
+    image: &GuestImage,
+    md5: &str,
+    system: System,
+) -> Result<RunResult, BenchError> {
+    let name = system.name();
+    let mut notes = Vec::new();
+    let guard = clean_slate(ctx)?;
+    let mut daemon: Option<Spawned> = None;
+    let guard = if system.is_pagesift() {
+        drop(guard); // the daemon takes KSM's lock itself
+        None
+    } else {
+        let pages = match system {
+            System::Ksm { pages_to_scan } | System::KsmFadvise { pages_to_scan } => pages_to_scan,
+            _ => 100,
+        };
+        guard.set_pages_to_scan(pages)?;
+        guard.set_sleep_millisecs(20)?;
+        guard.set_run(Run::Run)?;
+        Some(guard)
+    };
+    let cgroup = MemoryCgroup::create(
+        &format!("pagesift-bench-page-cache-{}", std::process::id()),
+        plan.limit_mib << 20,
+    )?;
+    notes.push(format!(
+        "QEMU processes under a {} MiB {}",
+        plan.limit_mib,
+        cgroup.describe()
+    ));
+    let mut guests: Vec<Guest> = Vec::new();
+    for g in 0..plan.guests {
+        let mut opts = GuestOptions::new(format!("pc-{}-{g}", crate::run::sanitize(&name)), true);
+        opts.mem_mib = plan.mem_mib;
+        let guest = Guest::start(image, opts).map_err(|e| BenchError::System(e.to_string()))?;
+        cgroup.add(guest.pid())?;
+        // The copy was just written by `cp`, from this process's cgroup:
+        // written back and dropped, so that the host cache of the image
+        // holds only what the guest reads, charged to the QEMU cgroup.
+        // (The guest's kernel boots for seconds before it reads its disk.)
+        let disk = guest.disk().expect("a disk guest");
+        let flushed = std::fs::File::open(disk).and_then(|f| f.sync_all());
+        flushed.map_err(|e| BenchError::System(format!("{}: {e}", disk.display())))?;
+        ImageCache::open(disk)?.drop_all()?;
+        guests.push(guest);
+    }
+    if system.is_pagesift() {
+        // Eligible by pid: only this run's guests (other QEMU processes on
+        // the machine are not ours to scrub).
+        let pids: Vec<u32> = guests.iter().map(|g| g.pid()).collect();
+        daemon = Some(spawn_daemon(ctx, system, &pids)?);
+    }
+    for g in &mut guests {
+        g.wait_ready(Duration::from_secs(300))
+            .map_err(|e| BenchError::System(e.to_string()))?;
+    }
+    let cold_start: u64 = guests
+        .iter()
+        .map(|g| {
+            ImageCache::open(g.disk().expect("a disk guest"))
+                .and_then(|c| c.stat(0, 0))
+                .map(|s| s.cache)
+                .unwrap_or(0)
+        })
+        .sum();
+    notes.push(format!(
+        "host cache of the images when the guests were ready: {:.1} MiB",
+        cold_start as f64 * 4096.0 / (1 << 20) as f64
+    ));
+    let disks: Vec<ImageCache> = guests
+        .iter()
+        .map(|g| ImageCache::open(g.disk().expect("a disk guest")))
+        .collect::<Result<_, _>>()?;
+    let pids: Vec<u32> = guests.iter().map(|g| g.pid()).collect();
+    let io0: Vec<(u64, u64)> = pids.iter().map(|&p| proc_io(p).unwrap_or((0, 0))).collect();
+    let cpu0 = daemon.as_ref().and_then(|d| cpu_seconds(d.pid()));
+    let mut cache_series = Series::new(&name, metric::IMAGE_CACHE_MIB, "MiB");
+    let t0 = Instant::now();
+    let mut next_fadvise = plan.fadvise_every_s;
+    let mut io1 = io0.clone();
+    let mut cpu1 = cpu0;
+    let deadline = Duration::from_secs(plan.read_s + 240);
+    loop {
+        if ctx.term.requested() {
+            return Err(BenchError::Interrupted);
+        }
+        let t = t0.elapsed().as_secs_f64();
+        let cached: u64 = disks
+            .iter()
+            .map(|d| d.stat(0, 0).map(|s| s.cache).unwrap_or(0))
+            .sum();
+        cache_series
+            .points
+            .push((t, cached as f64 * 4096.0 / (1 << 20) as f64));
+        if matches!(system, System::KsmFadvise { .. }) && t >= next_fadvise {
+            for d in &disks {
+                d.drop_all()?;
+            }
+            next_fadvise += plan.fadvise_every_s;
+        }
+        let logs: Vec<String> = guests
+            .iter()
+            .map(|g| std::fs::read_to_string(g.serial_log()).unwrap_or_default())
+            .collect();
+        let reading = logs.iter().any(|l| !l.contains("pagesift-guest: reads"));
+        if reading {
+            io1 = pids.iter().map(|&p| proc_io(p).unwrap_or((0, 0))).collect();
+            cpu1 = daemon.as_ref().and_then(|d| cpu_seconds(d.pid())).or(cpu1);
+        }
+        if logs.iter().all(|l| l.contains("pagesift-guest: done")) {
+            break;
+        }
+        if let Some(l) = logs.iter().find(|l| l.contains("pagesift-guest: failed")) {
+            return Err(BenchError::System(format!(
+                "a guest failed: {}",
+                l.lines().find(|l| l.contains("failed")).unwrap_or("")
+            )));
+        }
+        if t0.elapsed() > deadline {
+            return Err(BenchError::System(format!(
+                "the guests did not finish within {deadline:?}"
+            )));
+        }
+        for g in &mut guests {
+            if !g.is_running() {
+                return Err(BenchError::System(format!(
+                    "guest {} exited (QEMU killed: out of the cgroup's memory?)",
+                    g.name()
+                )));
+            }
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    // Throughput, md5, hit ratio.
+    let (mut bytes, mut secs, mut intact) = (0f64, 0f64, true);
+    for g in &guests {
+        let log = std::fs::read_to_string(g.serial_log()).unwrap_or_default();
+        let get = |k: &str| {
+            serial_field(&log, "pagesift-guest: reads", k)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        bytes += get("bytes");
+        secs += (get("stop") - get("start")).max(0.0);
+        let sum = serial_field(&log, "pagesift-guest: done", "md5").unwrap_or_default();
+        if sum != md5 {
+            intact = false;
+            notes.push(format!("guest {}: md5 {sum}, host {md5}", g.name()));
+        }
+    }
+    let per_guest_s = secs / guests.len().max(1) as f64;
+    let throughput = if per_guest_s > 0.0 {
+        bytes / (1 << 20) as f64 / per_guest_s
+    } else {
+        0.0
+    };
+    let (rchar, read_bytes) = io0.iter().zip(&io1).fold((0u64, 0u64), |(r, b), (a, z)| {
+        (r + z.0.saturating_sub(a.0), b + z.1.saturating_sub(a.1))
+    });
+    let hit = if rchar > 0 {
+        1.0 - read_bytes as f64 / rchar as f64
+    } else {
+        0.0
+    };
+    let end_t = t0.elapsed().as_secs_f64();
+    let mut tp = Series::new(&name, metric::GUEST_READ_MIB_S, "MiB/s");
+    tp.points.push((end_t, throughput));
+    let mut hr = Series::new(&name, metric::HOST_HIT_RATIO, "ratio");
+    hr.points.push((end_t, hit));
+    let mut ok = Series::new(&name, metric::DATA_INTACT, "1 = intact");
+    ok.points.push((end_t, if intact { 1.0 } else { 0.0 }));
+    let mut series = vec![cache_series, tp, hr, ok];
+    if let (Some(a), Some(b)) = (cpu0, cpu1) {
+        let mut cpu = Series::new(&name, metric::DAEMON_CPU, "s");
+        cpu.points.push((end_t, (b - a).max(0.0)));
+        series.push(cpu);
+    }
+    drop(guests);
+    if let Some(mut d) = daemon {
+        d.stop();
+    }
+    drop(cgroup);
+    drop(guard);
+    Ok(RunResult {
+        experiment: "page-cache".into(),
+        system: name,
+        series,
+        target_pages: None,
+        saved_by: crate::experiment::SavedBy::Pss,
+        fill_seconds: 0.0,
+        window_s: plan.read_s as f64,
+        notes,
+    })
+}
+
+/// `pagesift run` for `system` on the guests `pids`, once its status
+/// socket is up (it has KSM's lock then).
+fn spawn_daemon(ctx: &Context, system: System, pids: &[u32]) -> Result<Spawned, BenchError> {
+    let name = system.name();
+    let stem = format!("page-cache-{}", crate::run::sanitize(&name));
+    let config = ctx.work_dir.join(format!("{stem}.toml"));
+    std::fs::write(&config, system.config_toml().unwrap_or_default())
+        .map_err(|e| BenchError::Output(format!("{}: {e}", config.display())))?;
+    let socket = ctx
+        .work_dir
+        .join(format!("pagesift-bench-{}.sock", std::process::id()));
+    let log_path = ctx.log_dir.join(format!("{stem}.log"));
+    let log = std::fs::File::create(&log_path)
+        .map_err(|e| BenchError::Output(format!("{}: {e}", log_path.display())))?;
+    let mut cmd = Command::new(&ctx.pagesift_bin);
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&config)
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--ksm-wait")
+        .arg(ctx.ksm_wait.as_secs().to_string());
+    for pid in pids {
+        cmd.arg("--pid").arg(pid.to_string());
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+    let _ = std::fs::remove_file(&socket);
+    let mut d = Spawned::spawn(
+        "pagesift run",
+        &mut cmd,
+        DeathSignal::Term,
+        Duration::from_secs(20),
+    )?;
+    let end = Instant::now() + ctx.ksm_wait + Duration::from_secs(30);
+    while !socket.exists() {
+        if ctx.term.requested() {
+            return Err(BenchError::Interrupted);
+        }
+        if !d.running() || Instant::now() > end {
+            return Err(BenchError::System(format!(
+                "pagesift run did not start (log {})",
+                log_path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(d)
+}
+
+fn last(r: &RunResult, m: &str) -> Option<f64> {
+    r.series(m).and_then(|s| s.points.last().map(|p| p.1))
+}
+
+/// The experiment's section: setup, table, goals.
+pub fn markdown(plan: &PageCachePlan, runs: &[RunResult], goals: &[Verdict]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "### page-cache (Singleton §4)\n\n{} QEMU/TCG guests of {} MiB, each reading random {} KiB \
+         blocks of a {} MiB file of random bytes on its own ext2 disk image (virtio-blk, \
+         cache=writeback) for {} s with busybox `dd`, then md5 of the whole file; all QEMU \
+         processes under one {} MiB memory cgroup (no swap). Default = `ksm-100` (KSM, no \
+         scrubbing); Fadvise = `fadvise-ksm-100` (KSM plus DONTNEED of every image every {} s); \
+         pagesift = `pagesift-full-scrub` (`pagesift run --pid` on the guests with `[scrub]` on: period 2-20 s, first after 4 s, and host read-ahead off on the images' descriptors, as Singleton §3.3 does). Host \
+         cache = cachestat of the images, sampled every second; hit ratio = 1 − read_bytes ÷ \
+         rchar of the QEMU processes over the reading window (negative when host read-ahead \
+         reads more from the disk than QEMU asked for); throughput = MiB read ÷ seconds \
+         (guest clock), averaged over the guests; CPU = the pagesift process over the window. \
+         Two cores shared with other work: noisy figures, compare within the run.\n",
+        plan.guests,
+        plan.mem_mib,
+        plan.block_kib,
+        plan.file_mib,
+        plan.read_s,
+        plan.limit_mib,
+        plan.fadvise_every_s
+    );
+    s.push_str(
+        "| system | host cache, MiB (mean 2nd half) | host cache, MiB (max) | host hit ratio | \
+         guest read, MiB/s | pagesift CPU-s | data |\n|---|---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        let cache = r.series(metric::IMAGE_CACHE_MIB);
+        let mean = cache.map(|c| crate::measure::mean_second_half(&c.points));
+        let max = cache.and_then(|c| c.points.iter().map(|p| p.1).reduce(f64::max));
+        let f = |v: Option<f64>, d: usize| v.map_or("–".to_string(), |v| format!("{v:.d$}"));
+        let data = match last(r, metric::DATA_INTACT) {
+            Some(x) if x >= 1.0 => "md5 ok",
+            Some(_) => "md5 DIFFERS",
+            None => "–",
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            r.system,
+            f(mean, 1),
+            f(max, 1),
+            f(last(r, metric::HOST_HIT_RATIO), 3),
+            f(last(r, metric::GUEST_READ_MIB_S), 2),
+            f(last(r, metric::DAEMON_CPU), 2),
+            data
+        );
+    }
+    for r in runs {
+        for n in &r.notes {
+            let _ = writeln!(s, "\n- {}: {n}", r.system);
+        }
+    }
+    s.push_str("\n**Goals**\n\n| goal | source | verdict | evidence |\n|---|---|---|---|\n");
+    for g in goals {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} |",
+            g.goal,
+            g.source,
+            g.word(),
+            g.evidence
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_goals_compare_systems_that_run_and_the_plan_fits_the_issue() {
+        let systems = PageCachePlan::systems();
+        let names: Vec<String> = systems.iter().map(|s| s.name()).collect();
+        assert_eq!(names, ["ksm-100", "fadvise-ksm-100", "pagesift-full-scrub"]);
+        for g in PageCachePlan::goals() {
+            let (a, b) = match g.goal {
+                Goal::CacheSmaller {
+                    system, against, ..
+                }
+                | Goal::Throughput {
+                    system, against, ..
+                } => (system, against),
+                Goal::DataIntact { system } => (system, system),
+                _ => panic!("not a page-cache goal"),
+            };
+            assert!(systems.contains(&a) && systems.contains(&b));
+        }
+        for mode in [Mode::Quick, Mode::Full] {
+            let p = PageCachePlan::of(mode);
+            assert_eq!(
+                p.file_mib,
+                2 * u64::from(p.mem_mib),
+                "a file twice guest RAM"
+            );
+            assert!(p.limit_mib > p.guests as u64 * u64::from(p.mem_mib));
+        }
+        assert_eq!(PageCachePlan::of(Mode::Full).mem_mib, 512);
+    }
+
+    #[test]
+    fn serial_fields_are_read_from_the_marked_line() {
+        let log = "x\npagesift-guest: reads n=3 bytes=196608 start=10.5 stop=70.25\n";
+        assert_eq!(
+            serial_field(log, "pagesift-guest: reads", "bytes").as_deref(),
+            Some("196608")
+        );
+        assert_eq!(serial_field(log, "pagesift-guest: done", "md5"), None);
+    }
+}

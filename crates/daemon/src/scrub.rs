@@ -1,0 +1,415 @@
+//! Cache scrubbing (Singleton): drops the host's page-cache copies of disk
+//! blocks that an eligible guest already holds in its RAM.
+//!
+//! ## One scrub, before the code
+//!
+//! For every eligible QEMU process (the daemon's eligibility, plus a `comm`
+//! prefix from `scrub.comm_prefixes`):
+//!
+//! 1. **Images** ([`pagesift_linux::disk_images`]): the regular files it has
+//!    open read-write (unless `scrub.discover_images = false`) and the
+//!    files named in `scrub.images` that it has open. `O_DIRECT` files are
+//!    skipped (no page cache).
+//! 2. **Index the guest** ([`pagesift_linux::guest_ram`],
+//!    [`pagesift_core::scrub::GuestIndex`]): every present page of its
+//!    guest RAM is hashed (xxh3-64) into the hash table, which also counts
+//!    the guest's evictions (§3.3).
+//! 3. **Match the host cache** ([`pagesift_linux::page_cache`]): the
+//!    image's cached pages (`mincore`) are read without I/O and hashed; a
+//!    hash found in the index is compared byte for byte with the guest page
+//!    it names (read again just now). Only an equal page is `Verified`.
+//! 4. **Folios and state** ([`pagesift_linux::folio`]): for verified pages,
+//!    their folio and its dirty/writeback bits.
+//! 5. **Plan and drop** ([`pagesift_core::scrub::plan_drops`]): whole
+//!    folios of verified, clean pages, `DONTNEED`ed; each range's
+//!    `cachestat` is checked right before, and a range with a dirty or
+//!    writeback page is left alone.
+//!
+//! When to scrub is [`FrequencyControl`] (Algorithm 2): the daemon calls
+//! [`Scrubber::tick`] every wake-up with the eligible processes; it scrubs
+//! every guest when the timer or memory pressure says so, then feeds the
+//! pages dropped and cached back to the period.
+//!
+//! Invariants: nothing is written to a guest or an image; a page is
+//! dropped only after a byte-exact comparison with a present guest page
+//! made in this scrub; a guest's failure (it exited, access denied) skips
+//! that guest and is reported, never stops the daemon.
+
+use crate::config::ScrubSection;
+use pagesift_core::scrub::{
+    CachedPage, DropRange, FrequencyControl, GuestIndex, Held, MemoryStats, Trigger, plan_drops,
+};
+use pagesift_core::{Nanos, PAGE_SIZE, PageWords, WORDS_PER_PAGE};
+use pagesift_linux::LinuxError;
+use pagesift_linux::disk_images::{self, DiskImage};
+use pagesift_linux::folio::FolioFinder;
+use pagesift_linux::guest_ram::GuestRam;
+use pagesift_linux::page_cache::{DropOutcome, ImageCache};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use tracing::{debug, info, warn};
+
+/// Host-cache pages read per `preadv2` while matching.
+const READ_BATCH_PAGES: usize = 256;
+
+/// What one image looked like at its last scrub.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ImageStatus {
+    /// The QEMU process.
+    pub pid: u32,
+    /// The image file.
+    pub path: String,
+    /// Its pages in the host page cache after the last scrub (cachestat).
+    pub cached_pages: u64,
+    /// Cached pages the last scrub found.
+    pub cached_before: u64,
+    /// Of those, verified byte for byte against the guest.
+    pub held_pages: u64,
+    /// Pages dropped from it since the daemon started.
+    pub dropped_pages: u64,
+}
+
+/// The scrubber in `pagesift status`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScrubStatus {
+    /// Scrubs run.
+    pub scrubs: u64,
+    /// Pages dropped, all images.
+    pub dropped_pages: u64,
+    /// Ranges left alone because they held dirty or writeback pages.
+    pub busy_ranges: u64,
+    /// CPU time spent scrubbing.
+    pub cpu_seconds: f64,
+    /// The current period `t`, seconds.
+    pub period_s: f64,
+    /// Why the last scrub ran (`timer`, `cache_high`, `free_low`).
+    pub last_trigger: String,
+    /// Guest page replacements seen (Singleton §3.3's eviction signal).
+    pub guest_evictions: u64,
+    /// Per image.
+    pub images: Vec<ImageStatus>,
+    /// The last error per guest, if any.
+    pub errors: Vec<String>,
+}
+
+/// The result of scrubbing one image once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImagePass {
+    /// Cached pages found.
+    pub cached: u64,
+    /// Of which the guest holds (verified).
+    pub held: u64,
+    /// Pages whose hash matched but whose bytes did not (or whose guest
+    /// page was gone).
+    pub hash_only: u64,
+    /// Pages dropped (cachestat before and after each range).
+    pub dropped: u64,
+    /// Ranges left alone: dirty or writeback.
+    pub busy: u64,
+    /// The ranges `DONTNEED`ed (whole folios, file order).
+    pub dropped_ranges: Vec<DropRange>,
+}
+
+/// One guest: its RAM reader, its index, its images.
+#[derive(Debug)]
+struct Guest {
+    ram: GuestRam,
+    index: GuestIndex,
+    images: BTreeMap<(u64, u64), (DiskImage, ImageStatus)>,
+}
+
+/// The orchestration (see the module header).
+#[derive(Debug)]
+pub struct Scrubber {
+    config: ScrubSection,
+    named: Vec<(u64, u64)>,
+    control: FrequencyControl,
+    guests: BTreeMap<u32, Guest>,
+    folios: Option<FolioFinder>,
+    status: ScrubStatus,
+}
+
+impl Scrubber {
+    /// A scrubber for a validated `[scrub]` section, starting at `now`.
+    pub fn new(config: ScrubSection, now: Nanos) -> Scrubber {
+        let named = config
+            .images
+            .iter()
+            .filter_map(|p| match disk_images::identity(p) {
+                Ok(id) => Some(id),
+                Err(e) => {
+                    warn!(path = %p.display(), error = %e, "scrub.images: cannot stat; ignored");
+                    None
+                }
+            })
+            .collect();
+        Scrubber {
+            control: FrequencyControl::new(config.frequency(), now),
+            named,
+            config,
+            guests: BTreeMap::new(),
+            folios: None,
+            status: ScrubStatus::default(),
+        }
+    }
+
+    /// The status snapshot.
+    pub fn status(&self) -> ScrubStatus {
+        let mut s = self.status.clone();
+        s.period_s = self.control.period() as f64 / 1e9;
+        s
+    }
+
+    /// Whether `comm` is a process this scrubber looks at.
+    pub fn wants(&self, comm: &str) -> bool {
+        self.config
+            .comm_prefixes
+            .iter()
+            .any(|p| comm.starts_with(p.as_str()))
+    }
+
+    /// Called every wake-up with the eligible processes (pid, comm):
+    /// scrubs them all when a scrub is due. Returns the trigger if it did.
+    pub fn tick(&mut self, now: Nanos, eligible: &[(u32, String)]) -> Option<Trigger> {
+        let mem = pagesift_linux::host::memory_kib().unwrap_or(MemoryStats {
+            total: 1,
+            cached: 0,
+            free: 1,
+        });
+        let trigger = self.control.due(now, mem)?;
+        let pids: Vec<u32> = eligible
+            .iter()
+            .filter(|(_, c)| self.wants(c))
+            .map(|&(p, _)| p)
+            .collect();
+        let cpu0 = self.status.cpu_seconds;
+        let (dropped, cached) = self.scrub_all(&pids);
+        let period = self.control.scrubbed(now, trigger, dropped, cached);
+        self.status.last_trigger = trigger.name().into();
+        info!(
+            trigger = trigger.name(),
+            guests = pids.len(),
+            cached,
+            dropped,
+            cpu_ms = (self.status.cpu_seconds - cpu0) * 1e3,
+            next_s = period as f64 / 1e9,
+            "scrubbed the host page cache"
+        );
+        Some(trigger)
+    }
+
+    /// Scrubs the guests `pids` now, whatever the timer says; returns
+    /// (pages dropped, cached pages found) over all their images.
+    pub fn scrub_all(&mut self, pids: &[u32]) -> (u64, u64) {
+        let cpu0 = pagesift_linux::host::thread_cpu_ns();
+        self.guests.retain(|pid, _| pids.contains(pid));
+        let mut errors = Vec::new();
+        let (mut dropped, mut cached) = (0, 0);
+        for &pid in pids {
+            match self.scrub_guest(pid) {
+                Ok(passes) => {
+                    for (_, p) in passes {
+                        dropped += p.dropped;
+                        cached += p.cached;
+                        self.status.busy_ranges += p.busy;
+                    }
+                }
+                Err(e) => {
+                    self.guests.remove(&pid);
+                    debug!(pid, error = %e, "scrub skipped a guest");
+                    errors.push(format!("pid {pid}: {e}"));
+                }
+            }
+        }
+        self.status.scrubs += 1;
+        self.status.dropped_pages += dropped;
+        self.status.errors = errors;
+        self.status.images = self
+            .guests
+            .values()
+            .flat_map(|g| g.images.values().map(|(_, s)| s.clone()))
+            .collect();
+        self.status.guest_evictions = self.guests.values().map(|g| g.index.evictions()).sum();
+        let cpu = pagesift_linux::host::thread_cpu_ns().saturating_sub(cpu0);
+        self.status.cpu_seconds += cpu as f64 / 1e9;
+        (dropped, cached)
+    }
+
+    /// One guest: index its RAM, then scrub each of its images. Returns
+    /// each image's path and pass.
+    pub fn scrub_guest(&mut self, pid: u32) -> Result<Vec<(PathBuf, ImagePass)>, LinuxError> {
+        let found = disk_images::disk_images_with(pid, self.config.discover_images, &self.named)?;
+        let found: Vec<DiskImage> = found.into_iter().filter(|i| !i.direct).collect();
+        if found.is_empty() {
+            self.guests.remove(&pid);
+            return Ok(Vec::new());
+        }
+        let min_bytes = self.config.guest_ram_min_mib << 20;
+        if let std::collections::btree_map::Entry::Vacant(slot) = self.guests.entry(pid) {
+            slot.insert(Guest {
+                ram: GuestRam::open(pid, min_bytes)?,
+                index: GuestIndex::new(),
+                images: BTreeMap::new(),
+            });
+        }
+        if self.folios.is_none() {
+            self.folios = Some(FolioFinder::open()?);
+        }
+        let guest = self.guests.get_mut(&pid).expect("inserted above");
+        guest
+            .images
+            .retain(|id, _| found.iter().any(|i| (i.dev, i.ino) == *id));
+        index_guest(guest)?;
+        let mut passes = Vec::new();
+        for image in found {
+            let id = (image.dev, image.ino);
+            let cache = ImageCache::open(&PathBuf::from(format!("/proc/{pid}/fd/{}", image.fd)))?;
+            let folios = self.folios.as_mut().expect("opened above");
+            let pass = scrub_image(&cache, &mut guest.ram, &guest.index, folios)?;
+            let after = cache.stat(0, 0).map(|s| s.cache).unwrap_or(0);
+            if !self.config.host_readahead && !guest.images.contains_key(&id) {
+                pagesift_linux::readahead::set_random(pid, image.fd, true)?;
+            }
+            let entry = guest.images.entry(id).or_insert_with(|| {
+                (
+                    image.clone(),
+                    ImageStatus {
+                        pid,
+                        path: image.path.display().to_string(),
+                        ..ImageStatus::default()
+                    },
+                )
+            });
+            entry.1.cached_pages = after;
+            entry.1.cached_before = pass.cached;
+            entry.1.held_pages = pass.held;
+            entry.1.dropped_pages += pass.dropped;
+            passes.push((image.path.clone(), pass));
+        }
+        Ok(passes)
+    }
+}
+
+impl Drop for Scrubber {
+    /// Gives the guests their read-ahead back (`scrub.host_readahead =
+    /// false` turned it off).
+    fn drop(&mut self) {
+        if self.config.host_readahead {
+            return;
+        }
+        for (pid, g) in &self.guests {
+            for (image, _) in g.images.values() {
+                if let Err(e) = pagesift_linux::readahead::set_random(*pid, image.fd, false) {
+                    debug!(pid, fd = image.fd, error = %e, "could not restore read-ahead");
+                }
+            }
+        }
+    }
+}
+
+/// Content hash of a page, for the index and the host cache alike.
+pub fn page_hash(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
+}
+
+fn index_guest(guest: &mut Guest) -> Result<(), LinuxError> {
+    let index = &mut guest.index;
+    index.begin_pass(guest.ram.pages() as usize);
+    guest.ram.for_each_page(|addr, page| {
+        let bytes: &[u8] = bytemuck::bytes_of(page);
+        let head = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+        index.insert(addr, page_hash(bytes), head);
+    })?;
+    index.end_pass();
+    Ok(())
+}
+
+/// Scrubs one image of one guest whose index is fresh (steps 3 to 5 of the
+/// module header).
+pub fn scrub_image(
+    cache: &ImageCache,
+    ram: &mut GuestRam,
+    index: &GuestIndex,
+    folios: &mut FolioFinder,
+) -> Result<ImagePass, LinuxError> {
+    let cached = cache.cached_pages()?;
+    let mut pass = ImagePass {
+        cached: cached.len() as u64,
+        ..ImagePass::default()
+    };
+    let mut pages: Vec<CachedPage> = Vec::with_capacity(cached.len());
+    let mut verified: Vec<u64> = Vec::new();
+    let mut buf = vec![0u8; READ_BATCH_PAGES * PAGE_SIZE];
+    let mut guest_page: PageWords = [0; WORDS_PER_PAGE];
+    let mut k = 0;
+    while k < cached.len() {
+        // A run of consecutive cached pages, at most one batch.
+        let mut n = 1;
+        while k + n < cached.len() && n < READ_BATCH_PAGES && cached[k + n] == cached[k] + n as u64
+        {
+            n += 1;
+        }
+        let got = cache.read_cached(cached[k], &mut buf[..n * PAGE_SIZE])?;
+        for i in 0..n {
+            let index_in_file = cached[k + i];
+            let held = if i >= got {
+                Held::No // evicted since mincore: nothing to drop
+            } else {
+                let bytes = &buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+                match index.lookup(page_hash(bytes)) {
+                    None => Held::No,
+                    Some(addr) => {
+                        if ram.read_page(addr, &mut guest_page)?
+                            && bytemuck::bytes_of(&guest_page) == bytes
+                        {
+                            Held::Verified
+                        } else {
+                            Held::HashOnly
+                        }
+                    }
+                }
+            };
+            match held {
+                Held::Verified => {
+                    pass.held += 1;
+                    verified.push(index_in_file);
+                }
+                Held::HashOnly => pass.hash_only += 1,
+                Held::No => {}
+            }
+            pages.push(CachedPage {
+                index: index_in_file,
+                held,
+                dirty: false,
+                writeback: false,
+            });
+        }
+        k += n;
+    }
+    if verified.is_empty() {
+        return Ok(pass);
+    }
+    let states = folios.folios(cache, &verified)?;
+    // Dirty and writeback are folio-wide: mark every page of such a folio.
+    for s in states.iter().filter(|s| s.dirty || s.writeback) {
+        for p in pages
+            .iter_mut()
+            .filter(|p| (s.folio.first..s.folio.end()).contains(&p.index))
+        {
+            p.dirty |= s.dirty;
+            p.writeback |= s.writeback;
+        }
+    }
+    let folio_list: Vec<_> = states.iter().map(|s| s.folio).collect();
+    for range in plan_drops(&pages, &folio_list) {
+        match cache.drop_range(range.offset, range.len)? {
+            DropOutcome::Dropped { evicted } => {
+                pass.dropped += evicted;
+                pass.dropped_ranges.push(range);
+            }
+            DropOutcome::Busy => pass.busy += 1,
+        }
+    }
+    Ok(pass)
+}

@@ -1,0 +1,132 @@
+//! A guest's RAM, read from its QEMU process.
+//!
+//! QEMU allocates guest RAM as large private anonymous read-write
+//! mappings (TCG's translation buffer is also anonymous but executable).
+//! A guest-RAM range here is every anonymous, readable, writable,
+//! not-executable VMA of at least `min_bytes` (the operator's
+//! `scrub.guest_ram_min_mib`): the guest's own pages dominate QEMU's large
+//! anonymous mappings, and a page of QEMU's heap that happens to hold the
+//! same bytes as a cached disk block is a correct match too (the content is
+//! in memory).
+//!
+//! Pages are read as the rest of pagesift reads them (see [`crate::read`]):
+//! only pages pagemap shows present (`PAGEMAP_SCAN`; zero-page mappings are
+//! skipped: a guest never wrote them), through `/proc/PID/mem`, which never
+//! pins and so never unshares a KSM-merged guest page. Nothing is written.
+
+use crate::error::LinuxError;
+use crate::pagemap::{Pagemap, category};
+use crate::read::RemoteReader;
+use pagesift_core::{PAGE_SIZE, PageWords};
+use procfs::process::{MMPermissions, MMapPath, Process};
+use std::ops::Range;
+
+/// Pages read per `/proc/PID/mem` call (4 MiB).
+const BATCH_PAGES: usize = 1024;
+
+/// The guest-RAM ranges of `pid` (see the module header).
+pub fn guest_ram_ranges(pid: u32, min_bytes: u64) -> Result<Vec<Range<u64>>, LinuxError> {
+    let maps = Process::new(pid as i32)
+        .and_then(|p| p.maps())
+        .map_err(|e| match e {
+            procfs::ProcError::NotFound(_) => LinuxError::NoSuchProcess(pid),
+            e => LinuxError::Parse(format!("/proc/{pid}/maps: {e}")),
+        })?;
+    Ok(maps
+        .iter()
+        .filter(|m| {
+            m.pathname == MMapPath::Anonymous
+                && m.perms.contains(MMPermissions::READ)
+                && m.perms.contains(MMPermissions::WRITE)
+                && !m.perms.contains(MMPermissions::EXECUTE)
+                && m.address.1 - m.address.0 >= min_bytes
+        })
+        .map(|m| m.address.0..m.address.1)
+        .collect())
+}
+
+/// Reads one guest's RAM.
+#[derive(Debug)]
+pub struct GuestRam {
+    pid: u32,
+    ranges: Vec<Range<u64>>,
+    pagemap: Pagemap,
+    reader: RemoteReader,
+}
+
+impl GuestRam {
+    /// Opens QEMU process `pid`'s RAM (ranges as [`guest_ram_ranges`]).
+    pub fn open(pid: u32, min_bytes: u64) -> Result<GuestRam, LinuxError> {
+        let ranges = guest_ram_ranges(pid, min_bytes)?;
+        Ok(GuestRam {
+            pid,
+            ranges,
+            pagemap: Pagemap::open(pid)?,
+            reader: RemoteReader::new(pid)?,
+        })
+    }
+
+    /// The process.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The ranges read.
+    pub fn ranges(&self) -> &[Range<u64>] {
+        &self.ranges
+    }
+
+    /// Pages in the ranges.
+    pub fn pages(&self) -> u64 {
+        self.ranges
+            .iter()
+            .map(|r| (r.end - r.start) / PAGE_SIZE as u64)
+            .sum()
+    }
+
+    /// Calls `each(address, page)` for every present, not-zero-page guest
+    /// page. Returns the pages visited.
+    pub fn for_each_page(
+        &mut self,
+        mut each: impl FnMut(u64, &PageWords),
+    ) -> Result<u64, LinuxError> {
+        let mut buf = vec![[0u32; pagesift_core::WORDS_PER_PAGE]; BATCH_PAGES];
+        let mut visited = 0;
+        for range in self.ranges.clone() {
+            let runs = self.pagemap.present_runs(range.start, range.end)?;
+            for run in runs {
+                if run.categories & category::PFNZERO != 0 {
+                    continue;
+                }
+                let mut at = run.start;
+                while at < run.end {
+                    let n = (((run.end - at) / PAGE_SIZE as u64) as usize).min(BATCH_PAGES);
+                    let got = self.reader.read_range_unpinned(at, &mut buf[..n])?;
+                    for (i, page) in buf[..got].iter().enumerate() {
+                        each(at + (i * PAGE_SIZE) as u64, page);
+                    }
+                    visited += got as u64;
+                    if got < n {
+                        break; // unmapped meanwhile: the rest of the run is gone
+                    }
+                    at += (n * PAGE_SIZE) as u64;
+                }
+            }
+        }
+        Ok(visited)
+    }
+
+    /// Reads the guest page at `addr` into `out` if it is still present;
+    /// `false` if not (it is then not held).
+    pub fn read_page(&mut self, addr: u64, out: &mut PageWords) -> Result<bool, LinuxError> {
+        let mut entry = [crate::pagemap::PagemapEntry(0)];
+        self.pagemap.read(addr, &mut entry)?;
+        if !entry[0].present() {
+            return Ok(false);
+        }
+        let got = self
+            .reader
+            .read_range_unpinned(addr, std::slice::from_mut(out))?;
+        Ok(got == 1)
+    }
+}
