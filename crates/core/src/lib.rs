@@ -59,6 +59,7 @@ pub mod hints;
 pub mod index;
 pub mod ladder;
 pub mod pacing;
+pub mod placement;
 pub mod sim;
 pub mod source;
 pub mod strength;
