@@ -125,6 +125,8 @@ pub struct Config {
     pub status: StatusSection,
     /// Prometheus metrics.
     pub metrics: MetricsSection,
+    /// Where merged pages live on a NUMA host.
+    pub numa: crate::numa::NumaSection,
 }
 
 /// `[ladder]`: UKSM Table 1 and §5.2.
@@ -380,6 +382,7 @@ impl Default for Config {
             ineligible: Selector::default(),
             status: StatusSection::default(),
             metrics: MetricsSection::default(),
+            numa: crate::numa::NumaSection::default(),
         }
     }
 }
@@ -432,6 +435,7 @@ impl Config {
     /// Checks every value; the error is (dotted key, reason).
     pub fn validate(&self) -> Result<(), (String, String)> {
         let bad = |k: &str, r: String| Err((k.to_string(), r));
+        self.numa.validate()?;
         if let Err(e) = self.ladder_config().validate() {
             // LadderConfig names its field first: "v_dup: must be …".
             let (field, reason) = e.split_once(": ").unwrap_or(("levels", e.as_str()));

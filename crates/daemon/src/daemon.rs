@@ -399,6 +399,8 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// Ranges write-tracked now, and when their writes were last read.
     tracked: usize,
     last_write_read: Nanos,
+    /// Placement of merged pages on a NUMA host (`None`: one node, or off).
+    numa: Option<crate::numa::NumaPlacement>,
 }
 
 impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
@@ -415,6 +417,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     ) -> Self {
         let distiller = new_distiller(&config);
         let cow_ksm_start = target.cow_ksm();
+        let numa = crate::numa::NumaPlacement::for_host(&config.numa);
         let mut d = Daemon {
             config,
             config_path,
@@ -457,6 +460,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             cpu_window: VecDeque::new(),
             last_publish: None,
             states: Vec::new(),
+            numa,
         };
         if let Ok(s) = d.ksm.sample() {
             d.ksm_now = s;
@@ -523,6 +527,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         {
             warn!(error = %e, "the reloaded configuration selects processes that cannot be read; keeping the old selection");
         }
+        if self.numa.as_ref().map(|n| n.section()) != Some(&config.numa) {
+            self.numa = crate::numa::NumaPlacement::for_host(&config.numa);
+        }
         self.config = config;
         self.policy = policy;
         if ladder_changed || sleep_changed {
@@ -546,6 +553,13 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         self.release_holds(now);
         summary.sampled = self.distil(now);
         self.account(now);
+        if let Some(numa) = &mut self.numa {
+            let (marks, allowed, ladder, target) =
+                (&self.marks, &self.allowed, self.distiller.ladder(), &self.target);
+            numa.wake(now, allowed, || {
+                crate::numa::watched(marks, allowed, ladder, |id| target.span(id))
+            });
+        }
         self.watch_writes(now);
         self.actuate(now, &mut summary);
         summary.ksm_share = self.pace(now);
@@ -1832,6 +1846,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             ksm,
             daemon,
             skipped,
+            numa: self.numa.as_ref().map(|n| n.status()),
         }
     }
 }

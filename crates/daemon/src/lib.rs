@@ -31,6 +31,7 @@ pub mod daemon;
 pub mod eligibility;
 pub mod ksmd;
 pub mod metrics;
+pub mod numa;
 pub mod run;
 pub mod status;
 pub mod target;

@@ -202,6 +202,9 @@ pub struct Status {
     pub daemon: DaemonStatus,
     /// Processes skipped, and why.
     pub skipped: Vec<Skipped>,
+    /// NUMA placement of merged pages (hosts with several nodes only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<crate::numa::NumaStatus>,
 }
 
 /// Whether `path` can become the status socket: `Ok(false)` if nothing is
@@ -529,6 +532,9 @@ pub fn render(s: &Status) -> String {
                 printable(&p.reason)
             );
         }
+    }
+    if let Some(n) = &s.numa {
+        o.push_str(&crate::numa::render(n));
     }
     o
 }

@@ -6,7 +6,8 @@
 //! - `CAP_SYS_PTRACE` to read processes of other users (pagemap and
 //!   `process_vm_readv` both need ptrace access to the target);
 //! - `CAP_SYS_ADMIN` (in the initial user namespace) to see PFNs in pagemap;
-//!   without it they read as 0 and `/proc/kpageflags` is useless.
+//!   without it they read as 0 and `/proc/kpageflags` is useless;
+//! - `CAP_SYS_NICE` to move merged pages between NUMA nodes.
 
 use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
 
@@ -17,6 +18,9 @@ pub enum Capability {
     SysPtrace,
     /// `CAP_SYS_ADMIN`: see PFNs in pagemap.
     SysAdmin,
+    /// `CAP_SYS_NICE`: move pages mapped by several processes (KSM pages)
+    /// with `move_pages(MPOL_MF_MOVE_ALL)`.
+    SysNice,
 }
 
 impl Capability {
@@ -24,6 +28,7 @@ impl Capability {
         match self {
             Capability::SysPtrace => CapabilitySet::SYS_PTRACE,
             Capability::SysAdmin => CapabilitySet::SYS_ADMIN,
+            Capability::SysNice => CapabilitySet::SYS_NICE,
         }
     }
 
@@ -32,6 +37,7 @@ impl Capability {
         match self {
             Capability::SysPtrace => "CAP_SYS_PTRACE",
             Capability::SysAdmin => "CAP_SYS_ADMIN",
+            Capability::SysNice => "CAP_SYS_NICE",
         }
     }
 }

@@ -6,7 +6,8 @@
 //! THP 22, ZERO_PAGE 24 (set for the zero page and the huge zero page); and
 //! SWAPBACKED 14 (pagemap.rst), which the discovery test
 //! `maps_discovery_agrees_with_smaps` checks on ordinary and
-//! `MAP_DROPPABLE` anonymous pages.
+//! `MAP_DROPPABLE` anonymous pages; ACTIVE 6 (pagemap.rst), which NUMA
+//! placement reads before a merge and the two-node guest test exercises.
 //!
 //! The file is indexed by PFN, so single 8-byte reads cost 290–390 ns each;
 //! [`KPageFlags::read_many`] sorts the PFNs and reads clustered ones with
@@ -26,6 +27,12 @@ pub struct KpfFlags(pub u64);
 impl KpfFlags {
     fn bit(self, b: u32) -> bool {
         self.0 >> b & 1 == 1
+    }
+    /// On the LRU's active list: used often (bit 6, pagemap.rst).
+    /// With the multi-generational LRU on, pages on its lists do not carry
+    /// this bit.
+    pub fn active(self) -> bool {
+        self.bit(6)
     }
     /// An anonymous page.
     pub fn anon(self) -> bool {
@@ -141,19 +148,64 @@ impl KPageFlags {
     }
 }
 
+/// An open `/proc/kpagecount`: per frame, how many mappings it has (the
+/// same file layout as `/proc/kpageflags`, one 64-bit word per PFN, read the
+/// same clustered way). A KSM page's count is its number of sharers'
+/// mappings, so a reader that saw fewer mappings knows a sharer it did not
+/// see exists.
+#[derive(Debug)]
+pub struct KPageCount {
+    table: KPageFlags,
+    words: Vec<KpfFlags>,
+}
+
+impl KPageCount {
+    /// Opens `/proc/kpagecount` (root only, meaningful only with PFNs).
+    pub fn open() -> Result<KPageCount, LinuxError> {
+        if !caps::has(Capability::SysAdmin) {
+            return Err(LinuxError::MissingCapability {
+                cap: Capability::SysAdmin,
+                why: WHY_PFN,
+            });
+        }
+        let file = File::open("/proc/kpagecount")
+            .map_err(|e| LinuxError::io("opening /proc/kpagecount (mode 0400, owned by root)", e))?;
+        Ok(KPageCount {
+            table: KPageFlags {
+                file,
+                scratch: Vec::new(),
+                order: Vec::new(),
+            },
+            words: Vec::new(),
+        })
+    }
+
+    /// `out[i]` receives the mapping count of `pfns[i]`.
+    pub fn read_many(&mut self, pfns: &[u64], out: &mut [u64]) -> Result<(), LinuxError> {
+        assert_eq!(pfns.len(), out.len());
+        self.words.clear();
+        self.words.resize(pfns.len(), KpfFlags(0));
+        self.table.read_many(pfns, &mut self.words)?;
+        for (o, w) in out.iter_mut().zip(&self.words) {
+            *o = w.0;
+        }
+        Ok(())
+    }
+}
+
 fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> Result<(), LinuxError> {
     let mut done = 0;
     while done < buf.len() {
         match file.read_at(&mut buf[done..], offset + done as u64) {
             Ok(0) => {
                 return Err(LinuxError::Parse(format!(
-                    "/proc/kpageflags ends before PFN {}",
+                    "/proc/kpageflags (or kpagecount) ends before PFN {}",
                     (offset + done as u64) / 8
                 )));
             }
             Ok(n) => done += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(LinuxError::io("reading /proc/kpageflags", e)),
+            Err(e) => return Err(LinuxError::io("reading /proc/kpageflags (or kpagecount)", e)),
         }
     }
     Ok(())

@@ -71,6 +71,7 @@ pub mod inject;
 pub mod inspect;
 pub mod kpageflags;
 pub mod ksm;
+pub mod numa;
 pub mod pagemap;
 pub mod procstat;
 #[cfg(target_arch = "x86_64")]
