@@ -26,6 +26,7 @@
 pub mod experiment;
 pub mod guest;
 pub mod interpreters;
+pub mod numa;
 pub mod ksmtuned;
 pub mod measure;
 pub mod plot;
@@ -370,6 +371,18 @@ pub fn run(opts: &BenchOptions) -> Result<Summary, BenchError> {
         return Err(BenchError::Usage(
             "the sampling interval must be between 1 and 500 ms (≥ 2 Hz)".into(),
         ));
+    }
+    // The NUMA experiment boots its own two-node guest: it runs on its own.
+    if opts.only.iter().any(|o| o == numa::EXPERIMENT) && opts.experiments.is_none() {
+        if opts.only.len() > 1 || !opts.systems.is_empty() {
+            return Err(BenchError::Usage(
+                "--only numa runs on its own (it boots its own two-node guest and compares KSM \
+                 alone with pagesift's placement policies): leave out the other --only and \
+                 --systems"
+                    .into(),
+            ));
+        }
+        return numa::run(opts);
     }
     let mut experiments = match &opts.experiments {
         Some(e) => e.clone(),

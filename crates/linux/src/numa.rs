@@ -196,6 +196,92 @@ pub fn bind_to_node(node: Node) -> Result<(), LinuxError> {
     Ok(())
 }
 
+/// Where a process's anonymous pages are: merged (KSM) and unmerged
+/// pages per node (index = node).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Census {
+    /// The process.
+    pub pid: u32,
+    /// Its merged pages per node.
+    pub merged_per_node: Vec<u64>,
+    /// Its unmerged present pages per node.
+    pub unmerged_per_node: Vec<u64>,
+}
+
+/// Counts the present pages of `pid`'s private writable anonymous
+/// mappings by node and by merged (KSM) or not: pagemap for the frames,
+/// kpageflags for `KPF_KSM`, `move_pages` in query mode for the nodes.
+/// Reads only; needs `CAP_SYS_ADMIN` (frames) and ptrace access.
+pub fn census(pid: u32) -> Result<Census, LinuxError> {
+    use crate::kpageflags::{KPageFlags, KpfFlags};
+    use crate::pagemap::{Pagemap, PagemapEntry};
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            LinuxError::NoSuchProcess(pid)
+        } else {
+            LinuxError::io(format!("reading /proc/{pid}/maps"), e)
+        }
+    })?;
+    let pm = Pagemap::open(pid)?;
+    pm.require_pfns()?;
+    let mut flags = KPageFlags::open()?;
+    let mut out = Census {
+        pid,
+        ..Census::default()
+    };
+    let bump = |v: &mut Vec<u64>, n: Node| {
+        if v.len() <= n as usize {
+            v.resize(n as usize + 1, 0);
+        }
+        v[n as usize] += 1;
+    };
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let path = f.nth(3);
+        if !perms.starts_with("rw") || !perms.ends_with('p') || path.is_some_and(|p| !p.starts_with('[') || p == "[vvar]" || p == "[vsyscall]") {
+            continue;
+        }
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else {
+            continue;
+        };
+        let mut at = start;
+        while at < end {
+            let n = ((end - at) / crate::PAGE_SIZE).min(65536) as usize;
+            let mut entries = vec![PagemapEntry::default(); n];
+            pm.read(at, &mut entries)?;
+            let present: Vec<(u64, u64)> = entries
+                .iter()
+                .enumerate()
+                .filter_map(|(i, e)| Some((at + i as u64 * crate::PAGE_SIZE, e.pfn().filter(|&p| p != 0)?)))
+                .collect();
+            let pfns: Vec<u64> = present.iter().map(|p| p.1).collect();
+            let mut fl = vec![KpfFlags(0); pfns.len()];
+            flags.read_many(&pfns, &mut fl)?;
+            let addrs: Vec<u64> = present.iter().map(|p| p.0).collect();
+            let nodes = page_nodes(pid, &addrs)?;
+            for (fl, node) in fl.iter().zip(nodes) {
+                let Some(node) = node.node() else { continue };
+                if fl.ksm() {
+                    bump(&mut out.merged_per_node, node);
+                } else {
+                    bump(&mut out.unmerged_per_node, node);
+                }
+            }
+            at += n as u64 * crate::PAGE_SIZE;
+        }
+    }
+    let width = out.merged_per_node.len().max(out.unmerged_per_node.len());
+    out.merged_per_node.resize(width, 0);
+    out.unmerged_per_node.resize(width, 0);
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

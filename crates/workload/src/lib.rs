@@ -13,9 +13,7 @@
 //! mappings, untouched pages, distinct contents, duplicate pages =
 //! present − distinct), then stays alive until killed or `--seconds` pass,
 //! so that tests can inspect it. It never calls `madvise(MADV_MERGEABLE)`:
-//! whether its memory gets merged is pagesift's decision (unless
-//! `--merge-any` asks for KSM's everything-mergeable mode, for comparing
-//! with KSM alone). `--node N` binds it to one NUMA node (CPUs and memory)
+//! whether its memory gets merged is pagesift's decision. `--node N` binds it to one NUMA node (CPUs and memory)
 //! and `--nice N` sets its priority, for the NUMA placement experiment.
 //!
 //! While alive it answers commands on stdin, one per line, with one JSON
@@ -220,14 +218,10 @@ struct Common {
     /// Run at this nice value (-20..=19; lower needs CAP_SYS_NICE).
     #[arg(long, allow_hyphen_values = true)]
     nice: Option<i32>,
-    /// Make all of its memory mergeable itself (PR_SET_MEMORY_MERGE), as
-    /// a KSM user does: KSM alone, where nothing else could set it.
-    #[arg(long)]
-    merge_any: bool,
 }
 
 impl Common {
-    /// Applies `--node`, `--nice` and `--merge-any` to this process.
+    /// Applies `--node` and `--nice` to this process.
     fn apply(&self) -> Result<(), String> {
         if let Some(n) = self.nice {
             rustix::process::setpriority_process(None, n)
@@ -235,10 +229,6 @@ impl Common {
         }
         if let Some(node) = self.node {
             pagesift_linux::numa::bind_to_node(node).map_err(|e| format!("--node {node}: {e}"))?;
-        }
-        if self.merge_any {
-            pagesift_linux::ksm::set_memory_merge(true)
-                .map_err(|e| format!("--merge-any: prctl(PR_SET_MEMORY_MERGE): {e}"))?;
         }
         Ok(())
     }
