@@ -19,7 +19,8 @@
 //!   the other sharers' use;
 //! - a merged (KSM) page records the mapping under its frame number.
 //!
-//! A process's home node is where most of its unmerged pages are.
+//! A process's home node is the node its CPU affinity confines it to, else
+//! where most of its unmerged pages are, else where its CPU last ran.
 //! When the pass has covered every range, each merged frame whose sharers
 //! were not all decided before is decided now (per merged page), from the
 //! memo of each sharer's copy (its node, else its process's home; its
@@ -44,8 +45,8 @@ use pagesift_core::Nanos;
 use pagesift_core::placement::{Copy, MigrationBudget, Node, Placer, Policy, TieRule};
 use pagesift_linux::LinuxError;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap, HashSet};
-use tracing::{info, warn};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use tracing::{debug, info, warn};
 
 /// Most unmerged copies remembered (about 24 bytes each: 96 MiB at most).
 pub const MEMO_LIMIT: usize = 4 << 20;
@@ -154,8 +155,16 @@ pub trait NumaHost {
     fn map_counts(&mut self, pfns: &[u64]) -> Result<Vec<u64>, LinuxError>;
     /// The nice value of `pid`.
     fn nice(&self, pid: u32) -> Option<i32>;
-    /// Moves pages of `pid` to `node`; returns how many are there now.
-    fn move_to(&mut self, pid: u32, addrs: &[u64], node: Node) -> Result<u64, LinuxError>;
+    /// The node the process's CPU affinity confines it to, if one.
+    fn affinity_node(&self, _pid: u32) -> Option<Node> {
+        None
+    }
+    /// The node of the CPU the process last ran on.
+    fn cpu_node(&self, _pid: u32) -> Option<Node> {
+        None
+    }
+    /// Moves pages of `pid` to `node`; per page, whether it is there now.
+    fn move_to(&mut self, pid: u32, addrs: &[u64], node: Node) -> Result<Vec<bool>, LinuxError>;
 }
 
 /// The real machine.
@@ -226,8 +235,28 @@ impl NumaHost for LinuxNumaHost {
         pagesift_linux::numa::nice(pid).ok()
     }
 
-    fn move_to(&mut self, pid: u32, addrs: &[u64], node: Node) -> Result<u64, LinuxError> {
-        pagesift_linux::numa::move_to_node(pid, addrs, node).map(|m| m.on_target)
+    fn affinity_node(&self, pid: u32) -> Option<Node> {
+        pagesift_linux::numa::affinity_node(pid)
+    }
+
+    fn cpu_node(&self, pid: u32) -> Option<Node> {
+        pagesift_linux::numa::cpu_node(pid)
+    }
+
+    fn move_to(&mut self, pid: u32, addrs: &[u64], node: Node) -> Result<Vec<bool>, LinuxError> {
+        let m = pagesift_linux::numa::move_to_node(pid, addrs, node)?;
+        if m.failed > 0 {
+            let errnos: BTreeSet<i32> = m
+                .status
+                .iter()
+                .filter_map(|s| match s {
+                    pagesift_linux::numa::PageNode::Not(e) => Some(*e),
+                    pagesift_linux::numa::PageNode::On(_) => None,
+                })
+                .collect();
+            debug!(pid, node, failed = m.failed, ?errnos, "some merged pages did not move");
+        }
+        Ok(m.status.iter().map(|s| s.node() == Some(node)).collect())
     }
 }
 
@@ -319,7 +348,8 @@ pub struct NumaStatus {
     pub migrations: u64,
     /// Moves the kernel refused or that failed.
     pub migration_failures: u64,
-    /// Merged pages left where they are because a sharer is not eligible.
+    /// Merged pages left where they are (that pass) because a sharer was
+    /// not seen: not eligible, or merged while the pass ran.
     pub foreign_sharers: u64,
     /// Complete passes.
     pub passes: u64,
@@ -521,11 +551,28 @@ impl NumaPlacement {
     }
 
     fn end_pass(&mut self, now: Nanos, eligible: &HashMap<u32, ProcKey>) {
-        // Homes: where most unmerged pages are; kept while a process has
-        // none left unmerged.
-        for (pid, per_node) in &self.homes_now {
-            if let Some((&n, _)) = per_node.iter().max_by_key(|(n, c)| (**c, std::cmp::Reverse(**n))) {
-                self.homes.insert(*pid, n);
+        // Homes: the node a process's CPU affinity confines it to; else
+        // where most of its unmerged pages are (kept while it has none
+        // left unmerged); else where it runs.
+        let pids: HashSet<u32> = (self.frames.values().flatten().map(|s| s.0))
+            .chain(self.homes_now.keys().copied())
+            .collect();
+        for pid in pids {
+            let bound = self.host.cpu_node(pid);
+            let memory = self.homes_now.get(&pid).and_then(|per_node| {
+                per_node
+                    .iter()
+                    .max_by_key(|(n, c)| (**c, std::cmp::Reverse(**n)))
+                    .map(|(n, _)| *n)
+            });
+            let home = self
+                .host
+                .affinity_node(pid)
+                .or(memory)
+                .or(self.homes.get(&pid).copied())
+                .or(bound);
+            if let Some(n) = home {
+                self.homes.insert(pid, n);
             }
         }
         self.homes.retain(|pid, _| eligible.contains_key(pid));
@@ -546,7 +593,7 @@ impl NumaPlacement {
         let mut nices: HashMap<u32, i32> = HashMap::new();
         // (pid, node) -> addresses to move.
         let mut moves: BTreeMap<(u32, Node), Vec<u64>> = BTreeMap::new();
-        let mut moved_frames: Vec<(Vec<(u32, u64)>, u16)> = Vec::new();
+        let mut moved_frames: Vec<(Vec<(u32, u64)>, u16, Node)> = Vec::new();
         let mut final_node: HashMap<u64, Node> = HashMap::new();
         for (i, (pfn, sharers)) in frames.iter().enumerate() {
             let k = sharers.len().min(u16::MAX as usize) as u16;
@@ -590,7 +637,7 @@ impl NumaPlacement {
             };
             let keys: Vec<(u32, u64)> = sharers.iter().map(|(p, a, _)| (*p, *a)).collect();
             if target == current {
-                moved_frames.push((keys, k));
+                moved_frames.push((keys, k, target));
                 continue;
             }
             if self.budget.take(now, 1) == 0 {
@@ -608,16 +655,23 @@ impl NumaPlacement {
                 .map_or(sharers[0], |(s, _)| *s);
             moves.entry((via.0, target)).or_default().push(via.1);
             final_node.insert(*pfn, target);
-            moved_frames.push((keys, k));
+            moved_frames.push((keys, k, target));
         }
         let mut failed: HashSet<(u32, u64)> = HashSet::new();
         for ((pid, node), addrs) in moves {
             match self.host.move_to(pid, &addrs, node) {
-                Ok(n) => {
+                Ok(there) => {
+                    let n = there.iter().filter(|t| **t).count() as u64;
                     self.status.migrations += n;
-                    let lost = addrs.len() as u64 - n.min(addrs.len() as u64);
+                    let lost = addrs.len() as u64 - n;
                     self.status.migration_failures += lost;
                     self.budget.refund(lost);
+                    // Not there: undecided, tried again at the next pass.
+                    for (a, t) in addrs.iter().zip(&there) {
+                        if !*t {
+                            failed.insert((pid, *a));
+                        }
+                    }
                 }
                 Err(e) => {
                     warn!(pid, node, error = %e, "moving merged pages failed");
@@ -627,8 +681,11 @@ impl NumaPlacement {
                 }
             }
         }
-        for (keys, k) in moved_frames {
+        for (keys, k, target) in moved_frames {
             if keys.iter().any(|key| failed.contains(key)) {
+                if self.deferred.len() < DECIDED_LIMIT {
+                    self.deferred.insert(keys[0], target);
+                }
                 continue;
             }
             if self.decided.len() + keys.len() <= DECIDED_LIMIT {
@@ -722,14 +779,14 @@ mod tests {
         fn nice(&self, pid: u32) -> Option<i32> {
             self.0.lock().unwrap().nice.get(&pid).copied()
         }
-        fn move_to(&mut self, pid: u32, addrs: &[u64], node: Node) -> Result<u64, LinuxError> {
+        fn move_to(&mut self, pid: u32, addrs: &[u64], node: Node) -> Result<Vec<bool>, LinuxError> {
             let mut w = self.0.lock().unwrap();
             for a in addrs {
                 let pfn = w.map[&(pid, *a)];
                 w.frames.get_mut(&pfn).unwrap().0 = node;
                 w.moves.push((pid, *a, node));
             }
-            Ok(addrs.len() as u64)
+            Ok(vec![true; addrs.len()])
         }
     }
 

@@ -83,6 +83,9 @@ pub struct KPageFlags {
     file: File,
     scratch: Vec<u64>,
     order: Vec<usize>,
+    /// `/proc/kpagecount`, open only on a kernel that sets KPF_KSM on every
+    /// anonymous page (see [`KPageFlags::open`]).
+    ksm_fix: Option<Box<KPageFlags>>,
 }
 
 impl KPageFlags {
@@ -101,11 +104,57 @@ impl KPageFlags {
             }
             _ => LinuxError::io("opening /proc/kpageflags (mode 0400, owned by root)", e),
         })?;
-        Ok(KPageFlags {
+        let mut flags = KPageFlags {
             file,
             scratch: Vec::new(),
             order: Vec::new(),
-        })
+            ksm_fix: None,
+        };
+        // Linux 6.9 rewrote stable_page_flags() and tested KSM as
+        // `mapping & PAGE_MAPPING_KSM`, true for every anonymous page (KSM
+        // is both mapping bits): some 6.9–6.12 kernels (Debian's 6.12.117
+        // among them) report KPF_KSM on every anonymous page. Seen on a
+        // fresh private page of our own, a KPF_KSM is then only believed
+        // for frames mapped more than once (`/proc/kpagecount`).
+        if flags.ksm_on_a_private_page() {
+            let counts = File::open("/proc/kpagecount")
+                .map_err(|e| LinuxError::io("opening /proc/kpagecount", e))?;
+            flags.ksm_fix = Some(Box::new(KPageFlags {
+                file: counts,
+                scratch: Vec::new(),
+                order: Vec::new(),
+                ksm_fix: None,
+            }));
+        }
+        Ok(flags)
+    }
+
+    /// Whether the kernel reports KPF_KSM for a private anonymous page of
+    /// this process, written just now (which KSM cannot have merged: this
+    /// process's memory is not mergeable).
+    fn ksm_on_a_private_page(&mut self) -> bool {
+        let page = crate::PAGE_SIZE as usize;
+        let mut buf = vec![0u8; 2 * page];
+        let at = buf.as_ptr() as usize;
+        let first = (at + page - 1) / page * page;
+        let off = first - at;
+        buf[off] = 0x5a; // fault it in, private
+        std::hint::black_box(&mut buf);
+        let Ok(pm) = File::open("/proc/self/pagemap") else {
+            return false;
+        };
+        let mut entry = [0u8; 8];
+        if read_exact_at(&pm, &mut entry, (first / page) as u64 * 8).is_err() {
+            return false;
+        }
+        let e = crate::pagemap::PagemapEntry(u64::from_le_bytes(entry));
+        let Some(pfn) = e.pfn().filter(|&p| p != 0) else {
+            return false;
+        };
+        let mut out = [KpfFlags(0)];
+        let found = self.read_raw(&[pfn], &mut out).is_ok() && out[0].anon() && out[0].ksm();
+        drop(buf);
+        found
     }
 
     /// The flags of one frame.
@@ -117,6 +166,27 @@ impl KPageFlags {
 
     /// `out[i]` receives the flags of `pfns[i]`.
     pub fn read_many(&mut self, pfns: &[u64], out: &mut [KpfFlags]) -> Result<(), LinuxError> {
+        self.read_raw(pfns, out)?;
+        if let Some(counts) = &mut self.ksm_fix {
+            let idx: Vec<usize> = (0..out.len()).filter(|&i| out[i].ksm()).collect();
+            let some: Vec<u64> = idx.iter().map(|&i| pfns[i]).collect();
+            let mut n = vec![KpfFlags(0); some.len()];
+            counts.read_raw(&some, &mut n)?;
+            for (&i, c) in idx.iter().zip(&n) {
+                if c.0 < 2 {
+                    out[i].0 &= !(1 << 21);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether KPF_KSM is corrected with mapping counts on this kernel.
+    pub fn ksm_flag_corrected(&self) -> bool {
+        self.ksm_fix.is_some()
+    }
+
+    fn read_raw(&mut self, pfns: &[u64], out: &mut [KpfFlags]) -> Result<(), LinuxError> {
         assert_eq!(pfns.len(), out.len());
         self.order.clear();
         self.order.extend(0..pfns.len());
@@ -175,6 +245,7 @@ impl KPageCount {
                 file,
                 scratch: Vec::new(),
                 order: Vec::new(),
+                ksm_fix: None,
             },
             words: Vec::new(),
         })
@@ -185,7 +256,7 @@ impl KPageCount {
         assert_eq!(pfns.len(), out.len());
         self.words.clear();
         self.words.resize(pfns.len(), KpfFlags(0));
-        self.table.read_many(pfns, &mut self.words)?;
+        self.table.read_raw(pfns, &mut self.words)?;
         for (o, w) in out.iter_mut().zip(&self.words) {
             *o = w.0;
         }

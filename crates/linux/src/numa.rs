@@ -140,12 +140,14 @@ pub fn page_nodes(pid: u32, addrs: &[u64]) -> Result<Vec<PageNode>, LinuxError> 
 }
 
 /// What a move did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Moved {
     /// Pages now on the target node (moved, or already there).
     pub on_target: u64,
     /// Pages the kernel could not move (busy, not present, ...).
     pub failed: u64,
+    /// Per page: the node it is on now, or the errno of its failure.
+    pub status: Vec<PageNode>,
 }
 
 /// Moves the pages of `pid` at `addrs` to `node`, merged ones included
@@ -159,6 +161,7 @@ pub fn move_to_node(pid: u32, addrs: &[u64], node: Node) -> Result<Moved, LinuxE
         sys::move_pages(pid, chunk, Some(&nodes[..chunk.len()]), st, MPOL_MF_MOVE_ALL)
             .map_err(|e| process_error(pid, e, "move_pages (MPOL_MF_MOVE_ALL)"))?;
         for &s in st.iter() {
+            moved.status.push(PageNode::from_status(s));
             if s == node as i32 {
                 moved.on_target += 1;
             } else {
@@ -174,6 +177,32 @@ pub fn nice(pid: u32) -> Result<i32, LinuxError> {
     let p = procfs::process::Process::new(pid as i32).map_err(|_| LinuxError::NoSuchProcess(pid))?;
     let stat = p.stat().map_err(|_| LinuxError::Gone(pid))?;
     Ok(stat.nice as i32)
+}
+
+/// The node of the CPU `pid` last ran on (`/proc/PID/stat`'s processor).
+pub fn cpu_node(pid: u32) -> Option<Node> {
+    let cpu = procfs::process::Process::new(pid as i32).ok()?.stat().ok()?.processor? as u32;
+    online_nodes()
+        .into_iter()
+        .find(|&n| node_cpus(n).is_ok_and(|c| c.contains(&cpu)))
+}
+
+/// The node `pid`'s CPU affinity confines it to, if all its allowed CPUs
+/// are on one node (`/proc/PID/status` `Cpus_allowed_list`).
+pub fn affinity_node(pid: u32) -> Option<Node> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+    let cpus = parse_list(list)?;
+    let mut found = None;
+    for n in online_nodes() {
+        let on = node_cpus(n).ok()?;
+        if cpus.iter().all(|c| on.contains(c)) {
+            found = Some(n);
+        }
+    }
+    found
 }
 
 /// Binds the calling thread (and what it later forks or execs) to `node`:

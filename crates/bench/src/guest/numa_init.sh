@@ -3,8 +3,10 @@ MIB=@MIB@
 DELAY=@DELAY@
 RUN=@RUN@
 KSM=/sys/kernel/mm/ksm
-mount -t tmpfs -o mode=0755 run /run || fail "mounting /run"
+mkdir -p /run && mount -t tmpfs -o mode=0755 run /run || fail "mounting /run"
 cp -a /payload/. / || fail "installing pagesift and its libraries"
+# The initramfs stores payload files 0644: the binary and the loader must run.
+(cd /payload && find . -type f) | (cd / && xargs chmod 755) || fail "chmod"
 ln -s @PAGESIFT@ /bin/pagesift || fail "linking /bin/pagesift"
 pagesift --version > /dev/null 2>&1 || fail "pagesift does not run in the guest: $(pagesift --version 2>&1 | head -n 3)"
 # The classic LRU, whose active list KPF_ACTIVE shows.
