@@ -26,9 +26,9 @@
 pub mod experiment;
 pub mod guest;
 pub mod interpreters;
-pub mod numa;
 pub mod ksmtuned;
 pub mod measure;
+pub mod numa;
 pub mod plot;
 pub mod procs;
 pub mod report;

@@ -167,14 +167,19 @@ pub fn goals(results: &[ScenarioResult]) -> Vec<(String, Option<bool>, String)> 
     let ksm = find("ksm");
     match ksm.and_then(|k| k.processes.first()) {
         Some(p) if p.merged() > 0 => {
-            let top = p.merged_per_node.iter().copied().max().unwrap_or(0) as f64 / p.merged() as f64;
+            let top =
+                p.merged_per_node.iter().copied().max().unwrap_or(0) as f64 / p.merged() as f64;
             out.push((
                 "KSM alone puts nearly all merged pages on one node (≥ 90 %)".into(),
                 Some(top >= 0.9),
                 format!("{} of the merged pages on one node", pct(top)),
             ));
         }
-        _ => out.push(("KSM alone puts nearly all merged pages on one node (≥ 90 %)".into(), None, "KSM merged nothing".into())),
+        _ => out.push((
+            "KSM alone puts nearly all merged pages on one node (≥ 90 %)".into(),
+            None,
+            "KSM merged nothing".into(),
+        )),
     }
     match find("fair") {
         Some(f) if f.processes.len() == 2 && f.processes.iter().all(|p| p.merged() > 0) => {
@@ -182,10 +187,18 @@ pub fn goals(results: &[ScenarioResult]) -> Vec<(String, Option<bool>, String)> 
             out.push((
                 "fair: each process finds 50 ± 10 % of its merged pages local".into(),
                 Some(shares.iter().all(|s| (s - 0.5).abs() <= 0.10)),
-                format!("node 0's process {}, node 1's {}", pct(shares[0]), pct(shares[1])),
+                format!(
+                    "node 0's process {}, node 1's {}",
+                    pct(shares[0]),
+                    pct(shares[1])
+                ),
             ));
         }
-        _ => out.push(("fair: each process finds 50 ± 10 % of its merged pages local".into(), None, "no merged pages".into())),
+        _ => out.push((
+            "fair: each process finds 50 ± 10 % of its merged pages local".into(),
+            None,
+            "no merged pages".into(),
+        )),
     }
     for (name, n0, n1, paper) in PRIORITY_PAIRS {
         let goal = format!(
@@ -208,7 +221,9 @@ pub fn goals(results: &[ScenarioResult]) -> Vec<(String, Option<bool>, String)> 
         .filter(|r| r.name != "ksm")
         .map(|r| (r.pages_sharing, r.name.clone()))
         .min();
-    let goal = "pagesift saves as much memory as KSM (pages_sharing ≥ 95 % of KSM alone's in every run)".to_string();
+    let goal =
+        "pagesift saves as much memory as KSM (pages_sharing ≥ 95 % of KSM alone's in every run)"
+            .to_string();
     match worst {
         Some((w, name)) if ksm_saved > 0 => out.push((
             goal,
@@ -254,9 +269,9 @@ pub fn markdown(plan: &NumaPlan, results: &[ScenarioResult], guest_line: &str) -
     );
     let _ = writeln!(
         s,
-        "| scenario | nice (node 0 : node 1) | merged pages, node 0's process | local, node 0's process | local, node 1's process | merged frames on node 0 / node 1 | pages_sharing (saved) | pages moved by pagesift | checksums |"
+        "| scenario | nice (node 0 : node 1) | merged pages, node 0's process | local, node 0's process | local, node 1's process | merged frames on node 0 / node 1 | pages_sharing (saved) | pages moved by pagesift | moves refused (errno×count) | checksums |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
     for r in results {
         let sc = plan.scenarios.iter().find(|x| x.name == r.name);
         let nice = sc.map_or("?".into(), |x| format!("{} : {}", x.nice.0, x.nice.1));
@@ -271,13 +286,20 @@ pub fn markdown(plan: &NumaPlan, results: &[ScenarioResult], guest_line: &str) -
         });
         let _ = writeln!(
             s,
-            "| {} | {nice} | {} | {} | {} | {frames} | {} | {} | {} |",
+            "| {} | {nice} | {} | {} | {} | {frames} | {} | {} | {} | {} |",
             r.name,
             p0.map_or(0, |p| p.merged()),
             p0.map_or("?".into(), |p| pct(p.local_share())),
             p1.map_or("?".into(), |p| pct(p.local_share())),
             r.pages_sharing,
             r.migrations.map_or("–".into(), |m| m.to_string()),
+            r.failures
+                .as_ref()
+                .map_or("–".into(), |(n, e)| if e.is_empty() {
+                    n.to_string()
+                } else {
+                    format!("{n} ({e})")
+                }),
             if r.processes.iter().all(|p| p.checksum_ok) {
                 "unchanged"
             } else {

@@ -60,7 +60,11 @@ fn fair_placement_gives_each_process_its_share_in_a_two_node_guest() {
     assert_eq!(r.processes.len(), 2, "{log}");
     let pages = plan.mib * 256;
     for p in &r.processes {
-        assert!(p.checksum_ok, "process on node {} saw its memory change\n{log}", p.node);
+        assert!(
+            p.checksum_ok,
+            "process on node {} saw its memory change\n{log}",
+            p.node
+        );
         assert!(
             p.merged() >= pages * 9 / 10,
             "node {}'s process has {} of {pages} pages merged\n{log}",

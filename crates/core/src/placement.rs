@@ -339,7 +339,11 @@ mod tests {
         assert_eq!(b.take(600_000_000, 5), 5);
         b.refund(3);
         assert_eq!(b.take(600_000_000, 1000), 8);
-        assert_eq!(b.take(60_000_000_000, 1000), 100, "a minute banks one second");
+        assert_eq!(
+            b.take(60_000_000_000, 1000),
+            100,
+            "a minute banks one second"
+        );
         let mut none = MigrationBudget::new(0);
         assert_eq!(none.take(10_000_000_000, 5), 0);
     }

@@ -554,8 +554,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         summary.sampled = self.distil(now);
         self.account(now);
         if let Some(numa) = &mut self.numa {
-            let (marks, allowed, ladder, target) =
-                (&self.marks, &self.allowed, self.distiller.ladder(), &self.target);
+            let (marks, allowed, ladder, target) = (
+                &self.marks,
+                &self.allowed,
+                self.distiller.ladder(),
+                &self.target,
+            );
             numa.wake(now, allowed, || {
                 crate::numa::watched(marks, allowed, ladder, |id| target.span(id))
             });

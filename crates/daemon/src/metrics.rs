@@ -271,7 +271,9 @@ impl Metrics {
             self.advance("numa_migrations", n.migrations as f64);
             for (node, pages) in n.merged_per_node.iter().enumerate() {
                 let labels = vec![("node".to_string(), node.to_string())];
-                self.numa_node_pages.get_or_create(&labels).set(*pages as f64);
+                self.numa_node_pages
+                    .get_or_create(&labels)
+                    .set(*pages as f64);
             }
             self.numa_process_pages.clear();
             for p in &n.processes {

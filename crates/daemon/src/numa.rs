@@ -45,8 +45,8 @@ use pagesift_core::Nanos;
 use pagesift_core::placement::{Copy, MigrationBudget, Node, Placer, Policy, TieRule};
 use pagesift_linux::LinuxError;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use tracing::{debug, info, warn};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use tracing::{info, warn};
 
 /// Most unmerged copies remembered (about 24 bytes each: 96 MiB at most).
 pub const MEMO_LIMIT: usize = 4 << 20;
@@ -163,8 +163,14 @@ pub trait NumaHost {
     fn cpu_node(&self, _pid: u32) -> Option<Node> {
         None
     }
-    /// Moves pages of `pid` to `node`; per page, whether it is there now.
-    fn move_to(&mut self, pid: u32, addrs: &[u64], node: Node) -> Result<Vec<bool>, LinuxError>;
+    /// Moves pages of `pid` to `node`; per page, `Ok` if it is there now,
+    /// else the errno of its failure (0: it is on another node).
+    fn move_to(
+        &mut self,
+        pid: u32,
+        addrs: &[u64],
+        node: Node,
+    ) -> Result<Vec<Result<(), i32>>, LinuxError>;
 }
 
 /// The real machine.
@@ -243,20 +249,22 @@ impl NumaHost for LinuxNumaHost {
         pagesift_linux::numa::cpu_node(pid)
     }
 
-    fn move_to(&mut self, pid: u32, addrs: &[u64], node: Node) -> Result<Vec<bool>, LinuxError> {
+    fn move_to(
+        &mut self,
+        pid: u32,
+        addrs: &[u64],
+        node: Node,
+    ) -> Result<Vec<Result<(), i32>>, LinuxError> {
+        use pagesift_linux::numa::PageNode;
         let m = pagesift_linux::numa::move_to_node(pid, addrs, node)?;
-        if m.failed > 0 {
-            let errnos: BTreeSet<i32> = m
-                .status
-                .iter()
-                .filter_map(|s| match s {
-                    pagesift_linux::numa::PageNode::Not(e) => Some(*e),
-                    pagesift_linux::numa::PageNode::On(_) => None,
-                })
-                .collect();
-            debug!(pid, node, failed = m.failed, ?errnos, "some merged pages did not move");
-        }
-        Ok(m.status.iter().map(|s| s.node() == Some(node)).collect())
+        Ok(m.status
+            .iter()
+            .map(|s| match s {
+                PageNode::On(n) if *n == node => Ok(()),
+                PageNode::On(_) => Err(0),
+                PageNode::Not(e) => Err(*e),
+            })
+            .collect())
     }
 }
 
@@ -285,7 +293,11 @@ pub fn watched(
     let mut all: Vec<Watched> = Vec::new();
     for key in eligible.values() {
         for (start, end) in marks.ranges(*key) {
-            all.push(Watched { proc: *key, start, end });
+            all.push(Watched {
+                proc: *key,
+                start,
+                end,
+            });
         }
     }
     let levels = ladder.levels();
@@ -294,7 +306,11 @@ pub fn watched(
             if let Some(sp) = span(id)
                 && eligible.get(&sp.proc.pid) == Some(&sp.proc)
             {
-                all.push(Watched { proc: sp.proc, start: sp.start, end: sp.end() });
+                all.push(Watched {
+                    proc: sp.proc,
+                    start: sp.start,
+                    end: sp.end(),
+                });
             }
         }
     }
@@ -348,6 +364,10 @@ pub struct NumaStatus {
     pub migrations: u64,
     /// Moves the kernel refused or that failed.
     pub migration_failures: u64,
+    /// Failed page moves by the kernel's errno (0: the page was on another
+    /// node than asked, e.g. moved back meanwhile).
+    #[serde(default)]
+    pub failure_errnos: BTreeMap<i32, u64>,
     /// Merged pages left where they are (that pass) because a sharer was
     /// not seen: not eligible, or merged while the pass ran.
     pub foreign_sharers: u64,
@@ -368,7 +388,7 @@ pub fn render(n: &NumaStatus) -> String {
         .collect();
     let _ = writeln!(
         o,
-        "\nNUMA placement: {} ({}), {} nodes; merged pages {}; {} moved, {} failed, {} kept for a sharer not eligible",
+        "\nNUMA placement: {} ({}), {} nodes; merged pages {}; {} moved, {} failed, {} left for a sharer not seen (not eligible, or merged mid-pass)",
         n.policy,
         n.tie,
         n.nodes,
@@ -377,6 +397,14 @@ pub fn render(n: &NumaStatus) -> String {
         n.migration_failures,
         n.foreign_sharers
     );
+    if !n.failure_errnos.is_empty() {
+        let e: Vec<String> = n
+            .failure_errnos
+            .iter()
+            .map(|(errno, c)| format!("errno {errno}: {c}"))
+            .collect();
+        let _ = writeln!(o, "  moves refused by the kernel: {}", e.join(", "));
+    }
     for p in &n.processes {
         let home = p.home_node.map_or("?".into(), |h| h.to_string());
         let pct = if p.merged_pages > 0 {
@@ -493,7 +521,9 @@ impl NumaPlacement {
         eligible: &HashMap<u32, ProcKey>,
         watch: impl FnOnce() -> Vec<Watched>,
     ) {
-        let dt = self.last_wake.map_or(1_000_000_000, |t| now.saturating_sub(t));
+        let dt = self
+            .last_wake
+            .map_or(1_000_000_000, |t| now.saturating_sub(t));
         self.last_wake = Some(now);
         let mut budget = (self.scan_rate as f64 * dt.min(1_000_000_000) as f64 / 1e9) as u64;
         if self.cursor == 0 {
@@ -529,7 +559,10 @@ impl NumaPlacement {
         for f in pages {
             let Some(node) = f.node else { continue };
             if f.ksm {
-                self.frames.entry(f.pfn).or_default().push((pid, f.addr, node));
+                self.frames
+                    .entry(f.pfn)
+                    .or_default()
+                    .push((pid, f.addr, node));
             } else {
                 *self
                     .homes_now
@@ -577,8 +610,10 @@ impl NumaPlacement {
         }
         self.homes.retain(|pid, _| eligible.contains_key(pid));
         self.memo.retain(|(pid, _), _| eligible.contains_key(pid));
-        self.decided.retain(|(pid, _), _| eligible.contains_key(pid));
-        self.deferred.retain(|(pid, _), _| eligible.contains_key(pid));
+        self.decided
+            .retain(|(pid, _), _| eligible.contains_key(pid));
+        self.deferred
+            .retain(|(pid, _), _| eligible.contains_key(pid));
 
         let mut frames: Vec<(u64, Vec<(u32, u64, Node)>)> = self.frames.drain().collect();
         frames.sort_unstable_by_key(|(pfn, _)| *pfn);
@@ -612,12 +647,16 @@ impl NumaPlacement {
             let mut copies = Vec::with_capacity(sharers.len());
             for (pid, addr, _) in sharers {
                 let memo = self.memo.get(&(*pid, *addr)).copied();
-                let Some(node) = memo.map(|m| m.node).or_else(|| self.homes.get(pid).copied())
+                let Some(node) = memo
+                    .map(|m| m.node)
+                    .or_else(|| self.homes.get(pid).copied())
                 else {
                     continue;
                 };
                 let host = &self.host;
-                let nice = *nices.entry(*pid).or_insert_with(|| host.nice(*pid).unwrap_or(0));
+                let nice = *nices
+                    .entry(*pid)
+                    .or_insert_with(|| host.nice(*pid).unwrap_or(0));
                 copies.push(Copy {
                     node,
                     active: memo.map(|m| m.active),
@@ -661,15 +700,16 @@ impl NumaPlacement {
         for ((pid, node), addrs) in moves {
             match self.host.move_to(pid, &addrs, node) {
                 Ok(there) => {
-                    let n = there.iter().filter(|t| **t).count() as u64;
+                    let n = there.iter().filter(|t| t.is_ok()).count() as u64;
                     self.status.migrations += n;
                     let lost = addrs.len() as u64 - n;
                     self.status.migration_failures += lost;
                     self.budget.refund(lost);
                     // Not there: undecided, tried again at the next pass.
                     for (a, t) in addrs.iter().zip(&there) {
-                        if !*t {
+                        if let Err(errno) = t {
                             failed.insert((pid, *a));
+                            *self.status.failure_errnos.entry(*errno).or_default() += 1;
                         }
                     }
                 }
@@ -768,30 +808,48 @@ mod tests {
                 .range((pid, start)..(pid, end))
                 .map(|(&(_, addr), &pfn)| {
                     let (node, active, ksm) = w.frames[&pfn];
-                    PageFact { addr, pfn, ksm, active, node: Some(node) }
+                    PageFact {
+                        addr,
+                        pfn,
+                        ksm,
+                        active,
+                        node: Some(node),
+                    }
                 })
                 .collect())
         }
         fn map_counts(&mut self, pfns: &[u64]) -> Result<Vec<u64>, LinuxError> {
             let w = self.0.lock().unwrap();
-            Ok(pfns.iter().map(|p| w.map.values().filter(|v| *v == p).count() as u64).collect())
+            Ok(pfns
+                .iter()
+                .map(|p| w.map.values().filter(|v| *v == p).count() as u64)
+                .collect())
         }
         fn nice(&self, pid: u32) -> Option<i32> {
             self.0.lock().unwrap().nice.get(&pid).copied()
         }
-        fn move_to(&mut self, pid: u32, addrs: &[u64], node: Node) -> Result<Vec<bool>, LinuxError> {
+        fn move_to(
+            &mut self,
+            pid: u32,
+            addrs: &[u64],
+            node: Node,
+        ) -> Result<Vec<Result<(), i32>>, LinuxError> {
             let mut w = self.0.lock().unwrap();
             for a in addrs {
                 let pfn = w.map[&(pid, *a)];
                 w.frames.get_mut(&pfn).unwrap().0 = node;
                 w.moves.push((pid, *a, node));
             }
-            Ok(vec![true; addrs.len()])
+            Ok(vec![Ok(()); addrs.len()])
         }
     }
 
     fn key(pid: u32) -> ProcKey {
-        ProcKey { pid, start_time: pid as u64, image: 1 }
+        ProcKey {
+            pid,
+            start_time: pid as u64,
+            image: 1,
+        }
     }
 
     const PAGES: u64 = 200;
@@ -811,7 +869,11 @@ mod tests {
 
     fn ranges() -> Vec<Watched> {
         [10, 11]
-            .map(|p| Watched { proc: key(p), start: 0, end: (PAGES + 1) * 4096 })
+            .map(|p| Watched {
+                proc: key(p),
+                start: 0,
+                end: (PAGES + 1) * 4096,
+            })
             .to_vec()
     }
 
@@ -842,7 +904,10 @@ mod tests {
 
     fn local_share(fake: &Fake, pid: u32, home: Node) -> f64 {
         let w = fake.0.lock().unwrap();
-        (0..PAGES).filter(|i| w.node_of((pid, i * 4096)) == home).count() as f64 / PAGES as f64
+        (0..PAGES)
+            .filter(|i| w.node_of((pid, i * 4096)) == home)
+            .count() as f64
+            / PAGES as f64
     }
 
     #[test]
@@ -860,7 +925,10 @@ mod tests {
         // The page shared with process 12 stayed where KSM put it.
         assert_eq!(w.node_of((12, 0)), 1);
         let p10 = s.processes.iter().find(|p| p.pid == 10).unwrap();
-        assert_eq!((p10.home_node, p10.merged_pages, p10.local_pages), (Some(0), PAGES + 1, PAGES / 2));
+        assert_eq!(
+            (p10.home_node, p10.merged_pages, p10.local_pages),
+            (Some(0), PAGES + 1, PAGES / 2)
+        );
     }
 
     #[test]
@@ -872,7 +940,9 @@ mod tests {
         for i in 0..PAGES / 2 {
             assert_eq!(w.node_of((10, i * 4096)), 0, "page {i}");
         }
-        let rest = (PAGES / 2..PAGES).filter(|i| w.node_of((10, i * 4096)) == 0).count();
+        let rest = (PAGES / 2..PAGES)
+            .filter(|i| w.node_of((10, i * 4096)) == 0)
+            .count();
         assert_eq!(rest as u64, PAGES / 4, "the equal half is spread evenly");
     }
 
@@ -932,12 +1002,22 @@ mod tests {
     #[test]
     fn off_or_one_node_builds_nothing() {
         let fake = world(|_, _| false);
-        let off = NumaSection { policy: NumaPolicy::Off, ..NumaSection::default() };
+        let off = NumaSection {
+            policy: NumaPolicy::Off,
+            ..NumaSection::default()
+        };
         assert!(NumaPlacement::new(&off, Box::new(fake)).is_none());
         // This host: one node, so nothing is built (and nothing opened).
         if pagesift_linux::numa::node_count() < 2 {
             assert!(NumaPlacement::for_host(&NumaSection::default()).is_none());
         }
-        assert!(NumaSection { scan_pages_per_s: 0, ..NumaSection::default() }.validate().is_err());
+        assert!(
+            NumaSection {
+                scan_pages_per_s: 0,
+                ..NumaSection::default()
+            }
+            .validate()
+            .is_err()
+        );
     }
 }

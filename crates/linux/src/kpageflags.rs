@@ -238,8 +238,9 @@ impl KPageCount {
                 why: WHY_PFN,
             });
         }
-        let file = File::open("/proc/kpagecount")
-            .map_err(|e| LinuxError::io("opening /proc/kpagecount (mode 0400, owned by root)", e))?;
+        let file = File::open("/proc/kpagecount").map_err(|e| {
+            LinuxError::io("opening /proc/kpagecount (mode 0400, owned by root)", e)
+        })?;
         Ok(KPageCount {
             table: KPageFlags {
                 file,
@@ -276,7 +277,12 @@ fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> Result<(), LinuxEr
             }
             Ok(n) => done += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(LinuxError::io("reading /proc/kpageflags (or kpagecount)", e)),
+            Err(e) => {
+                return Err(LinuxError::io(
+                    "reading /proc/kpageflags (or kpagecount)",
+                    e,
+                ));
+            }
         }
     }
     Ok(())

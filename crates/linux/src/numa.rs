@@ -66,7 +66,11 @@ fn online_nodes_in(dir: &Path) -> Vec<Node> {
     std::fs::read_to_string(dir.join("online"))
         .ok()
         .and_then(|s| parse_list(&s))
-        .map(|v| v.into_iter().filter_map(|n| Node::try_from(n).ok()).collect::<Vec<_>>())
+        .map(|v| {
+            v.into_iter()
+                .filter_map(|n| Node::try_from(n).ok())
+                .collect::<Vec<_>>()
+        })
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| vec![0])
 }
@@ -158,8 +162,14 @@ pub fn move_to_node(pid: u32, addrs: &[u64], node: Node) -> Result<Moved, LinuxE
     let mut status = vec![0i32; BATCH.min(addrs.len())];
     for chunk in addrs.chunks(BATCH) {
         let st = &mut status[..chunk.len()];
-        sys::move_pages(pid, chunk, Some(&nodes[..chunk.len()]), st, MPOL_MF_MOVE_ALL)
-            .map_err(|e| process_error(pid, e, "move_pages (MPOL_MF_MOVE_ALL)"))?;
+        sys::move_pages(
+            pid,
+            chunk,
+            Some(&nodes[..chunk.len()]),
+            st,
+            MPOL_MF_MOVE_ALL,
+        )
+        .map_err(|e| process_error(pid, e, "move_pages (MPOL_MF_MOVE_ALL)"))?;
         for &s in st.iter() {
             moved.status.push(PageNode::from_status(s));
             if s == node as i32 {
@@ -174,14 +184,19 @@ pub fn move_to_node(pid: u32, addrs: &[u64], node: Node) -> Result<Moved, LinuxE
 
 /// The nice value of `pid` (`/proc/PID/stat`).
 pub fn nice(pid: u32) -> Result<i32, LinuxError> {
-    let p = procfs::process::Process::new(pid as i32).map_err(|_| LinuxError::NoSuchProcess(pid))?;
+    let p =
+        procfs::process::Process::new(pid as i32).map_err(|_| LinuxError::NoSuchProcess(pid))?;
     let stat = p.stat().map_err(|_| LinuxError::Gone(pid))?;
     Ok(stat.nice as i32)
 }
 
 /// The node of the CPU `pid` last ran on (`/proc/PID/stat`'s processor).
 pub fn cpu_node(pid: u32) -> Option<Node> {
-    let cpu = procfs::process::Process::new(pid as i32).ok()?.stat().ok()?.processor? as u32;
+    let cpu = procfs::process::Process::new(pid as i32)
+        .ok()?
+        .stat()
+        .ok()?
+        .processor? as u32;
     online_nodes()
         .into_iter()
         .find(|&n| node_cpus(n).is_ok_and(|c| c.contains(&cpu)))
@@ -218,8 +233,12 @@ pub fn bind_to_node(node: Node) -> Result<(), LinuxError> {
     for c in &cpus {
         set.set(*c as usize);
     }
-    rustix::thread::sched_setaffinity(None, &set)
-        .map_err(|e| LinuxError::io(format!("sched_setaffinity to node {node}'s CPUs {cpus:?}"), e.into()))?;
+    rustix::thread::sched_setaffinity(None, &set).map_err(|e| {
+        LinuxError::io(
+            format!("sched_setaffinity to node {node}'s CPUs {cpus:?}"),
+            e.into(),
+        )
+    })?;
     sys::bind_memory(1u64 << node)
         .map_err(|e| LinuxError::io(format!("set_mempolicy(MPOL_BIND, node {node})"), e))?;
     Ok(())
@@ -270,7 +289,10 @@ pub fn census(pid: u32) -> Result<Census, LinuxError> {
             continue;
         };
         let path = f.nth(3);
-        if !perms.starts_with("rw") || !perms.ends_with('p') || path.is_some_and(|p| !p.starts_with('[') || p == "[vvar]" || p == "[vsyscall]") {
+        if !perms.starts_with("rw")
+            || !perms.ends_with('p')
+            || path.is_some_and(|p| !p.starts_with('[') || p == "[vvar]" || p == "[vsyscall]")
+        {
             continue;
         }
         let Some((a, b)) = range.split_once('-') else {
@@ -287,7 +309,12 @@ pub fn census(pid: u32) -> Result<Census, LinuxError> {
             let present: Vec<(u64, u64)> = entries
                 .iter()
                 .enumerate()
-                .filter_map(|(i, e)| Some((at + i as u64 * crate::PAGE_SIZE, e.pfn().filter(|&p| p != 0)?)))
+                .filter_map(|(i, e)| {
+                    Some((
+                        at + i as u64 * crate::PAGE_SIZE,
+                        e.pfn().filter(|&p| p != 0)?,
+                    ))
+                })
                 .collect();
             let pfns: Vec<u64> = present.iter().map(|p| p.1).collect();
             let mut fl = vec![KpfFlags(0); pfns.len()];
@@ -348,7 +375,10 @@ mod tests {
         let x = [7u8; 4096];
         let addr = (x.as_ptr() as u64) & !4095;
         let got = page_nodes(std::process::id(), &[addr]).unwrap();
-        assert!(matches!(got[0], PageNode::On(n) if nodes.contains(&n)), "{got:?}");
+        assert!(
+            matches!(got[0], PageNode::On(n) if nodes.contains(&n)),
+            "{got:?}"
+        );
         std::hint::black_box(&x);
     }
 }

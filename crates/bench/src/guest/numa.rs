@@ -124,7 +124,11 @@ impl ProcessPlacement {
         if all == 0 {
             return 0.0;
         }
-        self.merged_per_node.get(self.node as usize).copied().unwrap_or(0) as f64 / all as f64
+        self.merged_per_node
+            .get(self.node as usize)
+            .copied()
+            .unwrap_or(0) as f64
+            / all as f64
     }
 }
 
@@ -141,17 +145,24 @@ pub struct ScenarioResult {
     pub pages_shared: u64,
     /// Merged pages pagesift moved (its status), if it ran.
     pub migrations: Option<u64>,
+    /// Moves the kernel refused, and their errnos (`errno×count`).
+    pub failures: Option<(u64, String)>,
 }
 
 /// The 6.12 kernel `scripts/setup` unpacked.
 pub fn guest_kernel() -> Result<PathBuf, GuestError> {
     let boot = Path::new(GUEST_KERNEL_DIR).join("boot");
     let (kernel, release) = super::host::newest_kernel(&boot).map_err(|_| GuestError::Missing {
-        what: format!("a Linux 6.7+ guest kernel ({}/vmlinuz-6.12*)", boot.display()),
+        what: format!(
+            "a Linux 6.7+ guest kernel ({}/vmlinuz-6.12*)",
+            boot.display()
+        ),
         package: "linux-image-6.12-amd64 (unpacked, not installed)",
     })?;
     let newer = |r: &str| {
-        let mut it = r.split(['.', '-', '+']).map(|p| p.parse::<u32>().unwrap_or(0));
+        let mut it = r
+            .split(['.', '-', '+'])
+            .map(|p| p.parse::<u32>().unwrap_or(0));
         (it.next().unwrap_or(0), it.next().unwrap_or(0)) >= (6, 7)
     };
     if !newer(&release) {
@@ -207,9 +218,14 @@ pub fn init_script(plan: &NumaPlan, pagesift: &str) -> String {
 
 /// Builds `dir/numa.cpio` for `plan` with the `pagesift` binary at
 /// `pagesift_bin`.
-pub fn build_image(dir: &Path, pagesift_bin: &Path, plan: &NumaPlan) -> Result<PathBuf, GuestError> {
+pub fn build_image(
+    dir: &Path,
+    pagesift_bin: &Path,
+    plan: &NumaPlan,
+) -> Result<PathBuf, GuestError> {
     let tools = HostTools::find()?;
-    fs::create_dir_all(dir).map_err(|e| GuestError::io(format!("creating {}", dir.display()), e))?;
+    fs::create_dir_all(dir)
+        .map_err(|e| GuestError::io(format!("creating {}", dir.display()), e))?;
     // Stripped: a tenth of the size, and TCG unpacks the initramfs slowly.
     let stripped = dir.join("pagesift");
     let ok = Command::new("strip")
@@ -223,7 +239,10 @@ pub fn build_image(dir: &Path, pagesift_bin: &Path, plan: &NumaPlan) -> Result<P
             .map_err(|e| GuestError::io(format!("copying {}", pagesift_bin.display()), e))?;
     }
     let mut payload = Vec::new();
-    for p in shared_libraries(pagesift_bin)?.into_iter().chain([stripped.clone()]) {
+    for p in shared_libraries(pagesift_bin)?
+        .into_iter()
+        .chain([stripped.clone()])
+    {
         let bytes = fs::metadata(&p)
             .map_err(|e| GuestError::io(format!("reading {}", p.display()), e))?
             .len();
@@ -246,7 +265,8 @@ pub fn build_image(dir: &Path, pagesift_bin: &Path, plan: &NumaPlan) -> Result<P
     };
     let path = dir.join("numa.cpio");
     let out = BufWriter::new(
-        fs::File::create(&path).map_err(|e| GuestError::io(format!("creating {}", path.display()), e))?,
+        fs::File::create(&path)
+            .map_err(|e| GuestError::io(format!("creating {}", path.display()), e))?,
     );
     write_initramfs(out, &tools.busybox, &applets, &content)
         .map_err(|e| GuestError::io(format!("writing {}", path.display()), e))?;
@@ -290,7 +310,13 @@ pub fn run(
         .args(["-object", &format!("memory-backend-ram,id=m1,size={n}M")])
         .args(["-numa", "node,nodeid=0,cpus=0,memdev=m0"])
         .args(["-numa", "node,nodeid=1,cpus=1,memdev=m1"])
-        .args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"])
+        .args([
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-no-reboot",
+        ])
         .arg("-serial")
         .arg(format!("file:{}", serial.display()))
         .arg("-kernel")
@@ -323,7 +349,10 @@ pub fn run(
             reason,
             log: serial.clone(),
         };
-        if let Some(line) = log.lines().find(|l| l.starts_with(FAILED_MARKER) || l.starts_with("numa-guest: failed")) {
+        if let Some(line) = log
+            .lines()
+            .find(|l| l.starts_with(FAILED_MARKER) || l.starts_with("numa-guest: failed"))
+        {
             return Err(fail(line.to_string()));
         }
         if let Ok(Some(status)) = qemu.0.try_wait() {
@@ -395,6 +424,18 @@ pub fn parse(log: &str) -> Vec<ScenarioResult> {
                 let json = line.splitn(3, ' ').nth(2).unwrap_or("");
                 if let Ok(v) = serde_json::from_str::<serde_json::Value>(json) {
                     entry.migrations = v["numa"]["migrations"].as_u64();
+                    if let Some(f) = v["numa"]["migration_failures"].as_u64() {
+                        let errnos = v["numa"]["failure_errnos"]
+                            .as_object()
+                            .map(|m| {
+                                m.iter()
+                                    .map(|(k, n)| format!("{k}×{n}"))
+                                    .collect::<Vec<_>>()
+                                    .join(" ")
+                            })
+                            .unwrap_or_default();
+                        entry.failures = Some((f, errnos));
+                    }
                 }
             }
             "numa-checksum" => {
@@ -454,8 +495,16 @@ mod tests {
             run_s: 60,
             node_mib: 1024,
             scenarios: vec![
-                Scenario { name: "ksm".into(), mode: Mode::Ksm, nice: (0, 0) },
-                Scenario { name: "C-10:1".into(), mode: Mode::Priority, nice: (-17, 19) },
+                Scenario {
+                    name: "ksm".into(),
+                    mode: Mode::Ksm,
+                    nice: (0, 0),
+                },
+                Scenario {
+                    name: "C-10:1".into(),
+                    mode: Mode::Priority,
+                    nice: (-17, 19),
+                },
             ],
         };
         let s = init_script(&plan, "/x/pagesift");
