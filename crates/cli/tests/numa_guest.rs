@@ -55,6 +55,16 @@ fn fair_placement_gives_each_process_its_share_in_a_two_node_guest() {
         panic!("{e}\n--- serial log ---\n{log}")
     });
     let log = std::fs::read_to_string(dir.path().join("numa.serial")).unwrap_or_default();
+    for line in log.lines().filter(|l| l.starts_with("numa-")) {
+        eprintln!("{}", line.chars().take(400).collect::<String>());
+    }
+    if let Some(status) = log
+        .lines()
+        .find_map(|l| l.strip_prefix("numa-status fair "))
+    {
+        let v: serde_json::Value = serde_json::from_str(status).unwrap_or_default();
+        eprintln!("placement status: {}", v["numa"]);
+    }
     assert_eq!(results.len(), 1, "{log}");
     let r = &results[0];
     assert_eq!(r.processes.len(), 2, "{log}");

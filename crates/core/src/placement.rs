@@ -204,10 +204,10 @@ impl Placer {
         let k = copies.len() as f64;
         let u: f64 = self.rng.random::<f64>() * (k - 1.0);
         let mut acc = 0.0;
-        for i in 0..copies.len() {
+        for (i, c) in copies.iter().enumerate() {
             acc += nu_share(copies, i);
             if u < acc {
-                return copies[i].node;
+                return c.node;
             }
         }
         copies[copies.len() - 1].node

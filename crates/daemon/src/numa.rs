@@ -327,6 +327,11 @@ pub fn watched(
     out
 }
 
+/// A mapping of a merged frame seen in a pass: (pid, address, node).
+type Mapping = (u32, u64, Node);
+/// A copy by its place: (pid, address).
+type CopyKey = (u32, u64);
+
 /// One sharer's copy before the merge.
 #[derive(Clone, Copy, Debug)]
 struct CopyMemo {
@@ -615,7 +620,7 @@ impl NumaPlacement {
         self.deferred
             .retain(|(pid, _), _| eligible.contains_key(pid));
 
-        let mut frames: Vec<(u64, Vec<(u32, u64, Node)>)> = self.frames.drain().collect();
+        let mut frames: Vec<(u64, Vec<Mapping>)> = self.frames.drain().collect();
         frames.sort_unstable_by_key(|(pfn, _)| *pfn);
         let pfns: Vec<u64> = frames.iter().map(|(p, _)| *p).collect();
         let counts = match self.host.map_counts(&pfns) {
@@ -628,7 +633,8 @@ impl NumaPlacement {
         let mut nices: HashMap<u32, i32> = HashMap::new();
         // (pid, node) -> addresses to move.
         let mut moves: BTreeMap<(u32, Node), Vec<u64>> = BTreeMap::new();
-        let mut moved_frames: Vec<(Vec<(u32, u64)>, u16, Node)> = Vec::new();
+        // (the frame's mappings, their count, the chosen node)
+        let mut moved_frames: Vec<(Vec<CopyKey>, u16, Node)> = Vec::new();
         let mut final_node: HashMap<u64, Node> = HashMap::new();
         for (i, (pfn, sharers)) in frames.iter().enumerate() {
             let k = sharers.len().min(u16::MAX as usize) as u16;
@@ -674,7 +680,7 @@ impl NumaPlacement {
             else {
                 continue;
             };
-            let keys: Vec<(u32, u64)> = sharers.iter().map(|(p, a, _)| (*p, *a)).collect();
+            let keys: Vec<CopyKey> = sharers.iter().map(|(p, a, _)| (*p, *a)).collect();
             if target == current {
                 moved_frames.push((keys, k, target));
                 continue;

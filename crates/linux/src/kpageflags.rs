@@ -136,7 +136,7 @@ impl KPageFlags {
         let page = crate::PAGE_SIZE as usize;
         let mut buf = vec![0u8; 2 * page];
         let at = buf.as_ptr() as usize;
-        let first = (at + page - 1) / page * page;
+        let first = at.div_ceil(page) * page;
         let off = first - at;
         buf[off] = 0x5a; // fault it in, private
         std::hint::black_box(&mut buf);
