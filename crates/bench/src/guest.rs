@@ -57,7 +57,9 @@
 
 pub mod disk;
 pub mod host;
+#[macro_use]
 pub mod image;
+pub mod numa;
 pub mod vm;
 
 pub use disk::{DiskImage, KernelModules};

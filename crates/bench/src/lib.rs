@@ -29,6 +29,7 @@ pub mod guest;
 pub mod interpreters;
 pub mod ksmtuned;
 pub mod measure;
+pub mod numa;
 pub mod page_cache;
 pub mod plot;
 pub mod procs;
@@ -378,6 +379,18 @@ pub fn run(opts: &BenchOptions) -> Result<Summary, BenchError> {
         return Err(BenchError::Usage(
             "--only page-cache runs alone (its three systems are fixed)".into(),
         ));
+    }
+    // The NUMA experiment boots its own two-node guest: it runs on its own.
+    if opts.only.iter().any(|o| o == numa::EXPERIMENT) && opts.experiments.is_none() {
+        if opts.only.len() > 1 || !opts.systems.is_empty() {
+            return Err(BenchError::Usage(
+                "--only numa runs on its own (it boots its own two-node guest and compares KSM \
+                 alone with pagesift's placement policies): leave out the other --only and \
+                 --systems"
+                    .into(),
+            ));
+        }
+        return numa::run(opts);
     }
     let mut experiments = match &opts.experiments {
         Some(e) => e.clone(),

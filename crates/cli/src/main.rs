@@ -43,6 +43,16 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
+    /// Show on which NUMA node each process's merged (KSM) and unmerged
+    /// anonymous pages are (reads only; needs root).
+    Numa {
+        /// The processes.
+        #[arg(required = true)]
+        pids: Vec<u32>,
+        /// One JSON object per process, one a line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the distilling algorithms on a simulated machine with the four
     /// region kinds of the UKSM paper (static, sparse, COW-broken,
     /// short-lived) and show how their regions move through the levels.
@@ -232,6 +242,32 @@ struct ScanArgs {
     regions: usize,
 }
 
+/// `pagesift numa`: each process's pages per node.
+fn numa_census(pids: &[u32], json: bool) -> ExitCode {
+    let mut code = ExitCode::SUCCESS;
+    for &pid in pids {
+        match pagesift_linux::numa::census(pid) {
+            Ok(c) if json => println!(
+                "{}",
+                serde_json::json!({
+                    "pid": c.pid,
+                    "merged_per_node": c.merged_per_node,
+                    "unmerged_per_node": c.unmerged_per_node,
+                })
+            ),
+            Ok(c) => println!(
+                "pid {}: merged pages per node {:?}, unmerged {:?}",
+                c.pid, c.merged_per_node, c.unmerged_per_node
+            ),
+            Err(e) => {
+                eprintln!("pagesift numa: process {pid}: {e}");
+                code = ExitCode::FAILURE;
+            }
+        }
+    }
+    code
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -243,6 +279,7 @@ fn main() -> ExitCode {
                 std::iter::once(OsString::from("pagesift workload")).chain(args),
             )
         }
+        Command::Numa { pids, json } => numa_census(&pids, json),
         Command::Simulate {
             seed,
             seconds,

@@ -59,6 +59,7 @@ pub mod hints;
 pub mod index;
 pub mod ladder;
 pub mod pacing;
+pub mod placement;
 pub mod ranges;
 pub mod scrub;
 pub mod sim;

@@ -129,6 +129,8 @@ pub struct Config {
     pub hints: HintsSection,
     /// Host page-cache scrubbing (Singleton).
     pub scrub: ScrubSection,
+    /// Where merged pages live on a NUMA host.
+    pub numa: crate::numa::NumaSection,
 }
 
 /// `[ladder]`: UKSM Table 1 and §5.2.
@@ -575,6 +577,7 @@ impl Default for Config {
             metrics: MetricsSection::default(),
             scrub: ScrubSection::default(),
             hints: HintsSection::default(),
+            numa: crate::numa::NumaSection::default(),
         }
     }
 }
@@ -627,6 +630,7 @@ impl Config {
     /// Checks every value; the error is (dotted key, reason).
     pub fn validate(&self) -> Result<(), (String, String)> {
         let bad = |k: &str, r: String| Err((k.to_string(), r));
+        self.numa.validate()?;
         if let Err(e) = self.ladder_config().validate() {
             // LadderConfig names its field first: "v_dup: must be …".
             let (field, reason) = e.split_once(": ").unwrap_or(("levels", e.as_str()));

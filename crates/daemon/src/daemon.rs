@@ -445,6 +445,8 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     hints: hinting::HintFeed,
     /// Host page-cache scrubbing (`[scrub]`), when enabled.
     scrub: Option<crate::scrub::Scrubber>,
+    /// Placement of merged pages on a NUMA host (`None`: one node, or off).
+    numa: Option<crate::numa::NumaPlacement>,
 }
 
 impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
@@ -463,6 +465,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let sweeper = Sweeper::new(config.scan.sweep_share, config.scan.sweep_every_s * SEC);
         let cow_ksm_start = target.cow_ksm();
         let hints = hinting::HintFeed::new(&config.hints);
+        let numa = crate::numa::NumaPlacement::for_host(&config.numa);
         let mut d = Daemon {
             hints,
             config,
@@ -509,6 +512,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             states: Vec::new(),
             sweeper,
             sweep_runs: Vec::new(),
+            numa,
         };
         if let Ok(s) = d.ksm.sample() {
             d.ksm_now = s;
@@ -575,6 +579,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         {
             warn!(error = %e, "the reloaded configuration selects processes that cannot be read; keeping the old selection");
         }
+        if self.numa.as_ref().map(|n| n.section()) != Some(&config.numa) {
+            self.numa = crate::numa::NumaPlacement::for_host(&config.numa);
+        }
         self.config = config;
         self.policy = policy;
         self.sweeper.set_pace(
@@ -605,6 +612,17 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         summary.sampled = self.distil(now);
         self.sweep(now);
         self.account(now);
+        if let Some(numa) = &mut self.numa {
+            let (marks, allowed, ladder, target) = (
+                &self.marks,
+                &self.allowed,
+                self.distiller.ladder(),
+                &self.target,
+            );
+            numa.wake(now, allowed, || {
+                crate::numa::watched(marks, allowed, ladder, |id| target.span(id))
+            });
+        }
         self.watch_writes(now);
         self.actuate(now, &mut summary);
         summary.ksm_share = self.pace(now);
@@ -2055,6 +2073,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             skipped,
             hints: self.hints.status(),
             scrub: self.scrub.as_ref().map(|s| s.status()),
+            numa: self.numa.as_ref().map(|n| n.status()),
         }
     }
 }

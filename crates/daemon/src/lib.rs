@@ -32,6 +32,7 @@ pub mod eligibility;
 pub mod ksmd;
 pub mod ledger;
 pub mod metrics;
+pub mod numa;
 pub mod run;
 pub mod scrub;
 pub mod status;

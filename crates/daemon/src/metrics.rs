@@ -32,6 +32,8 @@ pub struct Metrics {
     level_pages: Family<Labels, G>,
     governor: Family<Labels, G>,
     image_cached: Family<Labels, G>,
+    numa_node_pages: Family<Labels, G>,
+    numa_process_pages: Family<Labels, G>,
 }
 
 /// Gauges: (name, help).
@@ -135,6 +137,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "sweep_raised_regions",
         "Regions raised to the top level on the sweep's evidence",
     ),
+    (
+        "numa_migrations",
+        "Merged pages moved to the node NUMA placement chose",
+    ),
     ("daemon_cpu_seconds", "pagesift CPU time"),
     (
         "hint_events",
@@ -224,7 +230,21 @@ impl Metrics {
             "The CPU governor in force (value 1)",
             governor.clone(),
         );
+        let numa_node_pages = Family::<Labels, G>::default();
+        registry.register(
+            "numa_node_merged_pages",
+            "Merged frames on a NUMA node (placement on)",
+            numa_node_pages.clone(),
+        );
+        let numa_process_pages = Family::<Labels, G>::default();
+        registry.register(
+            "numa_process_merged_pages",
+            "A process's merged pages, all or only those on its home node (where=home)",
+            numa_process_pages.clone(),
+        );
         Metrics {
+            numa_node_pages,
+            numa_process_pages,
             registry,
             gauges,
             counters,
@@ -334,6 +354,27 @@ impl Metrics {
                 self.image_cached
                     .get_or_create(&labels)
                     .set(i.cached_pages as f64);
+            }
+        }
+        if let Some(n) = &s.numa {
+            self.advance("numa_migrations", n.migrations as f64);
+            for (node, pages) in n.merged_per_node.iter().enumerate() {
+                let labels = vec![("node".to_string(), node.to_string())];
+                self.numa_node_pages
+                    .get_or_create(&labels)
+                    .set(*pages as f64);
+            }
+            self.numa_process_pages.clear();
+            for p in &n.processes {
+                let home = p.home_node.map_or("unknown".into(), |h| h.to_string());
+                for (where_, v) in [("all", p.merged_pages), ("home", p.local_pages)] {
+                    let labels = vec![
+                        ("pid".to_string(), p.pid.to_string()),
+                        ("home_node".to_string(), home.clone()),
+                        ("where".to_string(), where_.to_string()),
+                    ];
+                    self.numa_process_pages.get_or_create(&labels).set(v as f64);
+                }
             }
         }
         self.governor.clear();

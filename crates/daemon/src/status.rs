@@ -211,6 +211,9 @@ pub struct Status {
     /// I/O hints.
     #[serde(default)]
     pub hints: HintsStatus,
+    /// NUMA placement of merged pages (hosts with several nodes only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<crate::numa::NumaStatus>,
 }
 
 /// I/O hints (XLH): where they come from and what became of them.
@@ -589,6 +592,9 @@ pub fn render(s: &Status) -> String {
                 printable(&p.reason)
             );
         }
+    }
+    if let Some(n) = &s.numa {
+        o.push_str(&crate::numa::render(n));
     }
     o
 }

@@ -9,6 +9,7 @@
 //!   without it they read as 0 and `/proc/kpageflags` is useless;
 //! - `CAP_BPF` and `CAP_PERFMON` (or `CAP_SYS_ADMIN`) for the I/O hint
 //!   program ([`crate::iohint`]).
+//! - `CAP_SYS_NICE` to move merged pages between NUMA nodes.
 
 use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
 
@@ -24,6 +25,9 @@ pub enum Capability {
     Bpf,
     /// `CAP_PERFMON`: attach a tracing BPF program (I/O hints).
     Perfmon,
+    /// `CAP_SYS_NICE`: move pages mapped by several processes (KSM pages)
+    /// with `move_pages(MPOL_MF_MOVE_ALL)`.
+    SysNice,
 }
 
 impl Capability {
@@ -33,6 +37,7 @@ impl Capability {
             Capability::SysAdmin => CapabilitySet::SYS_ADMIN,
             Capability::Bpf => CapabilitySet::BPF,
             Capability::Perfmon => CapabilitySet::PERFMON,
+            Capability::SysNice => CapabilitySet::SYS_NICE,
         }
     }
 
@@ -43,6 +48,7 @@ impl Capability {
             Capability::SysAdmin => "CAP_SYS_ADMIN",
             Capability::Bpf => "CAP_BPF",
             Capability::Perfmon => "CAP_PERFMON",
+            Capability::SysNice => "CAP_SYS_NICE",
         }
     }
 }

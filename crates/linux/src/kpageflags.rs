@@ -7,7 +7,8 @@
 //! THP 22, ZERO_PAGE 24 (set for the zero page and the huge zero page); and
 //! SWAPBACKED 14 (pagemap.rst), which the discovery test
 //! `maps_discovery_agrees_with_smaps` checks on ordinary and
-//! `MAP_DROPPABLE` anonymous pages.
+//! `MAP_DROPPABLE` anonymous pages; ACTIVE 6 (pagemap.rst), which NUMA
+//! placement reads before a merge and the two-node guest test exercises.
 //!
 //! The file is indexed by PFN, so single 8-byte reads cost 290–390 ns each;
 //! [`KPageFlags::read_many`] sorts the PFNs and reads clustered ones with
@@ -35,6 +36,12 @@ impl KpfFlags {
     /// Under writeback (bit 8).
     pub fn writeback(self) -> bool {
         self.bit(8)
+    }
+    /// On the LRU's active list: used often (bit 6, pagemap.rst).
+    /// With the multi-generational LRU on, pages on its lists do not carry
+    /// this bit.
+    pub fn active(self) -> bool {
+        self.bit(6)
     }
     /// An anonymous page.
     pub fn anon(self) -> bool {
@@ -85,6 +92,9 @@ pub struct KPageFlags {
     file: File,
     scratch: Vec<u64>,
     order: Vec<usize>,
+    /// `/proc/kpagecount`, open only on a kernel that sets KPF_KSM on every
+    /// anonymous page (see [`KPageFlags::open`]).
+    ksm_fix: Option<Box<KPageFlags>>,
 }
 
 impl KPageFlags {
@@ -103,11 +113,57 @@ impl KPageFlags {
             }
             _ => LinuxError::io("opening /proc/kpageflags (mode 0400, owned by root)", e),
         })?;
-        Ok(KPageFlags {
+        let mut flags = KPageFlags {
             file,
             scratch: Vec::new(),
             order: Vec::new(),
-        })
+            ksm_fix: None,
+        };
+        // Linux 6.9 rewrote stable_page_flags() and tested KSM as
+        // `mapping & PAGE_MAPPING_KSM`, true for every anonymous page (KSM
+        // is both mapping bits): some 6.9–6.12 kernels (Debian's 6.12.117
+        // among them) report KPF_KSM on every anonymous page. Seen on a
+        // fresh private page of our own, a KPF_KSM is then only believed
+        // for frames mapped more than once (`/proc/kpagecount`).
+        if flags.ksm_on_a_private_page() {
+            let counts = File::open("/proc/kpagecount")
+                .map_err(|e| LinuxError::io("opening /proc/kpagecount", e))?;
+            flags.ksm_fix = Some(Box::new(KPageFlags {
+                file: counts,
+                scratch: Vec::new(),
+                order: Vec::new(),
+                ksm_fix: None,
+            }));
+        }
+        Ok(flags)
+    }
+
+    /// Whether the kernel reports KPF_KSM for a private anonymous page of
+    /// this process, written just now (which KSM cannot have merged: this
+    /// process's memory is not mergeable).
+    fn ksm_on_a_private_page(&mut self) -> bool {
+        let page = crate::PAGE_SIZE as usize;
+        let mut buf = vec![0u8; 2 * page];
+        let at = buf.as_ptr() as usize;
+        let first = at.div_ceil(page) * page;
+        let off = first - at;
+        buf[off] = 0x5a; // fault it in, private
+        std::hint::black_box(&mut buf);
+        let Ok(pm) = File::open("/proc/self/pagemap") else {
+            return false;
+        };
+        let mut entry = [0u8; 8];
+        if read_exact_at(&pm, &mut entry, (first / page) as u64 * 8).is_err() {
+            return false;
+        }
+        let e = crate::pagemap::PagemapEntry(u64::from_le_bytes(entry));
+        let Some(pfn) = e.pfn().filter(|&p| p != 0) else {
+            return false;
+        };
+        let mut out = [KpfFlags(0)];
+        let found = self.read_raw(&[pfn], &mut out).is_ok() && out[0].anon() && out[0].ksm();
+        drop(buf);
+        found
     }
 
     /// The flags of one frame.
@@ -119,6 +175,27 @@ impl KPageFlags {
 
     /// `out[i]` receives the flags of `pfns[i]`.
     pub fn read_many(&mut self, pfns: &[u64], out: &mut [KpfFlags]) -> Result<(), LinuxError> {
+        self.read_raw(pfns, out)?;
+        if let Some(counts) = &mut self.ksm_fix {
+            let idx: Vec<usize> = (0..out.len()).filter(|&i| out[i].ksm()).collect();
+            let some: Vec<u64> = idx.iter().map(|&i| pfns[i]).collect();
+            let mut n = vec![KpfFlags(0); some.len()];
+            counts.read_raw(&some, &mut n)?;
+            for (&i, c) in idx.iter().zip(&n) {
+                if c.0 < 2 {
+                    out[i].0 &= !(1 << 21);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether KPF_KSM is corrected with mapping counts on this kernel.
+    pub fn ksm_flag_corrected(&self) -> bool {
+        self.ksm_fix.is_some()
+    }
+
+    fn read_raw(&mut self, pfns: &[u64], out: &mut [KpfFlags]) -> Result<(), LinuxError> {
         assert_eq!(pfns.len(), out.len());
         self.order.clear();
         self.order.extend(0..pfns.len());
@@ -150,19 +227,71 @@ impl KPageFlags {
     }
 }
 
+/// An open `/proc/kpagecount`: per frame, how many mappings it has (the
+/// same file layout as `/proc/kpageflags`, one 64-bit word per PFN, read the
+/// same clustered way). A KSM page's count is its number of sharers'
+/// mappings, so a reader that saw fewer mappings knows a sharer it did not
+/// see exists.
+#[derive(Debug)]
+pub struct KPageCount {
+    table: KPageFlags,
+    words: Vec<KpfFlags>,
+}
+
+impl KPageCount {
+    /// Opens `/proc/kpagecount` (root only, meaningful only with PFNs).
+    pub fn open() -> Result<KPageCount, LinuxError> {
+        if !caps::has(Capability::SysAdmin) {
+            return Err(LinuxError::MissingCapability {
+                cap: Capability::SysAdmin,
+                why: WHY_PFN,
+            });
+        }
+        let file = File::open("/proc/kpagecount").map_err(|e| {
+            LinuxError::io("opening /proc/kpagecount (mode 0400, owned by root)", e)
+        })?;
+        Ok(KPageCount {
+            table: KPageFlags {
+                file,
+                scratch: Vec::new(),
+                order: Vec::new(),
+                ksm_fix: None,
+            },
+            words: Vec::new(),
+        })
+    }
+
+    /// `out[i]` receives the mapping count of `pfns[i]`.
+    pub fn read_many(&mut self, pfns: &[u64], out: &mut [u64]) -> Result<(), LinuxError> {
+        assert_eq!(pfns.len(), out.len());
+        self.words.clear();
+        self.words.resize(pfns.len(), KpfFlags(0));
+        self.table.read_raw(pfns, &mut self.words)?;
+        for (o, w) in out.iter_mut().zip(&self.words) {
+            *o = w.0;
+        }
+        Ok(())
+    }
+}
+
 fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> Result<(), LinuxError> {
     let mut done = 0;
     while done < buf.len() {
         match file.read_at(&mut buf[done..], offset + done as u64) {
             Ok(0) => {
                 return Err(LinuxError::Parse(format!(
-                    "/proc/kpageflags ends before PFN {}",
+                    "/proc/kpageflags (or kpagecount) ends before PFN {}",
                     (offset + done as u64) / 8
                 )));
             }
             Ok(n) => done += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(LinuxError::io("reading /proc/kpageflags", e)),
+            Err(e) => {
+                return Err(LinuxError::io(
+                    "reading /proc/kpageflags (or kpagecount)",
+                    e,
+                ));
+            }
         }
     }
     Ok(())

@@ -86,6 +86,7 @@ pub mod inspect;
 pub mod iohint;
 pub mod kpageflags;
 pub mod ksm;
+pub mod numa;
 pub mod page_cache;
 pub mod pagemap;
 pub mod procstat;

@@ -8,6 +8,8 @@
 //!   which reports pages written since they were last write-protected by
 //!   userfaultfd and protects them again (write tracking, [`crate::uffd`]).
 //! - [`same_file`]: `kcmp(KCMP_FILE)`, which rustix does not wrap.
+//! - [`move_pages`] and [`bind_memory`] (`set_mempolicy`): NUMA placement,
+//!   which neither crate wraps.
 //! - [`AnonMapping`]: a private anonymous mapping, used by
 //!   `pagesift-workload` to build reproducible memory patterns.
 //! - [`fork_single_threaded`]: `fork(2)`, refused unless the caller has
@@ -197,6 +199,66 @@ pub fn same_file(pid1: u32, fd1: i32, pid2: u32, fd2: i32) -> io::Result<bool> {
         Err(io::Error::last_os_error())
     } else {
         Ok(r == 0)
+    }
+}
+
+/// `move_pages(pid, addrs, nodes, status, flags)` (`<numaif.h>`): with
+/// `nodes`, moves each page of `pid` at `addrs[i]` to node `nodes[i]`;
+/// without, only asks where each page is. `status[i]` receives the node
+/// the page is on afterwards, or a negative errno for that page. Used by
+/// [`crate::numa`].
+pub fn move_pages(
+    pid: u32,
+    addrs: &[u64],
+    nodes: Option<&[i32]>,
+    status: &mut [i32],
+    flags: i32,
+) -> io::Result<()> {
+    assert_eq!(addrs.len(), status.len());
+    if let Some(n) = nodes {
+        assert_eq!(n.len(), addrs.len());
+    }
+    // SAFETY: the kernel reads `addrs.len()` pointers from `addrs` and as
+    // many ints from `nodes` (both slices are that long, checked above), and
+    // writes as many ints into `status` (as long, exclusively borrowed).
+    // The addresses are only looked up in `pid`'s page tables, never
+    // dereferenced in ours.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            pid as libc::c_long,
+            addrs.len() as libc::c_ulong,
+            addrs.as_ptr(),
+            nodes.map_or(std::ptr::null(), |n| n.as_ptr()),
+            status.as_mut_ptr(),
+            flags as libc::c_long,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// `set_mempolicy(MPOL_BIND, mask)` for the calling thread: its future
+/// page allocations come only from the nodes set in `mask` (bit n = node n).
+pub fn bind_memory(mask: u64) -> io::Result<()> {
+    const MPOL_BIND: libc::c_long = 2;
+    // SAFETY: the kernel reads one unsigned long from `&mask`, the mask's
+    // bit count (64) is passed as maxnode + 1 so it reads no further.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_set_mempolicy,
+            MPOL_BIND,
+            &mask as *const u64,
+            65 as libc::c_ulong,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
     }
 }
 

@@ -13,7 +13,8 @@
 //! mappings, untouched pages, distinct contents, duplicate pages =
 //! present − distinct), then stays alive until killed or `--seconds` pass,
 //! so that tests can inspect it. It never calls `madvise(MADV_MERGEABLE)`:
-//! whether its memory gets merged is pagesift's decision.
+//! whether its memory gets merged is pagesift's decision. `--node N` binds it to one NUMA node (CPUs and memory)
+//! and `--nice N` sets its priority, for the NUMA placement experiment.
 //!
 //! While alive it answers commands on stdin, one per line, with one JSON
 //! line each: `checksum` gives an xxh3 of every page it accessed (so a test
@@ -240,6 +241,27 @@ struct Common {
     /// Exit after this many seconds (default: run until killed).
     #[arg(long)]
     seconds: Option<f64>,
+    /// Run on this NUMA node only: its CPUs, and memory from it alone
+    /// (bound before anything is mapped).
+    #[arg(long)]
+    node: Option<u16>,
+    /// Run at this nice value (-20..=19; lower needs CAP_SYS_NICE).
+    #[arg(long, allow_hyphen_values = true)]
+    nice: Option<i32>,
+}
+
+impl Common {
+    /// Applies `--node` and `--nice` to this process.
+    fn apply(&self) -> Result<(), String> {
+        if let Some(n) = self.nice {
+            rustix::process::setpriority_process(None, n)
+                .map_err(|e| format!("--nice {n}: setpriority: {e}"))?;
+        }
+        if let Some(node) = self.node {
+            pagesift_linux::numa::bind_to_node(node).map_err(|e| format!("--node {node}: {e}"))?;
+        }
+        Ok(())
+    }
 }
 
 /// One region in the report.
@@ -307,6 +329,15 @@ where
 
 fn run(w: Workload) -> Result<(), String> {
     let t0 = Instant::now();
+    match &w {
+        Workload::StaticDup { common, .. }
+        | Workload::Random { common, .. }
+        | Workload::Mixed { common, .. }
+        | Workload::CowBroken { common, .. }
+        | Workload::ShortLived { common, .. }
+        | Workload::ForkFamily { common, .. } => common.apply()?,
+        Workload::ReadFiles { .. } => {}
+    }
     match w {
         Workload::StaticDup {
             shape,
