@@ -1393,6 +1393,8 @@ const UC_FLAGS_VALUE: u64 = 0x1 | 0x2 | 0x4;
 /// `struct _fpx_sw_bytes` magic numbers (arch/x86/include/uapi/asm/sigcontext.h).
 const FP_XSTATE_MAGIC1: u32 = 0x4650_5853;
 const FP_XSTATE_MAGIC2: u32 = 0x4650_5845;
+/// The legacy `FXSAVE` area (x87 and SSE), all a CPU without XSAVE has.
+const FXSAVE_LEN: usize = 512;
 /// The smallest XSAVE area: the legacy 512 bytes and the 64-byte header.
 const MIN_XSTATE: usize = 576;
 /// Scratch for the calls' argument structs, between the red zone and the
@@ -1489,9 +1491,19 @@ fn build_sigframe(
 
 /// The FPU state of a signal frame from `PTRACE_GETREGSET(NT_X86_XSTATE)`:
 /// the same XSAVE layout, with the software bytes (464..512) that tell
-/// `rt_sigreturn` it holds extended state, and the second magic after it.
-/// `None` if the buffer is not an XSAVE area with x87 and SSE state.
+/// `rt_sigreturn` it holds extended state, and the second magic after it;
+/// or, from `NT_PRFPREG` on a CPU without XSAVE, the bare FXSAVE area.
+/// `None` if the buffer is neither an FXSAVE area nor an XSAVE area with x87
+/// and SSE state.
 fn build_fpstate(xstate: &[u8]) -> Option<Vec<u8>> {
+    if xstate.len() == FXSAVE_LEN {
+        // A CPU without XSAVE: its frames hold the bare FXSAVE area, and
+        // `rt_sigreturn` restores it with FXRSTOR; the software bytes stay
+        // clear (no extended-state magic).
+        let mut b = xstate.to_vec();
+        b[464..512].fill(0);
+        return Some(b);
+    }
     if xstate.len() < MIN_XSTATE {
         return None;
     }
@@ -1849,7 +1861,13 @@ impl Session {
             return Err(Prep::Step(StepError::Gone));
         };
         self.mask = mask;
-        let xstate = ptrace::get_xstate(tid).map_err(|e| Prep::Step(os("PTRACE_GETREGSET")(e)))?;
+        // Without XSAVE the kernel keeps (and its signal frames hold) the
+        // legacy 512-byte FXSAVE area instead.
+        let xstate = match ptrace::get_xstate(tid) {
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => ptrace::get_fxstate(tid),
+            r => r,
+        }
+        .map_err(|e| Prep::Step(os("PTRACE_GETREGSET")(e)))?;
         let origin = tracer.restart_origin(tid, start_time, &saved);
         checkpoint();
         match Rescue::install(self.pid, &saved, origin, mask, &xstate, &g) {

@@ -128,9 +128,23 @@ pub fn cont(tid: u32, sig: i32) -> io::Result<()> {
 /// `PTRACE_GETREGSET(NT_X86_XSTATE)`: the thread's extended FPU state in
 /// the standard (non-compacted) XSAVE layout, as long as the kernel's user
 /// buffer (`fpu_user_cfg.max_size`). Bytes 464..472 hold the XCR0 value.
+/// On a CPU without XSAVE (QEMU's TCG default CPU, say) the kernel has no
+/// such regset and answers `ENODEV`: see [`get_fxstate`].
 pub fn get_xstate(tid: u32) -> io::Result<Vec<u8>> {
     const NT_X86_XSTATE: libc::c_long = 0x202;
-    let mut buf = vec![0u8; 32 * 1024];
+    get_regset(tid, NT_X86_XSTATE, 32 * 1024)
+}
+
+/// `PTRACE_GETREGSET(NT_PRFPREG)`: the thread's x87 and SSE state in the
+/// 512-byte `FXSAVE` layout (`struct user_i387_struct`), which every
+/// x86-64 CPU has.
+pub fn get_fxstate(tid: u32) -> io::Result<Vec<u8>> {
+    const NT_PRFPREG: libc::c_long = 2;
+    get_regset(tid, NT_PRFPREG, 512)
+}
+
+fn get_regset(tid: u32, note: libc::c_long, max: usize) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; max];
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -142,7 +156,7 @@ pub fn get_xstate(tid: u32) -> io::Result<Vec<u8>> {
         libc::ptrace(
             libc::PTRACE_GETREGSET,
             tid as libc::pid_t,
-            NT_X86_XSTATE as *mut libc::c_void,
+            note as *mut libc::c_void,
             (&mut iov as *mut libc::iovec).cast::<libc::c_void>(),
         )
     })?;
