@@ -1420,8 +1420,8 @@ fn put32(b: &mut [u8], at: usize, v: u32) {
 /// `orig_rax` its number) goes back to its `syscall` instruction with the
 /// number in `rax`, exactly what `arch_do_signal_or_restart` does when no
 /// handler runs. `rt_sigreturn` sets `orig_rax = -1`, so without this the
-/// application would see errno 512 (mechanisms.md §1, "orig_rax on
-/// restore").
+/// application would see errno 512 (`ERESTARTSYS`) from its interrupted
+/// call.
 ///
 /// `-ERESTART_RESTARTBLOCK` is the exception: the kernel would call
 /// `restart_syscall`, which continues from state kept in the thread (the

@@ -1,7 +1,7 @@
 //! `/proc/kpageflags`: per physical frame, what kind of page is it?
 //!
 //! One 64-bit word per PFN (Documentation/admin-guide/mm/pagemap.rst). The
-//! bits pagesift uses, verified on this machine (mechanisms.md §4): DIRTY 4
+//! bits pagesift uses (pagemap.rst): DIRTY 4
 //! and WRITEBACK 8 (for page cache, see `docs/page-cache-scrubbing.md`), ANON 12,
 //! COMPOUND_HEAD 15, COMPOUND_TAIL 16, HUGE (hugetlb) 17, NOPAGE 20, KSM 21,
 //! THP 22, ZERO_PAGE 24 (set for the zero page and the huge zero page); and

@@ -37,7 +37,7 @@ fn pid(tid: u32) -> Pid {
 /// `SIGTRAP | 0x80`, [`Stop::Syscall`], never confused with a real
 /// SIGTRAP): the thread keeps running until [`interrupt`]. Deliberately no
 /// `PTRACE_O_EXITKILL`: if the tracer dies the tracee must survive
-/// (mechanisms.md §1).
+/// (docs/reliability.md).
 pub fn seize(tid: u32) -> io::Result<()> {
     np::seize(pid(tid), np::Options::PTRACE_O_TRACESYSGOOD).map_err(io::Error::from)
 }
