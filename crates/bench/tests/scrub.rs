@@ -299,16 +299,18 @@ fn the_daemon_scrubs_eligible_guests_only() {
     .unwrap();
     let socket = dir.path().join("pagesift.sock");
     let pagesift = common::bin("pagesift", "pagesift");
-    let mut daemon = Command::new(&pagesift)
-        .args(["run", "--for", "40", "--ksm-wait", "600"])
-        .arg("--pid")
-        .arg(eligible.pid().to_string())
-        .arg("--config")
-        .arg(&config)
-        .arg("--socket")
-        .arg(&socket)
-        .spawn()
-        .unwrap();
+    let mut daemon = common::Reaped(
+        Command::new(&pagesift)
+            .args(["run", "--for", "40", "--ksm-wait", "600"])
+            .arg("--pid")
+            .arg(eligible.pid().to_string())
+            .arg("--config")
+            .arg(&config)
+            .arg("--socket")
+            .arg(&socket)
+            .spawn()
+            .unwrap(),
+    );
     let deadline = Instant::now() + Duration::from_secs(600);
     let status = loop {
         assert!(Instant::now() < deadline, "the daemon reported no scrub");

@@ -402,7 +402,20 @@ pub fn scrub_image(
         }
     }
     let folio_list: Vec<_> = states.iter().map(|s| s.folio).collect();
-    for range in plan_drops(&pages, &folio_list) {
+    let plan = plan_drops(&pages, &folio_list);
+    debug!(
+        cached = pass.cached,
+        held = pass.held,
+        hash_only = pass.hash_only,
+        folios = folio_list.len(),
+        folio_pages = folio_list.iter().map(|f| f.pages).sum::<u64>(),
+        largest_folio = folio_list.iter().map(|f| f.pages).max().unwrap_or(0),
+        dirty_folios = states.iter().filter(|s| s.dirty).count(),
+        writeback_folios = states.iter().filter(|s| s.writeback).count(),
+        planned_pages = plan.iter().map(|r| r.pages()).sum::<u64>(),
+        "scrub plan"
+    );
+    for range in plan {
         match cache.drop_range(range.offset, range.len)? {
             DropOutcome::Dropped { evicted } => {
                 pass.dropped += evicted;

@@ -303,6 +303,8 @@ pub type Shared = Arc<Mutex<Option<Arc<Status>>>>;
 pub struct StatusServer {
     path: PathBuf,
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// The listener the thread accepts on, to wake it on drop.
+    waker: Option<UnixListener>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -321,6 +323,7 @@ impl StatusServer {
             std::fs::create_dir_all(dir)?;
         }
         let listener = pagesift_linux::secure::bind_unix_listener(path, 0o600)?;
+        let waker = listener.try_clone().ok();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
@@ -329,6 +332,7 @@ impl StatusServer {
         Ok(StatusServer {
             path: path.to_path_buf(),
             stop,
+            waker,
             thread: Some(thread),
         })
     }
@@ -342,8 +346,16 @@ impl StatusServer {
 impl Drop for StatusServer {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        // The thread blocks in accept: one connection wakes it to see `stop`.
-        let _ = UnixStream::connect(&self.path);
+        // The thread blocks in accept. Shutting the listener down wakes it
+        // even when the socket's path is gone (its directory was removed
+        // under us); a connection is the fallback should that fail.
+        let woken = self
+            .waker
+            .as_ref()
+            .is_some_and(|l| pagesift_linux::secure::stop_accepting(l).is_ok());
+        if !woken {
+            let _ = UnixStream::connect(&self.path);
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -762,5 +774,25 @@ mod tests {
         assert!(query(&path).is_ok());
         drop(server);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The daemon stops even when its socket's directory was removed while
+    /// it ran (a test's temporary directory, an operator's cleanup): the
+    /// status thread used to wait in `accept` forever.
+    #[test]
+    fn the_server_stops_after_its_directory_is_gone() {
+        let dir = std::env::temp_dir().join(format!("pagesift-gone-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.sock");
+        let shared: Shared = Arc::new(Mutex::new(None));
+        let server = StatusServer::start(&path, shared).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(server);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the status server stopped");
     }
 }

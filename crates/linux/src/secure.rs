@@ -71,6 +71,17 @@ pub fn bind_unix_listener(path: &Path, mode: u32) -> io::Result<UnixListener> {
     Ok(UnixListener::from(fd))
 }
 
+/// Wakes every thread blocked in `accept` on `listener` (and makes later
+/// calls fail at once): `shutdown` on a listening socket does that on
+/// Linux. A server's stop path needs it because waking `accept` by
+/// connecting to the socket's path fails once that path is gone (its
+/// directory was removed under a running daemon), and the join waits
+/// forever.
+pub fn stop_accepting(listener: &UnixListener) -> io::Result<()> {
+    rustix::net::shutdown(listener, rustix::net::Shutdown::Both)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,6 +91,24 @@ mod tests {
         let d = std::env::temp_dir().join(format!("pagesift-secure-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    #[test]
+    fn stop_accepting_wakes_a_blocked_accept_after_the_path_is_gone() {
+        let d = dir("stop");
+        let p = d.join("s.sock");
+        let l = bind_unix_listener(&p, 0o600).unwrap();
+        let waker = l.try_clone().unwrap();
+        let t = std::thread::spawn(move || l.accept().map(|_| ()));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        std::fs::remove_dir_all(&d).unwrap();
+        stop_accepting(&waker).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(t.join().unwrap()).unwrap());
+        let r = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("accept returned");
+        assert!(r.is_err(), "accept fails once the listener is shut down");
     }
 
     #[test]

@@ -209,6 +209,40 @@ impl Drop for Workload {
     }
 }
 
+/// A child process (a `pagesift run` daemon, say) that is SIGKILLed and
+/// reaped when the guard drops, also when the test panics: a daemon left
+/// behind keeps the test runner's output pipe open and holds KSM.
+pub struct Reaped(pub Child);
+
+impl Reaped {
+    /// Waits for the child to exit by itself.
+    pub fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.0.wait()
+    }
+}
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
 /// `VmRSS` and `VmPTE` of a process, in kB.
 pub fn rss_and_pte(pid: u32) -> (u64, u64) {
     let s = procfs::process::Process::new(pid as i32)
