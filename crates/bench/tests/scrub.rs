@@ -286,9 +286,20 @@ fn the_daemon_scrubs_eligible_guests_only() {
     let other_cache = ImageCache::open(other.disk().unwrap()).unwrap();
     let other_before = other_cache.stat(0, 0).unwrap().cache;
     let before = eligible_cache.stat(0, 0).unwrap().cache;
+    // The pages of held.bin the host has cached: what the scrubs are to
+    // drop (the guest holds them all).
+    let held_blocks = blocks(eligible.disk().unwrap(), &held);
+    let held_cached = |cache: &ImageCache| {
+        let cached = cache.cached_pages().unwrap();
+        held_blocks
+            .iter()
+            .filter(|b| cached.binary_search(b).is_ok())
+            .count() as u64
+    };
+    let held_before = held_cached(&eligible_cache);
     assert!(
-        before >= HELD_MIB * 256 * 9 / 10,
-        "the host cached the guest's reads: {before}"
+        held_before >= HELD_MIB * 256 / 2,
+        "the host cached the guest's reads of held.bin: {held_before} pages"
     );
 
     let config = dir.path().join("pagesift.toml");
@@ -328,22 +339,31 @@ fn the_daemon_scrubs_eligible_guests_only() {
             continue;
         }
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        // The first scrubs may find the guest's RAM only partly indexed
-        // (or partly merged by KSM meanwhile): judge once the drops reach
-        // the held pages, or after a few scrubs.
-        let dropped = v["scrub"]["dropped_pages"].as_u64().unwrap_or(0);
+        // Judge once the held pages are (nearly) all gone from the host
+        // cache, or after a few scrubs: the first scrubs may find the
+        // guest's RAM only partly indexed, and the guest's reads may bring
+        // a few pages back meanwhile.
         let scrubs = v["scrub"]["scrubs"].as_u64().unwrap_or(0);
-        if dropped >= HELD_MIB * 256 * 8 / 10 || (dropped > 0 && scrubs >= 5) {
+        if held_cached(&eligible_cache) * 10 <= held_before || scrubs >= 6 {
             break v;
         }
     };
     let after = eligible_cache.stat(0, 0).unwrap().cache;
+    let held_after = held_cached(&eligible_cache);
     let dropped = status["scrub"]["dropped_pages"].as_u64().unwrap();
     eprintln!(
-        "eligible image cache {before} -> {after} pages, {dropped} dropped; scrub status {}",
+        "eligible image cache {before} -> {after} pages, held.bin {held_before} -> {held_after} \
+         cached pages, {dropped} dropped; scrub status {}",
         status["scrub"]
     );
-    assert!(dropped >= HELD_MIB * 256 * 8 / 10, "dropped {dropped}");
+    // Not all: the guest's own reads bring a few pages back into the host
+    // cache meanwhile, some that its RAM no longer holds (measured: 7881 ->
+    // 1115 pages, 7458 dropped, 111 of those left verified as held).
+    assert!(
+        held_after * 4 <= held_before,
+        "held.bin still cached on the host: {held_before} -> {held_after} pages"
+    );
+    assert!(dropped * 4 >= held_before * 3, "dropped {dropped}");
     assert!(after + dropped / 2 <= before, "{before} -> {after}");
     let images = status["scrub"]["images"].as_array().unwrap();
     assert!(

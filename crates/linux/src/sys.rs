@@ -762,10 +762,20 @@ impl FileMapping {
                 offset,
             )
         }?;
-        Ok(FileMapping {
+        let map = FileMapping {
             ptr: NonNull::new(raw.cast()).expect("mmap never returns null on success"),
             len,
-        })
+        };
+        // No read-around and no asynchronous read-ahead on our faults: a
+        // touch must map the page it names, never pull its neighbours in
+        // from disk (a cached page flagged for read-ahead starts the next
+        // window when faulted). Without this, each scrub's folio lookup
+        // brought thousands of pages the guest did not hold back into the
+        // host cache it had just shrunk.
+        // SAFETY: the range is exactly the mapping made above, which no
+        // Rust object aliases; MADV_RANDOM changes only fault read-ahead.
+        unsafe { rustix::mm::madvise(raw, len, rustix::mm::Advice::Random) }?;
+        Ok(map)
     }
 
     /// The mapping's first address.
