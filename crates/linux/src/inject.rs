@@ -799,6 +799,8 @@ fn proc_error(pid: u32, e: io::Error) -> LinuxError {
 
 /// `PF_KTHREAD` (`include/linux/sched.h`).
 const PF_KTHREAD: u64 = 0x0020_0000;
+/// `PF_EXITING` (`include/linux/sched.h`): the thread has begun to exit.
+const PF_EXITING: u64 = 0x0000_0004;
 
 /// What `/proc/PID/stat` says about a process (or `/proc/PID/task/TID/stat`
 /// about a thread). A process's `stat` shows its main thread's state.
@@ -807,6 +809,8 @@ struct ProcStat {
     state: char,
     ppid: u32,
     kthread: bool,
+    /// `PF_EXITING`: the thread is on its way out.
+    exiting: bool,
     threads: u64,
     start_time: u64,
 }
@@ -822,6 +826,7 @@ fn parse_stat(text: &[u8]) -> Option<ProcStat> {
         state: f.first()?.chars().next()?,
         ppid: f.get(1)?.parse().ok()?,
         kthread: flags & PF_KTHREAD != 0,
+        exiting: flags & PF_EXITING != 0,
         threads: f.get(17)?.parse().ok()?,
         start_time: f.get(19)?.parse().ok()?,
     })
@@ -2262,6 +2267,17 @@ impl Tracer {
                     }
                 }
                 Err(e) if e.raw_os_error() == Some(libc_errno::EPERM) => {
+                    // The kernel refuses to attach to a thread that is
+                    // exiting: the process is going, which is no error.
+                    let stat =
+                        ProcStat::read(pid, &format!("/proc/{pid}/task/{}/stat", choice.tid))?;
+                    match stat {
+                        None => return gone(false, vec![]),
+                        Some(st) if st.exiting || matches!(st.state, 'Z' | 'X' | 'x') => {
+                            return Ok(Outcome::Skipped(SkipReason::Zombie));
+                        }
+                        Some(_) => {}
+                    }
                     // Traced (or filtered) since we looked?
                     return match ThreadStatus::read(pid, choice.tid)? {
                         None => gone(false, vec![]),
@@ -2849,6 +2865,7 @@ mod tests {
                 state: 'S',
                 ppid: 1,
                 kthread: false,
+                exiting: false,
                 threads: 3,
                 start_time: 987654
             }
