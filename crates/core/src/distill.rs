@@ -275,6 +275,14 @@ impl Distiller {
     pub fn raise(&mut self, id: RegionId, dup_ratio: f64, now: Nanos) -> bool {
         self.ladder.raise(id, dup_ratio, now).is_some()
     }
+    /// Parks a region on its level ([`Ladder::park`]).
+    pub fn park(&mut self, id: RegionId) -> bool {
+        self.ladder.park(id)
+    }
+    /// Ends a region's park ([`Ladder::readmit`]).
+    pub fn readmit(&mut self, id: RegionId) -> bool {
+        self.ladder.readmit(id)
+    }
     pub fn index(&self) -> &SampleIndex {
         &self.index
     }

@@ -4,7 +4,12 @@
 //! ## The algorithm
 //!
 //! Regions sit on N levels (4 by default, §7); a new region enters the
-//! bottom. Every region is on exactly one level.
+//! bottom. Every region is on exactly one level. A region may be *parked*
+//! on its level ([`Ladder::park`]): still a member, but holding no pages
+//! of the level's flat space, so rounds neither sample nor judge it until
+//! [`Ladder::readmit`]. The caller parks a region whose fate is decided
+//! elsewhere for a while (the exact sweep raised it, and a write watch is
+//! to judge it before it is marked).
 //!
 //! **A level round.** A level is sampled as one flat, linear space made of
 //! its regions' pages laid end to end (§5.3). A round starts at a random
@@ -406,9 +411,17 @@ struct Region {
     listed: bool,
     judged: u64,
     last_dup_ratio: f64,
+    /// Parked ([`Ladder::park`]): a member of its level with no pages in
+    /// the level's flat space, so it is never sampled nor judged.
+    parked: bool,
 }
 
 impl Region {
+    /// Its pages in its level's flat space: none while parked.
+    fn space_pages(&self) -> u32 {
+        if self.parked { 0 } else { self.pages }
+    }
+
     /// The next page of the region's permutation. In a new epoch the
     /// walk restarts at the head of that epoch's coordinated permutation;
     /// a pass completed within an epoch is followed by the next one.
@@ -719,7 +732,7 @@ impl Ladder {
         r.level = level;
         r.seq = seq;
         r.joined_round = self.levels[level].rounds_started;
-        let pages = u64::from(r.pages);
+        let pages = u64::from(r.space_pages());
         self.levels[level].space.push(seq, id, pages);
     }
 
@@ -761,6 +774,7 @@ impl Ladder {
             listed: false,
             judged: 0,
             last_dup_ratio: 0.0,
+            parked: false,
         };
         self.regions.insert(id, region);
         self.attach(id, 0);
@@ -772,7 +786,7 @@ impl Ladder {
         let Some(r) = self.regions.remove(&id) else {
             return false;
         };
-        self.detach(r.level, r.seq, r.pages);
+        self.detach(r.level, r.seq, r.space_pages());
         true
     }
 
@@ -787,10 +801,10 @@ impl Ladder {
         if r.pages == pages {
             return;
         }
+        r.pages = pages;
         let space = &mut self.levels[r.level].space;
         let i = space.index_of(r.seq).expect("resize: member exists");
-        space.set_pages(i, u64::from(pages));
-        r.pages = pages;
+        space.set_pages(i, u64::from(r.space_pages()));
         r.perm = epoch.permutation(pages, 0);
         r.epoch = epoch.number;
         r.epoch_passes = 0;
@@ -906,6 +920,12 @@ impl Ladder {
             if !r.listed || r.level != level {
                 continue; // already judged (duplicate entry)
             }
+            if r.parked {
+                // Recorded on its own (a hint) while parked: not judged.
+                r.round = SampleCounts::default();
+                r.listed = false;
+                continue;
+            }
             let ratio = r.round.dup_ratio(self.config.v_cow);
             // Lifetime (UKSM §5.2): older than V_life, and lived through a
             // whole round of this level ("only those regions which live
@@ -940,7 +960,7 @@ impl Ladder {
             r.round = SampleCounts::default();
             r.listed = false;
             if target != level {
-                let (seq, pages) = (r.seq, r.pages);
+                let (seq, pages) = (r.seq, r.space_pages());
                 self.detach(level, seq, pages);
                 self.attach(id, target);
             }
@@ -965,7 +985,7 @@ impl Ladder {
         {
             return None;
         }
-        let (from, seq, pages) = (r.level, r.seq, r.pages);
+        let (from, seq, pages) = (r.level, r.seq, r.space_pages());
         r.last_dup_ratio = dup_ratio;
         r.judged += 1;
         r.round = SampleCounts::default();
@@ -976,6 +996,63 @@ impl Ladder {
             region: id,
             to: top,
         })
+    }
+
+    /// Parks a region on its level: it stays a member (listed by
+    /// [`Ladder::regions_at`], on the same level) but holds no pages of the
+    /// level's flat space, so rounds neither sample nor judge it and the
+    /// level's page count (hence its sampling interval) leaves it out.
+    /// For a region whose fate is decided elsewhere for a while: one the
+    /// exact sweep raised waits for a write watch's verdict, and top-level
+    /// samples could only misjudge it (its duplicates' twins sit at
+    /// offsets sampling does not meet) and drop it. Returns whether it was
+    /// parked now (unknown or already parked: `false`).
+    pub fn park(&mut self, id: RegionId) -> bool {
+        let Some(r) = self.regions.get_mut(&id) else {
+            return false;
+        };
+        if r.parked {
+            return false;
+        }
+        r.parked = true;
+        r.round = SampleCounts::default();
+        let (level, seq, pages) = (r.level, r.seq, r.pages);
+        let lvl = &mut self.levels[level];
+        let i = lvl.space.index_of(seq).expect("park: member exists");
+        lvl.space.set_pages(i, 0);
+        // A cursor inside it moves on as if it had left.
+        if let Some(c) = &mut lvl.cursor
+            && c.seq == seq
+        {
+            *c = Cursor {
+                seq: seq + 1,
+                offset: c.offset.saturating_sub(u64::from(pages)),
+            };
+        }
+        true
+    }
+
+    /// Ends a park: the region's pages are back in its level's flat space
+    /// where it stood, sampled from the next sample point on. Returns
+    /// whether it was parked.
+    pub fn readmit(&mut self, id: RegionId) -> bool {
+        let Some(r) = self.regions.get_mut(&id) else {
+            return false;
+        };
+        if !r.parked {
+            return false;
+        }
+        r.parked = false;
+        let (level, seq, pages) = (r.level, r.seq, r.pages);
+        let space = &mut self.levels[level].space;
+        let i = space.index_of(seq).expect("readmit: member exists");
+        space.set_pages(i, u64::from(pages));
+        true
+    }
+
+    /// Whether a region is parked.
+    pub fn is_parked(&self, id: RegionId) -> bool {
+        self.regions.get(&id).is_some_and(|r| r.parked)
     }
 
     /// What the ladder knows about a region.
@@ -1033,6 +1110,50 @@ mod tests {
         // Already on top: nothing to do; the other region still samples.
         assert_eq!(l.raise(RegionId(1), 0.9, old), None);
         assert_eq!(l.regions_at(0), vec![RegionId(2)]);
+    }
+
+    #[test]
+    fn a_parked_region_keeps_its_level_and_is_neither_sampled_nor_judged() {
+        let cfg = LadderConfig::default();
+        let top = cfg.levels - 1;
+        let mut l = Ladder::new(cfg.clone(), 5);
+        for i in 1..=3 {
+            l.insert(RegionId(i), 100, 0);
+        }
+        assert!(l.raise(RegionId(2), 0.5, cfg.v_life + 1).is_some());
+        assert!(l.raise(RegionId(3), 0.5, cfg.v_life + 1).is_some());
+        assert!(l.park(RegionId(2)));
+        assert!(!l.park(RegionId(2)), "parked once");
+        assert_eq!(l.level_of(RegionId(2)), Some(top));
+        assert_eq!(l.regions_at(top), vec![RegionId(2), RegionId(3)]);
+        assert_eq!(l.level_pages(top), 100, "only the other region's pages");
+        // A whole round of the top samples only region 3; the end of the
+        // round judges only it, even if a hint was recorded on region 2.
+        l.set_interval(top, 1);
+        let got = round_pages(&mut l, top);
+        assert_eq!(got.keys().copied().collect::<Vec<_>>(), vec![RegionId(3)]);
+        l.record(
+            PageRef {
+                region: RegionId(2),
+                page: 0,
+            },
+            Sample::default(),
+        );
+        let moves = l.end_round(top, cfg.v_life * 10);
+        assert!(moves.iter().all(|m| m.region() == RegionId(3)), "{moves:?}");
+        assert_eq!(l.level_of(RegionId(2)), Some(top));
+        // Resized while parked: back with its new size.
+        l.resize(RegionId(2), 40);
+        assert_eq!(l.level_pages(top), 0);
+        assert!(l.readmit(RegionId(2)));
+        assert!(!l.readmit(RegionId(2)));
+        assert_eq!(l.level_pages(top), 40);
+        let got = round_pages(&mut l, top);
+        assert_eq!(got[&RegionId(2)].len(), 40);
+        // Removing a parked region leaves the level consistent.
+        l.park(RegionId(2));
+        assert!(l.remove(RegionId(2)));
+        assert_eq!(l.level_pages(top), 0);
     }
 
     #[test]
@@ -1704,6 +1825,8 @@ mod tests {
         StartRound(usize),
         EndRound(usize, Nanos),
         SetInterval(usize, u64),
+        Park(usize),
+        Readmit(usize),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -1716,6 +1839,8 @@ mod tests {
             2 => (0usize..4).prop_map(Op::StartRound),
             2 => (0usize..4, 0u64..300_000_000).prop_map(|(l, t)| Op::EndRound(l, t)),
             1 => (0usize..4, 1u64..50).prop_map(|(l, k)| Op::SetInterval(l, k)),
+            1 => any::<usize>().prop_map(Op::Park),
+            1 => any::<usize>().prop_map(Op::Readmit),
         ]
     }
 
@@ -1736,7 +1861,9 @@ mod tests {
                 prop_assert!(seen.insert(id), "{id:?} on two levels");
                 prop_assert_eq!(l.level_of(id), Some(lv));
                 prop_assert!(live.contains_key(&id), "{:?} not live", id);
-                pages += u64::from(live[&id]);
+                if !l.is_parked(id) {
+                    pages += u64::from(live[&id]);
+                }
             }
             prop_assert_eq!(l.level_pages(lv), pages);
         }
@@ -1787,6 +1914,7 @@ mod tests {
                                 break;
                             };
                             prop_assert_eq!(l.level_of(p.region), Some(lv));
+                            prop_assert!(!l.is_parked(p.region), "a parked region sampled");
                             prop_assert!(p.page < live[&p.region]);
                             l.record(p, outcome(k.wrapping_add(j as u8)));
                         }
@@ -1807,6 +1935,7 @@ mod tests {
                         for m in l.end_round(lv, now) {
                             let id = m.region();
                             prop_assert_eq!(before[&id], lv, "judged off its level");
+                            prop_assert!(!l.is_parked(id), "a parked region judged");
                             let after = l.level_of(id).unwrap();
                             match m {
                                 Move::Climb { to, .. } => {
@@ -1827,6 +1956,20 @@ mod tests {
                         prop_assert!(l.round_finished(lv));
                     }
                     Op::SetInterval(lv, k) => l.set_interval(lv, k),
+                    Op::Park(i) if !order.is_empty() => {
+                        let id = order[i % order.len()];
+                        let was = l.is_parked(id);
+                        let level = l.level_of(id);
+                        prop_assert_eq!(l.park(id), !was);
+                        prop_assert!(l.is_parked(id));
+                        prop_assert_eq!(l.level_of(id), level, "parking keeps the level");
+                    }
+                    Op::Readmit(i) if !order.is_empty() => {
+                        let id = order[i % order.len()];
+                        let was = l.is_parked(id);
+                        prop_assert_eq!(l.readmit(id), was);
+                        prop_assert!(!l.is_parked(id));
+                    }
                     _ => {}
                 }
                 check_invariants(&l, &live)?;

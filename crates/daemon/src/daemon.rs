@@ -165,6 +165,10 @@ pub const RUN_ALIGN_PAGES: u64 = 16;
 /// Longest a region raised by the sweep waits for a write watch before it
 /// may be marked without one (the watch's capacity is bounded).
 const RAISED_WATCH_WAIT: Nanos = 5 * SEC;
+/// Longest a region raised by the sweep stays parked on the top level
+/// without being marked or held (its process was skipped, its watch kept
+/// saying "watching"): then it is sampled again like any top-level region.
+const RAISED_PARK_MAX: Nanos = 30 * SEC;
 /// Fewest present pages a region needs before the sweep's duplicate
 /// ratio raises it (fewer are too few to judge by).
 const SWEEP_MIN_PRESENT: u32 = 64;
@@ -268,6 +272,9 @@ struct Book {
     /// When the exact sweep raised it to the top level (see
     /// [`Book::awaits_watch`]).
     raised_at: Option<Nanos>,
+    /// Since when it is parked on the top level (raised by the sweep,
+    /// waiting for its write watch's verdict): see [`RAISED_PARK_MAX`].
+    parked_at: Option<Nanos>,
 }
 
 impl Book {
@@ -304,6 +311,7 @@ impl Book {
             watch: None,
             exclude: None,
             raised_at: None,
+            parked_at: None,
         }
     }
 
@@ -666,6 +674,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         };
         // The new epoch's runs replace the last one's that still wait.
         self.sweep_runs.clear();
+        let watching = self.config.actuate.write_tracking && self.config.ladder.v_cow < 1.0;
         let top = self.distiller.ladder().levels() - 1;
         let (mut raised, mut runs) = (0u64, 0u64);
         for f in findings {
@@ -678,8 +687,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             if f.present >= SWEEP_MIN_PRESENT && self.distiller.raise(f.region, f.dup_ratio(), now)
             {
                 raised += 1;
+                // Parked on the top level until its watch decides: top-level
+                // samples would only misjudge it (its twins sit at offsets
+                // sampling does not meet), cost the top level's CPU share,
+                // and drop it before the watch is done.
+                let parked = watching && self.distiller.park(f.region);
                 if let Some(b) = self.books.get_mut(&f.region) {
                     b.raised_at = Some(now);
+                    b.parked_at = parked.then_some(now);
                 }
                 let b = &self.books[&f.region];
                 debug!(
@@ -1242,6 +1257,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     "new duplicates in a merged region: merging it again"
                 );
                 continue;
+            }
+            if b.parked_at
+                .is_some_and(|t| b.mode != Mode::Sampling || now >= t + RAISED_PARK_MAX)
+            {
+                b.parked_at = None;
+                self.distiller.readmit(id);
             }
             if b.mode != Mode::Sampling || b.awaits_watch(watching, now) {
                 continue;
