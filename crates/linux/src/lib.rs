@@ -89,6 +89,7 @@ pub mod ksm;
 pub mod numa;
 pub mod page_cache;
 pub mod pagemap;
+pub mod proc;
 pub mod procstat;
 #[cfg(target_arch = "x86_64")]
 pub mod ptrace;
