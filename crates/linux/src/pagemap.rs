@@ -26,6 +26,7 @@
 
 use crate::caps::{self, Capability};
 use crate::error::{LinuxError, WHY_PFN, WHY_PTRACE, libc_errno};
+use crate::proc::PTRACE;
 use crate::sys::{self, PageRegion, ScanQuery};
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -98,19 +99,8 @@ impl Pagemap {
             return Err(LinuxError::OwnProcess(pid));
         }
         let pfns_visible = caps::has(Capability::SysAdmin);
-        let file = File::open(format!("/proc/{pid}/pagemap")).map_err(|e| {
-            if e.raw_os_error() == Some(libc_errno::ENOENT) {
-                LinuxError::NoSuchProcess(pid)
-            } else {
-                LinuxError::from_process_op(
-                    pid,
-                    e,
-                    "opening /proc/PID/pagemap",
-                    Capability::SysPtrace,
-                    WHY_PTRACE,
-                )
-            }
-        })?;
+        let file = File::open(format!("/proc/{pid}/pagemap"))
+            .map_err(|e| crate::proc::error(pid, e, "opening /proc/PID/pagemap", PTRACE))?;
         Ok(Pagemap {
             pid,
             file,

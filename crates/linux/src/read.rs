@@ -42,6 +42,7 @@
 
 use crate::caps::Capability;
 use crate::error::{LinuxError, WHY_PTRACE, libc_errno};
+use crate::proc::PTRACE;
 use nix::sys::uio::{RemoteIoVec, process_vm_readv};
 use nix::unistd::Pid;
 use pagesift_core::{PAGE_SIZE, PageWords, WORDS_PER_PAGE};
@@ -130,19 +131,8 @@ impl RemoteReader {
         if pid == crate::own_pid() {
             return Err(LinuxError::OwnProcess(pid));
         }
-        let mem = File::open(format!("/proc/{pid}/mem")).map_err(|e| {
-            if e.raw_os_error() == Some(libc_errno::ENOENT) {
-                LinuxError::NoSuchProcess(pid)
-            } else {
-                LinuxError::from_process_op(
-                    pid,
-                    e,
-                    "opening /proc/PID/mem",
-                    Capability::SysPtrace,
-                    WHY_PTRACE,
-                )
-            }
-        })?;
+        let mem = File::open(format!("/proc/{pid}/mem"))
+            .map_err(|e| crate::proc::error(pid, e, "opening /proc/PID/mem", PTRACE))?;
         Ok(RemoteReader {
             pid,
             mem,

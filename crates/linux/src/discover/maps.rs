@@ -48,10 +48,11 @@
 //! (a `PROT_NONE` hugetlb file mapping is `Unreadable` here, `Hugetlb` from
 //! smaps), and `thp_advised` is unknown (`None`).
 
-use super::{Ineligible, ProcessRegions, Region, RegionKind, RejectedRegion, proc_error};
+use super::{Ineligible, ProcessRegions, Region, RegionKind, RejectedRegion};
 use crate::error::LinuxError;
 use crate::kpageflags::{KPageFlags, KpfFlags};
 use crate::pagemap::{Pagemap, PagemapEntry, category};
+use crate::proc::{self, PTRACE};
 use pagesift_core::ranges::RangeSet;
 use procfs::process::{MMPermissions, MMapPath, MemoryMap, Process};
 use std::collections::HashMap;
@@ -302,7 +303,9 @@ impl MapsDiscovery {
             return smaps(SmapsReason::Userfaultfd);
         }
         let p = Process::new(pid as i32).map_err(|_| LinuxError::NoSuchProcess(pid))?;
-        let maps = p.maps().map_err(|e| proc_error(pid, e, "maps"))?;
+        let maps = p
+            .maps()
+            .map_err(|e| proc::procfs_error(pid, e, "opening /proc/PID/maps", PTRACE))?;
         let mut verdicts = Vec::with_capacity(maps.len());
         for m in maps.iter() {
             let file = match m.pathname {
