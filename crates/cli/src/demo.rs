@@ -504,11 +504,11 @@ fn preflight(mib: u64) -> Result<(), Failure> {
                 .into(),
         ));
     }
-    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
-    let avail_kib: Option<u64> = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok());
+    let avail_kib: Option<u64> = {
+        use procfs::Current;
+        // procfs gives bytes.
+        procfs::Meminfo::current()?.mem_available.map(|b| b / 1024)
+    };
     // Both workloads, plus a margin for the daemon and the page tables.
     let need_mib = 2 * mib + mib / 8 + 64;
     if let Some(kib) = avail_kib

@@ -43,18 +43,14 @@ pub fn thread_cpu_ns() -> u64 {
 /// `MemTotal`, `Cached` and `MemFree` of `/proc/meminfo`, KiB, as the
 /// scrubber's frequency control reads them.
 pub fn memory_kib() -> Result<pagesift_core::scrub::MemoryStats, LinuxError> {
-    let text = std::fs::read_to_string("/proc/meminfo")
-        .map_err(|e| LinuxError::io("reading /proc/meminfo", e))?;
-    let field = |name: &str| -> Result<u64, LinuxError> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .ok_or_else(|| LinuxError::Parse(format!("/proc/meminfo: {name}")))
-    };
+    use procfs::Current;
+    // procfs gives bytes.
+    let m = procfs::Meminfo::current()
+        .map_err(|e| LinuxError::io("reading /proc/meminfo", std::io::Error::other(e)))?;
     Ok(pagesift_core::scrub::MemoryStats {
-        total: field("MemTotal")?,
-        cached: field("Cached")?,
-        free: field("MemFree")?,
+        total: m.mem_total / 1024,
+        cached: m.cached / 1024,
+        free: m.mem_free / 1024,
     })
 }
 

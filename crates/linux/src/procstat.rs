@@ -179,11 +179,10 @@ pub fn machine() -> Machine {
         .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
         .map(|(_, v)| v.trim().to_string())
         .unwrap_or_else(|| "unknown CPU".into());
-    let mem_total_kib = read("/proc/meminfo")
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
+    let mem_total_kib = {
+        use procfs::Current;
+        procfs::Meminfo::current().map_or(0, |m| m.mem_total / 1024)
+    };
     let load = read("/proc/loadavg");
     let mut it = load.split_whitespace().map(|v| v.parse().unwrap_or(0.0));
     Machine {
