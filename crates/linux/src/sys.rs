@@ -656,7 +656,7 @@ pub fn preadv(
     bufs: &mut [std::io::IoSliceMut<'_>],
     offset: u64,
 ) -> io::Result<usize> {
-    nix::sys::uio::preadv(file, bufs, offset as i64).map_err(io::Error::from)
+    rustix::io::preadv(file, bufs, offset).map_err(io::Error::from)
 }
 
 #[cfg(test)]

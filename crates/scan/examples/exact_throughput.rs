@@ -108,8 +108,7 @@ fn cli_scan(a: &Args, pid: u32, threads: usize) -> (f64, f64, u64, f64) {
 
 /// CPU time of this process (all threads), in seconds.
 fn cpu_seconds() -> f64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+    pagesift_linux::host::process_cpu_ns() as f64 * 1e-9
 }
 
 /// Kills the workload even if a measurement panics.

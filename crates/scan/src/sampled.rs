@@ -254,8 +254,7 @@ struct Clock {
 }
 
 fn thread_cpu() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    Duration::from_nanos(pagesift_linux::host::thread_cpu_ns())
 }
 
 impl Clock {
