@@ -79,7 +79,7 @@ pub struct DemoArgs {
 const SETTLE: Duration = Duration::from_secs(5);
 /// Sampling interval of the live figures.
 const TICK: Duration = Duration::from_millis(250);
-/// The share merged that counts as done (issue 4, "Static-mixed": ≥ 99 %).
+/// The share merged that counts as done (the static-mixed goal: ≥ 99 %).
 const DONE: f64 = 0.99;
 /// How long the daemon may take to stop after SIGTERM before it is killed
 /// (its own grace before restoring KSM without the loop is 30 s).

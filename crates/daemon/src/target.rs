@@ -7,7 +7,7 @@
 //!
 //! ## Refreshing cheaply
 //! Re-reading every process's maps means reading `/proc/PID/smaps`, which
-//! walks page tables (10–17 ms per resident GiB, mechanisms.md §7): on a
+//! walks page tables (10–17 ms per resident GiB, measured): on a
 //! host with GiBs of memory a refresh every second would cost more than the
 //! whole bottom level's 0.2 % budget. So [`Target::processes_changed`] is a
 //! single read of the `/proc` directory, and the loop refreshes only when

@@ -16,7 +16,7 @@
 //! `/proc/PID/smaps` is read once and parsed by `procfs`; the `VmFlags`
 //! line of each VMA is kept as raw tokens because `procfs` drops flags it
 //! does not know (such as `dp`, `VM_DROPPABLE`). A VMA is kept when KSM's
-//! `ksm_compatible()` would accept it (mainline-ksm.md §2.3): not shared
+//! `ksm_compatible()` (`mm/ksm.c`) would accept it: not shared
 //! (`sh`, `ms`), not `VM_PFNMAP`/`VM_IO` (`pf`, `io`), not `VM_DONTEXPAND`
 //! (`de`), not hugetlb (`ht`), not `VM_MIXEDMAP` (`mm`), not `VM_DROPPABLE`
 //! (`dp`). DAX mappings are not visible in smaps and are not filtered (KSM
@@ -303,7 +303,7 @@ impl VmaFlags {
     }
 }
 
-/// Applies KSM's `ksm_compatible()` rule (mainline-ksm.md §2.3) plus
+/// Applies KSM's `ksm_compatible()` rule (`mm/ksm.c`) plus
 /// pagesift's readability rule to one VMA.
 pub fn classify(
     flags: &VmaFlags,

@@ -18,7 +18,7 @@
 //!   reads it) and the hash alone (XXH3-64 of 2 MiB chunks that are in
 //!   the cache, as the scan hashes them right after reading).
 //!
-//! The goal (issue 3) is ≥ 1.5 M present pages per second on one core.
+//! The goal is ≥ 1.5 M present pages per second on one core.
 //! Every figure is printed as a `RESULT key=value ...` line, and where
 //! each scan's time went (ns per page and phase) as a `PHASES` line, for
 //! `scripts/bench-scan`, which writes docs/benchmarks.md.

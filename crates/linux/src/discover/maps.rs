@@ -3,12 +3,13 @@
 //! Reading `/proc/PID/smaps` makes the kernel walk every present page of the
 //! process to sum its RSS and PSS (about 100 ns per page on this machine),
 //! and discovery needs none of that: only whether KSM would accept each VMA
-//! (`ksm_compatible()`, mainline-ksm.md §2.3) and whether it is already
+//! (`ksm_compatible()` in `mm/ksm.c`) and whether it is already
 //! `VM_MERGEABLE`. This module decides both from sources that cost per VMA,
 //! not per page, and reads smaps for a process only where they cannot:
 //!
 //! 1. **`/proc/PID/ksm_stat`**, line `ksm_mergeable: no` (Linux 6.14+,
-//!    mainline-ksm.md §2.1): no VMA of the process is `VM_MERGEABLE`, so
+//!    `proc_pid_ksm_stat` in `fs/proc/base.c`): no VMA of the process is
+//!    `VM_MERGEABLE`, so
 //!    every `mg` flag is false and no KSM page is mapped (KSM pages live
 //!    only in mergeable VMAs; clearing the flag unmerges them first). `yes`,
 //!    or a kernel without the line: smaps.
