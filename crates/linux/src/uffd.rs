@@ -366,16 +366,7 @@ impl WriteTracker {
             self.procs.remove(&pid);
         }
         if calls.is_empty() {
-            return Ok(Outcome::Done(crate::inject::Injection {
-                results: vec![],
-                tid: 0,
-                interrupted_syscall: None,
-                app_sees_eintr: false,
-                signals_redelivered: 0,
-                vmas_before: None,
-                vmas_after: None,
-                attached_for: std::time::Duration::ZERO,
-            }));
+            return Ok(Outcome::Done(crate::inject::Injection::default()));
         }
         inj.run(pid, &calls)
     }

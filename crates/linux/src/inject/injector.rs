@@ -118,16 +118,7 @@ impl Injector {
             return Ok(self.count(Outcome::Skipped(SkipReason::OwnProcess)));
         }
         if calls.is_empty() {
-            return Ok(Outcome::Done(Injection {
-                results: vec![],
-                tid: 0,
-                interrupted_syscall: None,
-                app_sees_eintr: false,
-                signals_redelivered: 0,
-                vmas_before: None,
-                vmas_after: None,
-                attached_for: Duration::ZERO,
-            }));
+            return Ok(Outcome::Done(Injection::default()));
         }
         let worker = match &mut self.worker {
             Some(w) => w,

@@ -71,7 +71,9 @@ impl Outcome {
 }
 
 /// A completed injection.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// [`Default`] is the injection of an empty batch: nothing ran, no thread
+/// was stopped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Injection {
     /// Each call's return value as the kernel gave it: `>= 0` on success,
     /// `-errno` on failure (e.g. `-12` ENOMEM for a range with a hole).
