@@ -4,8 +4,8 @@
 //!
 //! Files with a structure the `procfs` crate parses (`stat` lists,
 //! `smaps`, `maps`, `smaps_rollup`, `vm.max_map_count`) are read through
-//! it, and its errors go through [`procfs_error`]. One reader is
-//! hand-written, [`read_small`], for speed: the injector reads a process's
+//! it, and its errors go through `procfs_error`. One reader is
+//! hand-written, `read_small`, for speed: the injector reads a process's
 //! `stat`, a thread's `status` and `syscall` and `/proc/PID/maps` on every
 //! attach, and `std::fs::read` (like `procfs`) also stats and seeks the
 //! file; two syscalls more cost 2–6 µs per file on this machine, where
@@ -20,7 +20,7 @@
 //! - Access refused (EPERM, EACCES): the capability that would lift it, by
 //!   name ([`LinuxError::MissingCapability`]), or the refusal despite it;
 //!   for the owner-only KSM files, which no capability but reading as
-//!   root opens, the mode is named instead ([`Access::OwnerOnly`]).
+//!   root opens, the mode is named instead (`Access::OwnerOnly`).
 //! - Anything else: an I/O error saying what was being read, of which
 //!   process.
 

@@ -18,9 +18,9 @@ use std::time::Duration;
 /// After [`install`](Self::install), the first SIGTERM or SIGINT sets
 /// [`requested`](Self::requested), so the daemon can shut down gracefully
 /// and drop its guard. If the process is still alive `grace` later, or on a
-/// second signal, every live [`KsmGuard`] of the process is restored (their
-/// writes refused from then on) and the process dies of the signal, as it
-/// would have without a handler. With a zero grace this happens at once.
+/// second signal, every live [`KsmGuard`](super::KsmGuard) of the process is
+/// restored (their writes refused from then on) and the process dies of the
+/// signal, as it would have without a handler. With a zero grace this happens at once.
 /// SIGKILL cannot be caught: the lock file's record covers it.
 #[derive(Clone, Debug)]
 pub struct TerminationWatch {
