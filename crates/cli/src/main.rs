@@ -163,8 +163,8 @@ struct BenchArgs {
     /// (the default).
     #[arg(long, conflicts_with = "full")]
     quick: bool,
-    /// The sizes (2 GiB + 2 GiB static-mixed, ...), 120 s windows,
-    /// more systems (all ten on static-mixed and sparse-only).
+    /// The experiments' full sizes (2 GiB + 2 GiB static-mixed, ...), 120 s
+    /// windows, more systems (all ten on static-mixed and sparse-only).
     #[arg(long)]
     full: bool,
     /// Only these experiments (names or groups, comma-separated).

@@ -1,4 +1,4 @@
-//! Issue 4's "Done when" for `pagesift run`, with real processes and the
+//! The acceptance goals of `pagesift run`, with real processes and the
 //! real kernel KSM: static-mixed at full size, no harm to the processes the
 //! daemon touches, and the COW-broken workload of UKSM §8.1.2.
 //!
@@ -57,7 +57,7 @@ fn states_of(st: &Value, pid: u32) -> Vec<String> {
         .collect()
 }
 
-/// Issue 4, "Static-mixed": 2 GiB identical + 2 GiB random in two processes
+/// Static-mixed: 2 GiB identical + 2 GiB random in two processes
 /// that never called madvise; ≥ 99 % of the identical pages merged within
 /// 10 s of daemon start under the full governor; the random region never
 /// marked mergeable.
@@ -125,7 +125,7 @@ fn static_mixed_at_full_size_is_merged_within_10_s_and_the_random_half_never_mar
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Issue 4, "No harm", at daemon level: targets blocked in nanosleep, futex
+/// No harm, at daemon level: targets blocked in nanosleep, futex
 /// and read, a multi-threaded one, a seccomp-filtered one, two that exit
 /// while the daemon works, and a workload that rewrites merged pages. Their
 /// memory is checked before and after merging, after the COW breaks and
@@ -304,7 +304,7 @@ fn the_daemon_harms_no_target_through_merge_cow_break_and_unmerge() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Issue 4, "COW-broken" (UKSM §8.1.2: one page of identical memory
+/// COW-broken (UKSM §8.1.2: one page of identical memory
 /// rewritten with the same content every 10 ms, start to end, over and
 /// over). Under the default thresholds the region is never made mergeable,
 /// so no COW break is induced: the daemon watches the writes of climbing

@@ -38,7 +38,7 @@ fn the_daemon_merges_the_identical_process_and_never_marks_the_random_one() {
     );
 
     // ≥ 99 % of the identical pages merged (KSM keeps one of every 256
-    // mappings as the shared page: 99.6 % at most, ksm-baseline.md §9).
+    // mappings as the shared page at max_page_sharing 256: 99.6 % at most).
     let want = dup_pages * 99 / 100;
     let t0 = Instant::now();
     let st = d.wait_for(Duration::from_secs(90), "99 % merged", |s| {

@@ -101,7 +101,7 @@ fn a_small_demo_merges_the_identical_pages_and_leaves_the_machine_as_it_was() {
 
     // The identical process was merged: ≥ 99 % of its pages map to KSM
     // pages, and the memory saved is all but the KSM frames themselves
-    // (one per 256 mappings at max_page_sharing 256, ksm-baseline.md §9).
+    // (one per 256 mappings at max_page_sharing 256).
     let pages = s["identical_pages"].as_u64().unwrap();
     assert_eq!(pages, 64 * 256);
     assert!(s["merged_percent"].as_f64().unwrap() >= 99.0, "{s}");

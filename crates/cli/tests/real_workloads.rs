@@ -129,7 +129,7 @@ impl Drop for Worker {
     }
 }
 
-/// Issue 10, "Done when": a mixed region (a duplicate block plus a hot
+/// The real-workloads goal: a mixed region (a duplicate block plus a hot
 /// buffer) of real python3 processes is merged without a single COW fault
 /// on its hot part, and the workers' memory is unchanged.
 #[test]

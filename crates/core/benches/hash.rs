@@ -97,7 +97,7 @@ fn bench_hash(c: &mut Criterion) {
     );
 
     g.bench_function("xxh3_64", |b| {
-        b.iter(|| xxhash_rust::xxh3::xxh3_64(black_box(&bytes[..])))
+        b.iter(|| twox_hash::XxHash3_64::oneshot(black_box(&bytes[..])))
     });
     g.bench_function("superfasthash", |b| {
         b.iter(|| super_fast_hash(black_box(&bytes[..])))

@@ -407,7 +407,7 @@ mod tests {
     fn strong_hash_has_no_bad_points() {
         let bytes = |p: &PageWords| -> Vec<u8> { p.iter().flat_map(|w| w.to_le_bytes()).collect() };
         let r = avalanche_words(
-            |p| xxhash_rust::xxh3::xxh3_64(&bytes(p)) as u32,
+            |p| twox_hash::XxHash3_64::oneshot(&bytes(p)) as u32,
             small(100),
             &[0, 511, 1023],
         );

@@ -1,5 +1,5 @@
 //! One wake-up of region distilling: sample → hash → index → ladder
-//! (UKSM §5.3, Figure 4; notes uksm-implementation.md §3.6–3.7 and §5.3).
+//! (UKSM §5.3, Figure 4, and UKSM's released `uksm.c`).
 //!
 //! Each wake-up, level `l` gets `pages_per_wakeup(p_l, T_s, s)` samples and
 //! walks its flat page space at `sampling_interval(L_l, s, t_l, p_l)`. A
@@ -44,8 +44,8 @@
 //! follows at most one run per round of its level, and never from inside
 //! a run it reported that recently. Runs of at least two pages are
 //! reported ([`DupRun`]) with where their twin run starts; the caller
-//! decides whether a run is worth making mergeable (issue 4, "Promote":
-//! "or a run of verified duplicate pages appears inside a region").
+//! decides whether a run is worth making mergeable on its own (a run of
+//! verified duplicate pages inside a region that does not climb).
 //!
 //! **Hints** (XLH, dissertation §4.3.4). [`Distiller::wake_with_hints`]
 //! takes pages that just received file data from a [`HintStack`] and
@@ -136,7 +136,7 @@ impl DupRun {
 pub struct DistillerConfig {
     pub ladder: LadderConfig,
     pub governor: Governor,
-    /// T_s, the sleep between wake-ups (UKSM default 100 ms, notes §1).
+    /// T_s, the sleep between wake-ups (UKSM's default 100 ms).
     pub sleep: Nanos,
     pub index: IndexConfig,
     pub strength: StrengthConfig,

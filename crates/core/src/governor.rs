@@ -31,7 +31,7 @@
 //! are "evenly derived" from the global round time. §5.2 defines the global
 //! round time as the sum of the levels' round times.
 //!
-//! *The released code* (notes §2, `uksm_cpu_preset`): a four-rung table of
+//! *The released code* (`uksm_cpu_preset` in UKSM's `uksm.c`): a four-rung table of
 //! CPU ratios and round times (`cover_msecs`):
 //!
 //! | governor | rung CPU shares (0..3)         | rung round times (ms) | max CPU |
@@ -64,7 +64,7 @@
 //!
 //! `s` is measured, not configured: [`CostEma`] keeps the code's
 //! exponential moving average of the scanner's CPU time per sampled page
-//! (notes §3.6).
+//! (`ema()` and `uksm_calc_scan_pages` in `uksm.c`).
 
 use crate::Nanos;
 use std::fmt;
@@ -78,24 +78,23 @@ const MS: Nanos = 1_000_000;
 pub const BOTTOM_CPU_SHARE: f64 = 0.002;
 
 /// Fewest samples a level round may take, however small its budget
-/// (`RUNG_SAMPLED_MIN = 3`, notes §3.2): a round always looks at a few
+/// (`RUNG_SAMPLED_MIN = 3` in `uksm.c`): a round always looks at a few
 /// pages of its level.
 pub const MIN_ROUND_SAMPLES: u64 = 3;
 
 /// Per-page cost the estimate starts from and returns to on reset, in ns
-/// (`UKSM_PAGE_TIME_DEFAULT = 500`, notes §1 and §3.6).
+/// (`UKSM_PAGE_TIME_DEFAULT = 500` in `uksm.c`).
 pub const DEFAULT_PAGE_NS: f64 = 500.0;
 
 /// Smallest per-page cost the arithmetic accepts, in ns. Sampling a page
 /// costs far more than this; the floor only keeps divisions finite.
 pub const MIN_PAGE_NS: f64 = 1.0;
 
-/// The default sleep between wake-ups (`sleep_millisecs = 100`, notes §1).
+/// The default sleep between wake-ups (UKSM's `sleep_millisecs = 100`).
 pub const DEFAULT_SLEEP: Nanos = 100 * MS;
 
 /// Longest sleep between wake-ups: the code caps `uksm_sleep_real` at one
-/// second for responsiveness, and `sleep_millisecs` accepts 0..1000
-/// (notes §1, §3.6).
+/// second for responsiveness, and `sleep_millisecs` accepts 0..1000.
 pub const MAX_SLEEP: Nanos = 1000 * MS;
 
 /// Units of the code's CPU ratios: 1/10000 of one CPU (`TIME_RATIO_SCALE`).
@@ -125,7 +124,7 @@ pub enum Governor {
 }
 
 /// The released code's preset for one governor (`uksm_cpu_preset`,
-/// uksm.c:L527-542, notes §2): CPU ratios in 1/10000 of a CPU, where a
+/// uksm.c:L527-542): CPU ratios in 1/10000 of a CPU, where a
 /// negative `-r` means `r/10000` of `max_cpu` (`MAX/n` in sysfs), round
 /// times in ms, and the cap in percent.
 struct ReleasedPreset {
@@ -169,7 +168,7 @@ impl Governor {
     }
 
     fn released(self) -> ReleasedPreset {
-        // notes §2 table; uksm.c:L527-542.
+        // uksm.c:L527-542.
         match self {
             Governor::Full => ReleasedPreset {
                 cpu_ratio: [20, 40, -2500, -10000],
@@ -195,7 +194,7 @@ impl Governor {
     }
 
     /// The governor's CPU cap as a fraction of one core: the code's
-    /// `max_cpu_percentage` preset (95, 50, 20, 1 %; notes §2). The paper
+    /// `max_cpu_percentage` preset (95, 50, 20, 1 %). The paper
     /// says 95 % halving per step (47.5, 23.75 %) and 1 % for Quiet.
     pub fn max_cpu(self) -> f64 {
         f64::from(self.released().max_cpu_percent) / 100.0
@@ -359,7 +358,7 @@ fn floor_count(x: f64) -> u64 {
 /// rounds should take `round_time` at `cpu_share` of a core and
 /// `per_page_ns` per page: `L_l · s / (t_l · p)`, at least 1.
 ///
-/// As in the code (`uksm_calc_rung_step`, notes §3.2) the target sample
+/// As in the code (`uksm_calc_rung_step`) the target sample
 /// count `t_l · p / s` is at least [`MIN_ROUND_SAMPLES`], and a round time
 /// of 0 means "every page" (interval 1).
 pub fn sampling_interval(
@@ -409,7 +408,7 @@ pub fn pages_per_wakeup(cpu_share: f64, sleep: Nanos, per_page_ns: f64) -> u64 {
 /// The sleep that keeps the duty cycle at `cpu_share` after `active_ns` of
 /// scanning: `active · (1 - p) / p`, rounded up.
 ///
-/// The code uses this twice (notes §3.6): to lengthen the sleep when the
+/// The code uses this twice: to lengthen the sleep when the
 /// bottom level could not afford even one page per period
 /// (`active_ns` = one page's cost, at the bottom's share), and after a
 /// burst, to sleep long enough for the largest share that scanned (then
@@ -427,20 +426,20 @@ pub fn sleep_for_share(active_ns: f64, cpu_share: f64) -> Nanos {
 }
 
 /// Weight of the newest measurement in the per-page cost average
-/// (`EMA_ALPHA 20`, notes §3.6).
+/// (`EMA_ALPHA 20` in `uksm.c`).
 pub const EMA_ALPHA: f64 = 0.20;
 
 /// A measurement more than this many times the average is treated as a
-/// burst: the average only doubles (notes §3.6, "binary approach to avoid
+/// burst: the average only doubles (the code's "binary approach to avoid
 /// runaway").
 pub const EMA_RUNAWAY_FACTOR: f64 = 10.0;
 
 /// An average above this many ns is discarded and the default restored
-/// (notes §3.6).
+/// (as the code does).
 pub const EMA_RESET_ABOVE_NS: f64 = 100_000.0;
 
 /// The average is reset to the default every this many evaluation rounds,
-/// so a stale estimate cannot persist forever (notes §3.6).
+/// so a stale estimate cannot persist forever (as the code does).
 pub const EMA_RESET_ROUNDS: u64 = 256;
 
 /// Exponential moving average of the scanner's CPU time per sampled page,
@@ -529,7 +528,7 @@ mod tests {
     use proptest::prelude::*;
 
     /// The code's integer `cpu_ratio_to_nsec` then `/ ema` (uksm.c
-    /// L4284-4288, L4337-4343), to show where the notes' figures differ.
+    /// L4284-4288, L4337-4343), to show where its integer order differs.
     fn released_pages(ratio: u64, sleep_us: u64, ema_ns: u64) -> u64 {
         1000 * sleep_us / (10_000 - ratio) * ratio / ema_ns
     }
@@ -546,7 +545,8 @@ mod tests {
 
     #[test]
     fn every_released_preset_real_ratios() {
-        // notes §2 "Resulting real ratios".
+        // The real ratios the released presets give (negative ratios
+        // resolved against the cap).
         let expect: [(Governor, [f64; 4], f64); 4] = [
             (Governor::Full, [0.002, 0.004, 0.2375, 0.95], 0.95),
             (Governor::Medium, [0.002, 0.003, 0.125, 0.5], 0.5),
@@ -568,10 +568,10 @@ mod tests {
 
     #[test]
     fn worked_example_full_100ms_500ns() {
-        // notes §2: "full", sleep 100 ms, 500 ns/page.
+        // "full", sleep 100 ms, 500 ns/page.
         let budgets = Governor::Full.params(4).wakeup_budgets(100 * MS, 500.0);
-        // The exact §5.3 formula; the notes (computed in the code's
-        // integer order) give 62 291 for rung 2, see below.
+        // The exact §5.3 formula; the code's integer order gives 62 291
+        // for rung 2, see below.
         assert_eq!(budgets, vec![400, 803, 62_295, 3_800_000]);
         let released: Vec<u64> = [20, 40, 2375, 9500]
             .into_iter()

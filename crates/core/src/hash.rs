@@ -395,7 +395,7 @@ mod tests {
     }
 
     /// One move of a strength walk: a jump to any strength, or a small
-    /// step up or down (the controller's moves are small, §4.4 of the notes).
+    /// step up or down (the controller's moves are small: at most 32 words).
     #[derive(Clone, Debug)]
     enum Move {
         Jump(u32),
@@ -412,7 +412,7 @@ mod tests {
         )
     }
 
-    /// The released patch's `HASH_FROM_DOWN_TO` (notes §4.3) for (8, 12).
+    /// The released patch's `HASH_FROM_DOWN_TO` for (8, 12).
     #[test]
     fn released_patch_inverse_matches() {
         let h = PartialHasher::new(1, Shifts::RELEASED);

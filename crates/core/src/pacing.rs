@@ -3,7 +3,8 @@
 //!
 //! ## The model
 //!
-//! ksmd alternates between a batch and a sleep (mainline-ksm.md §1): it
+//! ksmd alternates between a batch and a sleep (`ksm_scan_thread` in
+//! `mm/ksm.c`): it
 //! scans `pages_to_scan` pages (`P`), costing `P·c + o` of CPU (`c` per
 //! page, `o` per wake-up), then sleeps `sleep_millisecs` (`S`, which the
 //! kernel rounds up to whole jiffies). Its CPU share, as a fraction of one
@@ -19,13 +20,13 @@
 //!
 //! ## Why a closed loop
 //!
-//! The cost per page is not a constant. ksm-baseline.md measured, on this
-//! machine: 0.7–1.0 µs for a checksum-only first visit in batches of ≥ 1000
-//! pages and 1.5–1.7 µs in batches of 100 (§4.5.4); about 3 µs per merge
-//! (C4 merge phase: 223,092 pages/s at 67.7 % CPU, §5); 5–10 µs to insert a
-//! random page into the unstable tree (W4 C2 from the second pass: 31,339
-//! pages/s at 29.7 %, §6); and about 100 µs per page once every KSM page of
-//! a stable chain is full (§4.3). A fixed model would be off by up to two
+//! The cost per page is not a constant. Measured on this machine (its 6.18
+//! kernel, KSM alone on synthetic workloads): 0.7–1.0 µs for a
+//! checksum-only first visit in batches of ≥ 1000 pages and 1.5–1.7 µs in
+//! batches of 100; about 3 µs per merge (a merge phase: 223,092 pages/s at
+//! 67.7 % CPU); 5–10 µs to insert a random page into the unstable tree
+//! (from the second pass: 31,339 pages/s at 29.7 %); and about 100 µs per
+//! page once every KSM page of a stable chain is full. A fixed model would be off by up to two
 //! orders of magnitude, so the pacer *measures* instead.
 //!
 //! ## The algorithm
@@ -76,7 +77,8 @@
 //!    [`PacingConfig::trickle_share`] (0.1 %, half of UKSM's bottom level,
 //!    §7), a long sleep and at most [`PacingConfig::trickle_max_pages`]
 //!    per batch. The trickle keeps its own cost estimate, because 100-page
-//!    batches once a second amortise the wake-up differently (§4.5.4).
+//!    batches once a second amortise the wake-up differently (1.5–1.7 µs a
+//!    page in batches of 100 against 0.7–1.0 µs in batches of ≥ 1000).
 //!
 //! Time is passed in ([`Nanos`]); the module reads no clock and no file.
 
@@ -134,21 +136,21 @@ impl Default for PacingConfig {
             max_pages: 100_000,
             min_sleep_ms: 10,
             max_sleep_ms: 5_000,
-            // KSM's own default (mainline-ksm.md §1.1).
+            // KSM's own default `sleep_millisecs` (20).
             active_sleep_ms: 20,
             // Half of UKSM's bottom level (0.2 %, governor table, §7): the
-            // daemon's own idle sampling gets the other half of the issue's
-            // 0.2 % aim.
+            // daemon's own idle sampling gets the other half of the 0.2 %
+            // idle aim.
             trickle_share: 0.001,
             trickle_sleep_ms: 1_000,
-            // KSM's default batch (mainline-ksm.md §1.1), once a second.
+            // KSM's default batch (`pages_to_scan` 100), once a second.
             trickle_max_pages: 100,
             // UKSM's full governor caps at 95 % (governor table, §7).
             max_share: 0.95,
             // pagesift's choice: three full scans settle a region and the
             // daemon looks about once a second; one more for the margin.
             active_scans_per_s: 4.0,
-            // ksm-baseline.md §5: 223,092 merges/s at 67.7 % CPU ≈ 3.0 µs.
+            // Measured: 223,092 merges/s at 67.7 % CPU ≈ 3.0 µs (module header).
             seed_cost_ns: 3_000.0,
             smoothing: 0.8,
             max_raise: 2.0,
@@ -322,8 +324,8 @@ pub struct Pacer {
 }
 
 /// Lowest and highest effective cost the estimate may take, ns per page.
-/// ksm-baseline.md's cheapest visit is 0.67 µs and its worst about 100 µs
-/// (§4.3); a decade of margin either side.
+/// The cheapest visit measured is 0.67 µs and the worst about 100 µs (a
+/// full stable chain, module header); a decade of margin either side.
 const COST_FLOOR_NS: f64 = 50.0;
 const COST_CEILING_NS: f64 = 1_000_000.0;
 
@@ -515,7 +517,7 @@ mod tests {
             SimKsmd {
                 cost_ns,
                 wake_ns,
-                // CONFIG_HZ=250 here (ksm-baseline.md §1).
+                // CONFIG_HZ=250 here (/proc/config.gz).
                 jiffy_ms: 4,
                 noise: 0.0,
                 rng: 0x9E37_79B9_7F4A_7C15,
@@ -677,7 +679,7 @@ mod tests {
     #[test]
     fn converges_on_costs_it_does_not_know() {
         // From the cheapest first-pass visit to the all-full-chain case
-        // (ksm-baseline.md §4.5.4, §4.3).
+        // (module header).
         for cost in [700.0, 3_000.0, 9_500.0, 100_000.0] {
             for target in [0.02, 0.10, 0.30] {
                 let mut p = Pacer::new(PacingConfig::default()).unwrap();
@@ -752,7 +754,7 @@ mod tests {
     #[test]
     fn a_cost_jump_is_cut_within_a_few_ticks() {
         // Merging finishes and the all-full stable chain makes every page
-        // ~30x dearer (ksm-baseline.md §4.3).
+        // ~30x dearer (module header).
         let mut p = Pacer::new(PacingConfig::default()).unwrap();
         let mut k = SimKsmd::new(3_000.0, 10_000.0);
         p.start(active(0.1));

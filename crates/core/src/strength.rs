@@ -1,6 +1,6 @@
 //! Adaptive hash strength: the controller that picks how many words of a
 //! page the partial hash reads (UKSM §6.1; released code: `rshash_adjust`
-//! and `judge_rshash_direction`, uksm.c L3955-4141, notes §4.4).
+//! and `judge_rshash_direction`, uksm.c L3955-4141).
 //!
 //! # Cost model
 //!
@@ -66,7 +66,7 @@
 //!
 //! # Where this differs from the released code, and why
 //!
-//! * The stable state follows the paper (and issue 2): the code instead
+//! * The stable state follows the paper: the code instead
 //!   needs three consecutive >50 % rounds, takes single slow-start steps
 //!   down after three penalty-free rounds and up when the penalty exceeds
 //!   90 % of the profit without leaving STILL, and forces a probe at every
@@ -154,8 +154,8 @@ impl Default for StrengthConfig {
     ///   `process_vm_readv` 1.3-1.6 µs, about one full hash (1024 units).
     ///   1088 = 1024 + 64. Callers that can time these should set it with
     ///   [`StrengthConfig::memcmp_cost_from_timings`].
-    /// * `min = 1`, `max = 1024`: one word up to the whole page (notes §4.1,
-    ///   without the loop-back above 1024).
+    /// * `min = 1`, `max = 1024`: one word up to the whole page (the released
+    ///   code's range, without its loop-back above 1024).
     /// * `max_deviation = 0.5`, `quiet_rounds = 2`, `reprobe_rounds = 1000`:
     ///   the three triggers of paper §6.1.
     fn default() -> Self {

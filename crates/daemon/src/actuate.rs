@@ -1,11 +1,11 @@
 //! Turning decisions into `madvise` calls inside the owner process.
 //!
 //! A stock kernel only merges `VM_MERGEABLE` ranges, and only the owner can
-//! set that flag (`process_madvise` refuses MADV_MERGEABLE remotely,
-//! mechanisms.md §2), so the calls run inside the target by ptrace syscall
-//! injection (mechanisms.md §1). [`Actuator`] is that capability as the
+//! set that flag (`process_madvise` refuses MADV_MERGEABLE remotely), so
+//! the calls run inside the target by ptrace syscall injection
+//! (`pagesift_linux::inject`). [`Actuator`] is that capability as the
 //! loop sees it: one *batch* of calls per process, run under one attach
-//! (≈10 µs fixed + 13 µs per call, mechanisms.md §1), with an outcome that
+//! (≈10 µs fixed + 13 µs per call, measured), with an outcome that
 //! separates "done", "skipped and why" (traced, seccomp-filtered) and
 //! "gone" (a process that exits is normal).
 //!

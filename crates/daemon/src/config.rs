@@ -7,8 +7,7 @@
 //!    failed, so the error says `ladder.v_dup: invalid type: string "x",
 //!    expected f64`, not only a line number.
 //! 2. Missing keys take the defaults below, which come from the UKSM paper
-//!    (FAST '18) and the released code (notes `uksm-implementation.md`);
-//!    each cites where.
+//!    (FAST '18) and UKSM's released kernel patch; each cites where.
 //! 3. [`Config::validate`] checks ranges and names the key and the reason.
 //!
 //! Where the file comes from: `--config PATH` must exist; without it the
@@ -18,8 +17,8 @@
 //! ## Which processes are merged
 //! Nothing, unless the operator says so. Merging pages across processes is
 //! a known side channel (a write to a merged page is slower, which tells an
-//! attacker that another process holds the same content; mainline-ksm.md
-//! §6), so the eligible set is the operator's choice: `[eligible]` lists
+//! attacker that another process holds the same content), so the eligible
+//! set is the operator's choice: `[eligible]` lists
 //! what may be merged (`all = true` for every process), `[ineligible]`
 //! lists what never is, and pagesift never merges itself.
 
@@ -106,8 +105,8 @@ impl ConfigError {
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// CPU governor (UKSM §7): full, medium, low or quiet. Sets each
-    /// level's CPU share and round time. Default full (UKSM's default,
-    /// notes §1 `cpu_governor`).
+    /// level's CPU share and round time. Default full (UKSM's default
+    /// `cpu_governor`).
     pub governor: Governor,
     /// The ladder's thresholds.
     pub ladder: LadderSection,
@@ -166,15 +165,15 @@ impl Default for LadderSection {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ScanSection {
-    /// T_s, the sleep between wake-ups in ms (UKSM `sleep_millisecs = 100`,
-    /// notes §1; at most 1000, the code's cap).
+    /// T_s, the sleep between wake-ups in ms (UKSM `sleep_millisecs = 100`;
+    /// at most 1000, the code's cap).
     pub sleep_ms: u64,
     /// Global sampling round time in ms: the levels' round times are scaled
     /// so that they sum to it. Unset: the governor's (§7: 2, 4, 8, 20 s;
     /// the paper says it "can be configured in the range of 2 - 20s").
     pub round_time_ms: Option<u64>,
     /// Most CPU the daemon's sampling may use, as a fraction of one core.
-    /// Unset: the governor's cap (95, 50, 20, 1 %; notes §2).
+    /// Unset: the governor's cap (95, 50, 20, 1 %; `core::governor`).
     pub cpu_cap: Option<f64>,
     /// VMAs larger than this (MiB) are tracked as sub-regions of this size,
     /// aligned to multiples of it, so that a VM's guest RAM or a big heap is
@@ -237,8 +236,8 @@ pub struct ActuateSection {
     /// time a region takes to climb back under the full governor.
     pub write_hold_s: u64,
     /// Pages of promoted regions inspected per second to count merged pages
-    /// and COW breaks (pagemap + kpageflags, ≈155 ns a page,
-    /// mechanisms.md §4: 131072 pages/s ≈ 2 % of a core).
+    /// and COW breaks (pagemap + kpageflags, ≈155 ns a page measured:
+    /// 131072 pages/s ≈ 2 % of a core).
     pub account_pages_per_s: u64,
     /// Fewest merged pages a region must have shown before its COW-broken
     /// ratio is trusted to unmark it.
@@ -251,8 +250,8 @@ pub struct ActuateSection {
     /// which unmerges their pages. Off: merged pages stay merged.
     pub unmerge_on_exit: bool,
     /// A run of at least this many verified duplicate pages inside a
-    /// region that does not climb is made mergeable on its own (issue 4,
-    /// "Promote"), with its twin run. 0 turns run promotion off.
+    /// region that does not climb is made mergeable on its own, with its
+    /// twin run. 0 turns run promotion off.
     /// pagesift's choice: 16 pages (64 KiB) save more than the two VMA
     /// splits a side cost (about 200 bytes each).
     pub run_min_pages: u32,
@@ -290,7 +289,7 @@ impl Default for ActuateSection {
 #[serde(deny_unknown_fields, default)]
 pub struct KsmSection {
     /// ksmd's CPU share while promoted memory is unmerged. Unset: the
-    /// governor's top-level share (95, 50, 20, 0.75 %; notes §2).
+    /// governor's top-level share (95, 50, 20, 0.75 %; `core::governor`).
     pub merge_share: Option<f64>,
     /// ksmd's CPU share when nothing promoted is unmerged (it still
     /// revisits merged pages). Unset: 0.1 %, half of the bottom level's

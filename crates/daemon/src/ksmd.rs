@@ -6,7 +6,7 @@
 //! ownership; the loop only says which share of one core ksmd should get:
 //! the governor's top-level share while promoted memory is unmerged, a
 //! trickle (the bottom level's share) when everything promoted is merged
-//! (issue 4, "Pace ksmd"). Turning a share into `pages_to_scan` and
+//! Turning a share into `pages_to_scan` and
 //! `sleep_millisecs`, closed-loop on ksmd's measured CPU time, is the
 //! implementation's job.
 
@@ -14,8 +14,7 @@ use pagesift_core::Nanos;
 use pagesift_core::pacing::{KsmdPace, KsmdTick, PaceMode, Pacer, PacingConfig, PacingDemand};
 use pagesift_linux::ksm::{AdvisorMode, GuardOptions, KsmGuard, Ksmd, Run};
 
-/// ksmd's counters at one moment (`/sys/kernel/mm/ksm`, mainline-ksm.md
-/// §1.2) and its CPU time.
+/// ksmd's counters at one moment (`/sys/kernel/mm/ksm`) and its CPU time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KsmSample {
     /// ksmd's CPU time so far, ns.

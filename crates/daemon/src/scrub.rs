@@ -310,7 +310,7 @@ impl Drop for Scrubber {
 
 /// Content hash of a page, for the index and the host cache alike.
 pub fn page_hash(bytes: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(bytes)
+    twox_hash::XxHash3_64::oneshot(bytes)
 }
 
 fn index_guest(guest: &mut Guest) -> Result<(), LinuxError> {

@@ -7,7 +7,7 @@
 //!
 //! ## Refreshing cheaply
 //! Re-reading every process's maps means reading `/proc/PID/smaps`, which
-//! walks page tables (10–17 ms per resident GiB, mechanisms.md §7): on a
+//! walks page tables (10–17 ms per resident GiB, measured): on a
 //! host with GiBs of memory a refresh every second would cost more than the
 //! whole bottom level's 0.2 % budget. So [`Target::processes_changed`] is a
 //! single read of the `/proc` directory, and the loop refreshes only when
@@ -20,7 +20,7 @@ use crate::eligibility::ProcessFacts;
 use pagesift_core::source::{MemorySource, PageState, RegionInfo, SourceError};
 use pagesift_core::{PageRef, PageWords, RegionId};
 use pagesift_linux::inspect::PageInfo;
-use pagesift_linux::{LinuxSource, ProcessFilter, SourceConfig, host, ksm};
+use pagesift_linux::{LinuxSource, ProcessFilter, SourceConfig, host, ksm, proc};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Where a region lives.
@@ -154,7 +154,7 @@ impl LinuxTarget {
             subregion_pages,
             pids: host::pids().unwrap_or_default(),
             procs: Vec::new(),
-            max_map_count: host::max_map_count().unwrap_or(65_530),
+            max_map_count: proc::max_map_count().unwrap_or(65_530),
             infos: Vec::new(),
             #[cfg(target_arch = "x86_64")]
             injector: pagesift_linux::inject::Injector::new(Default::default()),
@@ -259,7 +259,7 @@ impl Target for LinuxTarget {
 
     fn refresh(&mut self) -> Result<(), String> {
         self.src.refresh().map_err(|e| e.to_string())?;
-        self.max_map_count = host::max_map_count().unwrap_or(self.max_map_count);
+        self.max_map_count = proc::max_map_count().unwrap_or(self.max_map_count);
         self.read_facts();
         Ok(())
     }
@@ -306,7 +306,7 @@ impl Target for LinuxTarget {
     }
 
     fn vma_count(&self, pid: u32) -> Option<u64> {
-        host::vma_count(pid).ok()
+        proc::map_count(pid).ok()
     }
 
     fn note_advised(&mut self, pid: u32, start: u64, end: u64, mergeable: bool) {

@@ -1,7 +1,7 @@
 //! What one injection costs on this machine: per attach and per extra
-//! syscall in the same attach (mechanisms.md §1 measured 22–28 µs per
+//! syscall in the same attach (a raw C prototype measured 22–28 µs per
 //! attach of a blocked thread, about 100 µs for a spinning one, and 12–13 µs
-//! per extra syscall with raw C).
+//! per extra syscall).
 //!
 //! Starts `inject_target` processes (one single-threaded, asleep in
 //! `nanosleep`; one with a thread spinning in user space) and times, over

@@ -192,13 +192,13 @@ fn sleep_loop(d: Duration, eintr_ok: bool, errors: &Errors) -> u64 {
 
 fn fill(region: &mut AnonMapping, seed: u64) {
     for (i, chunk) in region.as_mut_slice().chunks_exact_mut(8).enumerate() {
-        let v = xxhash_rust::xxh3::xxh3_64_with_seed(&(i as u64).to_le_bytes(), seed);
+        let v = twox_hash::XxHash3_64::oneshot_with_seed(seed, &(i as u64).to_le_bytes());
         chunk.copy_from_slice(&v.to_le_bytes());
     }
 }
 
 fn checksum(region: &AnonMapping) -> String {
-    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(region.as_slice()))
+    format!("{:016x}", twox_hash::XxHash3_64::oneshot(region.as_slice()))
 }
 
 mod handler {

@@ -14,7 +14,7 @@
 //!   exact scan does: presence re-check plus read) and over pages in random
 //!   order (what sampling does).
 //!
-//! mechanisms.md §3 measured 2.47 M pages/s for contiguous `process_vm_readv`
+//! A raw C measurement gave 2.47 M pages/s for contiguous `process_vm_readv`
 //! and 1.95 M/s with 1024 page iovecs; these figures should be close.
 //!
 //! Run (as root):

@@ -16,7 +16,7 @@
 //! `/proc/PID/smaps` is read once and parsed by `procfs`; the `VmFlags`
 //! line of each VMA is kept as raw tokens because `procfs` drops flags it
 //! does not know (such as `dp`, `VM_DROPPABLE`). A VMA is kept when KSM's
-//! `ksm_compatible()` would accept it (mainline-ksm.md §2.3): not shared
+//! `ksm_compatible()` (`mm/ksm.c`) would accept it: not shared
 //! (`sh`, `ms`), not `VM_PFNMAP`/`VM_IO` (`pf`, `io`), not `VM_DONTEXPAND`
 //! (`de`), not hugetlb (`ht`), not `VM_MIXEDMAP` (`mm`), not `VM_DROPPABLE`
 //! (`dp`). DAX mappings are not visible in smaps and are not filtered (KSM
@@ -42,6 +42,7 @@ pub use maps::{
 };
 
 use crate::error::LinuxError;
+use crate::proc::{self, PTRACE};
 use procfs::FromBufRead;
 use procfs::process::{MMapPath, MemoryMaps, Process};
 use std::io::Read;
@@ -302,7 +303,7 @@ impl VmaFlags {
     }
 }
 
-/// Applies KSM's `ksm_compatible()` rule (mainline-ksm.md §2.3) plus
+/// Applies KSM's `ksm_compatible()` rule (`mm/ksm.c`) plus
 /// pagesift's readability rule to one VMA.
 pub fn classify(
     flags: &VmaFlags,
@@ -398,37 +399,10 @@ pub fn process_regions(pid: u32) -> Result<ProcessRegions, LinuxError> {
     let p = Process::new(pid as i32).map_err(|_| LinuxError::NoSuchProcess(pid))?;
     let mut text = String::new();
     p.open_relative("smaps")
-        .map_err(|e| proc_error(pid, e, "smaps"))?
+        .map_err(|e| proc::procfs_error(pid, e, "opening /proc/PID/smaps", PTRACE))?
         .read_to_string(&mut text)
-        .map_err(|e| {
-            LinuxError::from_process_op(
-                pid,
-                e,
-                "reading /proc/PID/smaps",
-                crate::Capability::SysPtrace,
-                crate::error::WHY_PTRACE,
-            )
-        })?;
+        .map_err(|e| proc::error(pid, e, "reading /proc/PID/smaps", PTRACE))?;
     parse_smaps(&text)
-}
-
-/// A procfs error on `/proc/PID/<file>` as a [`LinuxError`].
-fn proc_error(pid: u32, e: procfs::ProcError, file: &'static str) -> LinuxError {
-    match e {
-        procfs::ProcError::NotFound(_) => LinuxError::NoSuchProcess(pid),
-        procfs::ProcError::PermissionDenied(_) => LinuxError::from_process_op(
-            pid,
-            std::io::Error::from_raw_os_error(crate::error::libc_errno::EACCES),
-            if file == "maps" {
-                "opening /proc/PID/maps"
-            } else {
-                "opening /proc/PID/smaps"
-            },
-            crate::Capability::SysPtrace,
-            crate::error::WHY_PTRACE,
-        ),
-        other => LinuxError::Parse(format!("/proc/{pid}/{file}: {other}")),
-    }
 }
 
 /// The name a kept region is reported under: the mapped file, or the

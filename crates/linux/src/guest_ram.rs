@@ -28,9 +28,8 @@ const BATCH_PAGES: usize = 1024;
 pub fn guest_ram_ranges(pid: u32, min_bytes: u64) -> Result<Vec<Range<u64>>, LinuxError> {
     let maps = Process::new(pid as i32)
         .and_then(|p| p.maps())
-        .map_err(|e| match e {
-            procfs::ProcError::NotFound(_) => LinuxError::NoSuchProcess(pid),
-            e => LinuxError::Parse(format!("/proc/{pid}/maps: {e}")),
+        .map_err(|e| {
+            crate::proc::procfs_error(pid, e, "reading /proc/PID/maps", crate::proc::PTRACE)
         })?;
     Ok(maps
         .iter()

@@ -3,31 +3,34 @@
 //! Every syscall, `/proc` and `/sys` access of pagesift lives in this crate;
 //! the algorithms in `pagesift-core` only see the
 //! [`MemorySource`](pagesift_core::source::MemorySource) trait. The
-//! crate never writes its targets' memory. The one thing it changes in a
-//! target is KSM advice on its mappings, by remote syscall injection
-//! ([`inject`]); KSM's global state is changed only through
-//! [`ksm::KsmGuard`], which restores it.
+//! crate never changes what its targets' memory holds. What it changes in
+//! a target, by remote syscall injection ([`inject`]), is KSM advice on its
+//! mappings and userfaultfd write-protection ([`uffd`]); the only bytes it
+//! writes into a target are the injector's rescue frame and argument
+//! structs, in the stopped thread's stack below its red zone, and those
+//! bytes are put back before the thread resumes. KSM's global state is
+//! changed only through [`ksm::KsmGuard`], which restores it.
 //!
 //! ## How a page is reached, before the code
 //!
 //! 1. **Discover** ([`discover`]). Processes come from `/proc` (filters by
 //!    pid, comm, uid and cgroup; pagesift's own process is never listed).
 //!    Their VMAs come from `/proc/PID/smaps`, parsed by the `procfs` crate;
-//!    only the VMAs that KSM could merge are kept (mainline-ksm.md §2.3:
-//!    private, not hugetlb, not PFNMAP/IO/MIXEDMAP, not DONTEXPAND, not
-//!    DROPPABLE). Private file mappings are kept too, but only their COWed
-//!    (anonymous) pages are candidates.
+//!    only the VMAs that KSM could merge are kept (`ksm_compatible()` in
+//!    `mm/ksm.c`: private, not hugetlb, not PFNMAP/IO/MIXEDMAP, not
+//!    DONTEXPAND, not DROPPABLE). Private file mappings are kept too, but
+//!    only their COWed (anonymous) pages are candidates.
 //! 2. **Look without touching** ([`pagemap`], [`kpageflags`], [`inspect`]).
 //!    `/proc/PID/pagemap` says, per virtual page, whether it is present and
 //!    which frame (PFN) backs it; `/proc/kpageflags` says, per frame, whether
 //!    it is the zero page, a KSM page or part of a THP. `PAGEMAP_SCAN` finds
 //!    present runs of a large sparse VMA in one ioctl. None of these fault a
-//!    page in (mechanisms.md §4).
+//!    page in.
 //! 3. **Read** ([`read`]). Only pages known to be present are read. A
 //!    remote read of a non-present page would *fault it in* in the target:
-//!    it maps the zero page and allocates page tables there (mechanisms.md
-//!    §3, verified with `pvr_fault.c`). Exclusively mapped pages are read
-//!    with `process_vm_readv`, many whole pages per call (up to `IOV_MAX`
+//!    it maps the zero page and allocates page tables there (verified on
+//!    this machine). Exclusively mapped pages are read with
+//!    `process_vm_readv`, many whole pages per call (up to `IOV_MAX`
 //!    iovecs, contiguous pages coalesced). Pages shared with another
 //!    process (after fork) or possibly merged by KSM are read through
 //!    `/proc/PID/mem` instead: `process_vm_readv` pins pages, and pinning a
@@ -53,7 +56,7 @@
 //!    for another process, so [`inject::Injector`] stops one thread of the
 //!    target with ptrace and makes it run `madvise(MADV_MERGEABLE /
 //!    MADV_UNMERGEABLE)` or `prctl(PR_SET_MEMORY_MERGE)` itself, restoring
-//!    it exactly afterwards (mechanisms.md §1).
+//!    it exactly afterwards (docs/reliability.md).
 //!
 //! 6. **Track writes** ([`uffd`]): userfaultfd write-protect in async
 //!    mode, registered by injection and queried with `PAGEMAP_SCAN`, tells
@@ -89,6 +92,7 @@ pub mod ksm;
 pub mod numa;
 pub mod page_cache;
 pub mod pagemap;
+pub mod proc;
 pub mod procstat;
 #[cfg(target_arch = "x86_64")]
 pub mod ptrace;

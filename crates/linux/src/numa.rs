@@ -263,13 +263,7 @@ pub struct Census {
 pub fn census(pid: u32) -> Result<Census, LinuxError> {
     use crate::kpageflags::{KPageFlags, KpfFlags};
     use crate::pagemap::{Pagemap, PagemapEntry};
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            LinuxError::NoSuchProcess(pid)
-        } else {
-            LinuxError::io(format!("reading /proc/{pid}/maps"), e)
-        }
-    })?;
+    let maps = crate::proc::read(pid, "maps", crate::proc::PTRACE)?;
     let pm = Pagemap::open(pid)?;
     pm.require_pfns()?;
     let mut flags = KPageFlags::open()?;

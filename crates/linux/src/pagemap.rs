@@ -6,7 +6,7 @@
 //! | bits | meaning |
 //! |---|---|
 //! | 0–54 | PFN if present (0 without `CAP_SYS_ADMIN`) |
-//! | 55 | soft-dirty (not built on this machine, mechanisms.md §7) |
+//! | 55 | soft-dirty (`CONFIG_MEM_SOFT_DIRTY` is off on this machine's kernel) |
 //! | 56 | exclusively mapped (cleared once a page is shared: fork, KSM) |
 //! | 57 | userfaultfd write-protected |
 //! | 61 | file page or shared anonymous |
@@ -15,8 +15,8 @@
 //!
 //! Reading it never faults a page in, so it is how pagesift decides which
 //! pages it may read. Reads are batched: one `pread` of 512 entries costs
-//! 33–42 ns per page against 0.7–0.8 µs for a single entry (mechanisms.md
-//! §4). The file is opened once per process; the kernel pins the process's
+//! 33–42 ns per page against 0.7–0.8 µs for a single entry (measured
+//! here). The file is opened once per process; the kernel pins the process's
 //! `mm` at open, so a read after the process exits returns 0 bytes and is
 //! reported as [`LinuxError::Gone`] (and a reused pid cannot be confused
 //! with the old process).
@@ -26,6 +26,7 @@
 
 use crate::caps::{self, Capability};
 use crate::error::{LinuxError, WHY_PFN, WHY_PTRACE, libc_errno};
+use crate::proc::PTRACE;
 use crate::sys::{self, PageRegion, ScanQuery};
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -98,19 +99,8 @@ impl Pagemap {
             return Err(LinuxError::OwnProcess(pid));
         }
         let pfns_visible = caps::has(Capability::SysAdmin);
-        let file = File::open(format!("/proc/{pid}/pagemap")).map_err(|e| {
-            if e.raw_os_error() == Some(libc_errno::ENOENT) {
-                LinuxError::NoSuchProcess(pid)
-            } else {
-                LinuxError::from_process_op(
-                    pid,
-                    e,
-                    "opening /proc/PID/pagemap",
-                    Capability::SysPtrace,
-                    WHY_PTRACE,
-                )
-            }
-        })?;
+        let file = File::open(format!("/proc/{pid}/pagemap"))
+            .map_err(|e| crate::proc::error(pid, e, "opening /proc/PID/pagemap", PTRACE))?;
         Ok(Pagemap {
             pid,
             file,

@@ -8,7 +8,7 @@
 //!   the `procfs` crate. PSS divides every page among the processes that
 //!   map it, so a page merged by KSM into one frame mapped 256 times counts
 //!   1/256 in each. Unlike KSM's own counters, which only notice a COW
-//!   break when ksmd next visits the address (ksm-baseline.md §7), PSS
+//!   break when ksmd next visits the address, PSS
 //!   changes the moment a write copies a page: it is the physical truth.
 //!   Reading it walks the page tables of the process (a few ms per GiB),
 //!   so a sampler should read it a few times a second, not more.
@@ -29,6 +29,7 @@
 //! [`LinuxError::NoSuchProcess`]; callers measuring a workload skip it.
 
 use crate::LinuxError;
+use crate::proc::{self, PTRACE};
 use std::io;
 
 /// A process's memory footprint from `/proc/PID/smaps_rollup`, in KiB.
@@ -48,28 +49,14 @@ pub struct MemoryRollup {
     pub ksm_kib: u64,
 }
 
-fn proc_error(pid: u32, what: &str, e: procfs::ProcError) -> LinuxError {
-    match e {
-        procfs::ProcError::NotFound(_) => {
-            if std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                LinuxError::Gone(pid)
-            } else {
-                LinuxError::NoSuchProcess(pid)
-            }
-        }
-        procfs::ProcError::Io(e, _) if e.raw_os_error() == Some(3) => LinuxError::Gone(pid),
-        other => LinuxError::io(format!("{what} of process {pid}"), io::Error::other(other)),
-    }
-}
-
 /// Reads `/proc/PID/smaps_rollup` (needs ptrace read access to the
 /// process: root, or its owner).
 pub fn memory_rollup(pid: u32) -> Result<MemoryRollup, LinuxError> {
     let p = procfs::process::Process::new(pid as i32)
-        .map_err(|e| proc_error(pid, "opening /proc", e))?;
+        .map_err(|e| proc::procfs_error(pid, e, "opening /proc", PTRACE))?;
     let rollup = p
         .smaps_rollup()
-        .map_err(|e| proc_error(pid, "reading smaps_rollup", e))?;
+        .map_err(|e| proc::procfs_error(pid, e, "reading smaps_rollup", PTRACE))?;
     let mut r = MemoryRollup::default();
     // procfs gives the values in bytes; one [rollup] pseudo-map holds them.
     for map in rollup.memory_map_rollup.0 {
@@ -87,8 +74,10 @@ pub fn memory_rollup(pid: u32) -> Result<MemoryRollup, LinuxError> {
 /// has used, in ns, at the resolution of USER_HZ ticks.
 pub fn cpu_ns(pid: u32) -> Result<u64, LinuxError> {
     let p = procfs::process::Process::new(pid as i32)
-        .map_err(|e| proc_error(pid, "opening /proc", e))?;
-    let stat = p.stat().map_err(|e| proc_error(pid, "reading stat", e))?;
+        .map_err(|e| proc::procfs_error(pid, e, "opening /proc", PTRACE))?;
+    let stat = p
+        .stat()
+        .map_err(|e| proc::procfs_error(pid, e, "reading stat", PTRACE))?;
     let tick_ns = 1_000_000_000 / procfs::ticks_per_second().max(1);
     Ok((stat.utime + stat.stime) * tick_ns)
 }
@@ -190,11 +179,10 @@ pub fn machine() -> Machine {
         .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
         .map(|(_, v)| v.trim().to_string())
         .unwrap_or_else(|| "unknown CPU".into());
-    let mem_total_kib = read("/proc/meminfo")
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
+    let mem_total_kib = {
+        use procfs::Current;
+        procfs::Meminfo::current().map_or(0, |m| m.mem_total / 1024)
+    };
     let load = read("/proc/loadavg");
     let mut it = load.split_whitespace().map(|v| v.parse().unwrap_or(0.0));
     Machine {

@@ -2,7 +2,7 @@
 //!
 //! **Pinned: `process_vm_readv`.** The cost of a remote read is per page
 //! (pinning it, about 0.45–0.5 µs), not per byte, so pagesift copies whole
-//! pages: gathering a few bytes per page is no faster (mechanisms.md §3).
+//! pages: gathering a few bytes per page is no faster (measured here).
 //! What matters is the number of syscalls: pages with contiguous addresses
 //! are coalesced into one remote iovec, and up to `IOV_MAX` (1024) remote
 //! iovecs go into one call. The local side is always a single iovec,
@@ -17,18 +17,18 @@
 //! in the target and broke the sharing (a KSM page is unshared the same
 //! way, so a read would undo a merge). `/proc/PID/mem` takes plain page
 //! references (`FOLL_GET`), which never unshare, at about half the speed
-//! (1.2–1.3 M pages/s for 4 MiB reads, 0.8 M/s page by page, mechanisms.md
-//! §3). So the pinned path is only for pages pagemap shows *exclusively
+//! (1.2–1.3 M pages/s for 4 MiB reads, 0.8 M/s page by page, measured
+//! here). So the pinned path is only for pages pagemap shows *exclusively
 //! mapped* (bit 56) that are not KSM pages; every other present page goes
 //! through the unpinned path. [`safe_to_pin`] is that rule.
 //!
 //! **Only present pages may be read, by either path.** The kernel resolves
 //! a remote read like a read fault: an untouched anonymous page gets the
-//! zero page mapped and page tables allocated *in the target*
-//! (mechanisms.md §3, `pvr_fault.c`). [`RemoteReader`] does not check
-//! presence itself (its callers do it in bulk from pagemap, see
-//! [`crate::LinuxSource`]); its contract is that every address handed to
-//! it was seen present (and, for the pinned path, exclusive).
+//! zero page mapped and page tables allocated *in the target* (verified on
+//! this machine). [`RemoteReader`] does not check presence itself (its
+//! callers do it in bulk from pagemap, see [`crate::LinuxSource`]); its
+//! contract is that every address handed to it was seen present (and,
+//! for the pinned path, exclusive).
 //!
 //! A read stops at the first page that cannot be read (unmapped since it
 //! was inspected): the read functions return how many leading pages were
@@ -42,6 +42,7 @@
 
 use crate::caps::Capability;
 use crate::error::{LinuxError, WHY_PTRACE, libc_errno};
+use crate::proc::PTRACE;
 use nix::sys::uio::{RemoteIoVec, process_vm_readv};
 use nix::unistd::Pid;
 use pagesift_core::{PAGE_SIZE, PageWords, WORDS_PER_PAGE};
@@ -130,19 +131,8 @@ impl RemoteReader {
         if pid == crate::own_pid() {
             return Err(LinuxError::OwnProcess(pid));
         }
-        let mem = File::open(format!("/proc/{pid}/mem")).map_err(|e| {
-            if e.raw_os_error() == Some(libc_errno::ENOENT) {
-                LinuxError::NoSuchProcess(pid)
-            } else {
-                LinuxError::from_process_op(
-                    pid,
-                    e,
-                    "opening /proc/PID/mem",
-                    Capability::SysPtrace,
-                    WHY_PTRACE,
-                )
-            }
-        })?;
+        let mem = File::open(format!("/proc/{pid}/mem"))
+            .map_err(|e| crate::proc::error(pid, e, "opening /proc/PID/mem", PTRACE))?;
         Ok(RemoteReader {
             pid,
             mem,

@@ -53,7 +53,7 @@
 //! `/proc/PID/mem`, because pinning them would make the kernel copy them
 //! in the target. The check costs one pagemap `pread` per cluster of
 //! nearby pages (≈0.7 µs for an isolated page, ≈40 ns per page in
-//! contiguous runs, mechanisms.md §4).
+//! contiguous runs, measured).
 //!
 //! ## Vanishing processes
 //! A process that exits is normal: its regions report
@@ -643,8 +643,8 @@ impl LinuxSource {
         self.checked.clear();
         self.checked.resize(n, PagemapEntry(0));
         // Nearby pages share one pread: a gap of up to 32 pages costs less
-        // than another syscall (mechanisms.md §4: 0.7 µs per call, ~35 ns
-        // per entry).
+        // than another syscall (measured: 0.7 µs per call, ~35 ns per
+        // entry).
         const GAP: u64 = 32 * crate::PAGE_SIZE;
         const SPAN: u64 = 4096 * crate::PAGE_SIZE;
         let mut k = 0;

@@ -1,9 +1,13 @@
-//! The only `unsafe` code of pagesift: thin wrappers over syscalls that the
-//! well-kept crates (`nix`, `rustix`) expose only as `unsafe fn`.
+//! Thin wrappers over syscalls that the well-kept crates (`nix`, `rustix`)
+//! expose only as `unsafe fn`, or not at all. With [`crate::ptrace`] (the
+//! raw ptrace requests), this is all the `unsafe` code of pagesift's
+//! libraries; the injection tests' target program and one injection test
+//! make a few raw `libc` calls of their own. Every block carries a
+//! `// SAFETY:` comment (`clippy::undocumented_unsafe_blocks` is denied).
 //!
 //! - [`pagemap_scan`]: the `PAGEMAP_SCAN` ioctl on `/proc/PID/pagemap`
 //!   (Linux 6.7+), which reports runs of pages by category (present,
-//!   zero-PFN, file, THP) without faulting anything in (mechanisms.md §4).
+//!   zero-PFN, file, THP) without faulting anything in.
 //! - [`pagemap_scan_written`]: the same ioctl with `PM_SCAN_WP_MATCHING`,
 //!   which reports pages written since they were last write-protected by
 //!   userfaultfd and protects them again (write tracking, [`crate::uffd`]).
@@ -21,7 +25,7 @@
 //! - [`KindMapping`]: shared, droppable, hugetlb and file mappings, for
 //!   the discovery tests that check how each kind of VMA is classified.
 //! - [`prctl`]: `PR_SET_MEMORY_MERGE` for `pagesift exec` and for test
-//!   children made mergeable before exec (mainline-ksm.md §2.2).
+//!   children made mergeable before exec.
 //! - [`die_with_parent_before_exec`]: `PR_SET_PDEATHSIG` in a child before
 //!   exec, so that `pagesift bench`'s workloads and daemons die with it.
 //!
@@ -116,7 +120,7 @@ pub const PAGE_IS_WRITTEN: u64 = 1 << 1;
 
 /// Reports the runs of pages in `[start, end)` written since they were last
 /// write-protected, and write-protects them again, in one `PAGEMAP_SCAN`
-/// (`PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC`, mechanisms.md §9). The
+/// (`PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC`). The
 /// range must be registered with userfaultfd in write-protect *async* mode
 /// by its owner (else `EPERM`): the kernel then resolves the target's next
 /// write fault itself, so arming never blocks the target. Returns the runs
@@ -569,8 +573,8 @@ pub fn kill(pid: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// `IOV_MAX`: the most iovecs one `process_vm_readv` accepts (1024 on
-/// Linux, mechanisms.md §0).
+/// `IOV_MAX`: the most iovecs one `process_vm_readv` accepts (`UIO_MAXIOV`,
+/// 1024 on Linux).
 pub fn iov_max() -> usize {
     nix::unistd::sysconf(nix::unistd::SysconfVar::IOV_MAX)
         .ok()
@@ -589,7 +593,7 @@ pub mod prctl {
 
     fn raw(option: libc::c_int, arg2: libc::c_ulong) -> io::Result<libc::c_int> {
         // SAFETY: PR_SET_MEMORY_MERGE and PR_GET_MEMORY_MERGE take integer
-        // arguments only (arg3..arg5 must be 0, mainline-ksm.md §2.2); no
+        // arguments only (arg3..arg5 must be 0, `kernel/sys.c`); no
         // pointer is passed, so no memory of ours is read or written. The
         // call is async-signal-safe (a bare syscall), as `pre_exec` needs.
         let r = unsafe { libc::prctl(option, arg2, 0 as libc::c_ulong, 0 as libc::c_ulong, 0) };
@@ -656,7 +660,7 @@ pub fn preadv(
     bufs: &mut [std::io::IoSliceMut<'_>],
     offset: u64,
 ) -> io::Result<usize> {
-    nix::sys::uio::preadv(file, bufs, offset as i64).map_err(io::Error::from)
+    rustix::io::preadv(file, bufs, offset).map_err(io::Error::from)
 }
 
 #[cfg(test)]

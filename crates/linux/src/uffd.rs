@@ -1,7 +1,8 @@
 //! Per-page write tracking in other processes, with userfaultfd
-//! write-protect in *async* mode and `PAGEMAP_SCAN` (mechanisms.md §9).
+//! write-protect in *async* mode (6.7+) and `PAGEMAP_SCAN`.
 //!
-//! The stock kernel has no soft-dirty or idle-page tracking here (§7), so
+//! This machine's stock kernel has neither soft-dirty nor idle-page
+//! tracking (`CONFIG_MEM_SOFT_DIRTY`, `CONFIG_IDLE_PAGE_TRACKING` off), so
 //! the only way to know that a candidate page was written *before* it is
 //! merged (UKSM's COW-broken ratio, §8.1.2 of the paper, without inducing
 //! COW breaks) is to write-protect it and watch.
@@ -26,10 +27,10 @@
 //! 3. **Arm and query** from the daemon, without stopping the target:
 //!    `PAGEMAP_SCAN` with `PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC` on
 //!    `/proc/PID/pagemap` reports the pages written since they were last
-//!    protected and protects them again (6 ns/page, §9). The first scan
+//!    protected and protects them again (6 ns/page, measured). The first scan
 //!    after registering arms the whole range (`WP_UNPOPULATED` covers pages
 //!    never touched). In async mode the kernel resolves the target's write
-//!    fault itself (it clears the bit; about 1 µs per first write, §9):
+//!    fault itself (it clears the bit; about 1 µs per first write, measured):
 //!    nobody reads the fd, so no fault can ever wait for us.
 //! 4. **Unregister** (one attach): `UFFDIO_UNREGISTER` for the ranges, and
 //!    when none is left, `close(fd)` — run only if the unregister succeeded
@@ -365,16 +366,7 @@ impl WriteTracker {
             self.procs.remove(&pid);
         }
         if calls.is_empty() {
-            return Ok(Outcome::Done(crate::inject::Injection {
-                results: vec![],
-                tid: 0,
-                interrupted_syscall: None,
-                app_sees_eintr: false,
-                signals_redelivered: 0,
-                vmas_before: None,
-                vmas_after: None,
-                attached_for: std::time::Duration::ZERO,
-            }));
+            return Ok(Outcome::Done(crate::inject::Injection::default()));
         }
         inj.run(pid, &calls)
     }

@@ -74,7 +74,7 @@ fn assert_restored(before: &KsmSnapshot) {
 
 /// Lets ksmd clean up after processes that exited while it was stopped:
 /// their stable nodes stay counted in pages_shared until ksmd visits
-/// their mm again (ksm-baseline.md §3). Returns whether nothing is merged
+/// their mm again (observed here). Returns whether nothing is merged
 /// any more. Leaves `run` at whatever the guard restores.
 fn drain_exited(g: &KsmGuard, limit: Duration) -> bool {
     let start = Instant::now();
@@ -595,8 +595,8 @@ fn paced_ksmd_merges_256_mib_at_the_target_share() {
     // The share over the whole run, first tick included, within 25 % of
     // the target. Why 25 %: the run is ~12 ticks of 0.5 s, in two phases
     // whose cost per page differs about threefold (a checksum-only first
-    // pass at ~0.9 µs/page, then merging at ~2-3 µs, ksm-baseline.md
-    // §4.5.4). The pacer starts from the 3 µs seed and needs ~3 ticks to
+    // pass at ~0.9 µs/page, then merging at ~2-3 µs, measured here). The
+    // pacer starts from the 3 µs seed and needs ~3 ticks to
     // learn each phase (raises are limited to 2x per tick), which in
     // measured runs cost up to ~10 % of the run's CPU below target at the
     // start and ~7 % above it at the switch to merging; the 25 % bound

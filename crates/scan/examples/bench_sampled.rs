@@ -244,8 +244,9 @@ fn print_table(name: &str, exact: u64, frames: u64, trials: u64, rows: &[(u64, R
 
 fn main() {
     let a = args();
+    use pagesift_linux::caps::{Capability, has};
     assert!(
-        rustix::process::geteuid().is_root(),
+        has(Capability::SysAdmin) && has(Capability::SysPtrace),
         "run as root (CAP_SYS_ADMIN for PFNs, CAP_SYS_PTRACE to read processes)"
     );
     assert!(

@@ -18,7 +18,7 @@
 //!   reads it) and the hash alone (XXH3-64 of 2 MiB chunks that are in
 //!   the cache, as the scan hashes them right after reading).
 //!
-//! The goal (issue 3) is ≥ 1.5 M present pages per second on one core.
+//! The goal is ≥ 1.5 M present pages per second on one core.
 //! Every figure is printed as a `RESULT key=value ...` line, and where
 //! each scan's time went (ns per page and phase) as a `PHASES` line, for
 //! `scripts/bench-scan`, which writes docs/benchmarks.md.
@@ -108,8 +108,7 @@ fn cli_scan(a: &Args, pid: u32, threads: usize) -> (f64, f64, u64, f64) {
 
 /// CPU time of this process (all threads), in seconds.
 fn cpu_seconds() -> f64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+    pagesift_linux::host::process_cpu_ns() as f64 * 1e-9
 }
 
 /// Kills the workload even if a measurement panics.

@@ -7,12 +7,12 @@
 //! 1. **Discover** (`pagesift_linux::discover`). The processes the filter
 //!    selects (`--pid`, `--comm`, `--uid`, `--cgroup`; never pagesift
 //!    itself), in ascending pid order, and their merge-eligible VMAs
-//!    (mainline-ksm.md §2.3), from `/proc/PID/maps` plus per-VMA checks
+//!    (`ksm_compatible()`), from `/proc/PID/maps` plus per-VMA checks
 //!    (`MapsDiscovery`): smaps, whose every read makes the kernel walk all
 //!    present pages for RSS/PSS, only for processes maps cannot decide.
 //! 2. **Look without touching.** Each VMA is walked in chunks of
-//!    [`CHUNK_PAGES`] pagemap entries (one `pread` each, mechanisms.md §4:
-//!    ≈35 ns per page). A chunk with no present page in a VMA that goes on
+//!    [`CHUNK_PAGES`] pagemap entries (one `pread` each, measured at ≈35 ns
+//!    per page). A chunk with no present page in a VMA that goes on
 //!    for more than [`SPARSE_SWITCH_PAGES`] switches to `PAGEMAP_SCAN`,
 //!    which returns the present runs of the rest of the VMA in one ioctl
 //!    (huge sparse reservations cost nothing then). `/proc/kpageflags` is
@@ -759,7 +759,7 @@ fn read_present(
     ok: &mut [bool],
 ) -> Result<u64, LinuxError> {
     // Current pagemap entries, clustered reads: a gap of up to 32 pages
-    // costs less than another syscall (mechanisms.md §4).
+    // costs less than another syscall (≈0.7 µs a call, ≈35 ns an entry).
     const GAP: u64 = 32;
     const SPAN: u64 = 4096;
     let mut entries = vec![PagemapEntry(0); addrs.len()];

@@ -8,7 +8,7 @@
 //! ## What the numbers mean (both modes)
 //!
 //! - `size_pages`: pages of the merge-eligible VMAs (KSM's
-//!   `ksm_compatible()` rule, mainline-ksm.md §2.3).
+//!   `ksm_compatible()` rule in `mm/ksm.c`).
 //! - `present`: pages with a frame that KSM could consider: private
 //!   anonymous pages, COWed pages of private file mappings, zero-page
 //!   mappings and KSM pages. Page cache of private file mappings is not

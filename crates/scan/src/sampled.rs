@@ -11,8 +11,8 @@
 //!    runs are counted and skipped), pagemap gives each present page's PFN
 //!    and whether it is mapped exclusively, and `/proc/kpageflags` is read
 //!    only for pages that are not exclusive (the zero page and KSM pages
-//!    never are; mechanisms.md §4 measured ≈155 ns per page for pagemap
-//!    plus kpageflags, 36 ns for PAGEMAP_SCAN). Size, present, zero and
+//!    never are; measured here: ≈155 ns per page for pagemap plus
+//!    kpageflags, 36 ns for PAGEMAP_SCAN). Size, present, zero and
 //!    merged counts are therefore exact. A frame mapped by several
 //!    processes (shared after fork, or a KSM page) is one *unit*, owned by
 //!    its first mapper in (pid, address) order; every other present page is
@@ -74,7 +74,7 @@ use std::hash::BuildHasherDefault;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-/// The default budget: 2 s of wall time (issue 3).
+/// The default budget: 2 s of wall time.
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(2);
 
 /// Window of a CPU-share budget given without one (`--budget 10%`).
@@ -89,7 +89,7 @@ pub const CHUNK_PAGES: u32 = 4096;
 const CACHE_PAGES: usize = 16_384;
 
 /// Pages read per batch (one `process_vm_readv` takes up to IOV_MAX = 1024
-/// iovecs, mechanisms.md §3).
+/// iovecs).
 const BATCH_PAGES: usize = 1024;
 
 /// Pagemap entries read per `pread` in the census.
@@ -97,8 +97,8 @@ const CENSUS_CHUNK: usize = 8192;
 
 /// First guess of the cost of one sampled page (read, presence re-check,
 /// hash, index), in ns, until measured (it only sizes the pilot):
-/// mechanisms.md §3 puts a pinned read alone at ≈0.5 µs and a
-/// `/proc/PID/mem` read at ≈0.8 µs; whole sampled pages measured 2–5 µs on
+/// a pinned read alone measured ≈0.5 µs and a `/proc/PID/mem` read
+/// ≈0.8 µs; whole sampled pages measured 2–5 µs on
 /// the shared development machine.
 const FIRST_PAGE_NS: f64 = 2_000.0;
 
@@ -254,8 +254,7 @@ struct Clock {
 }
 
 fn thread_cpu() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    Duration::from_nanos(pagesift_linux::host::thread_cpu_ns())
 }
 
 impl Clock {

@@ -253,10 +253,7 @@ fn a_cpu_share_budget_paces_the_scan() {
     require_root();
     let _big = big_test_lock();
     let w = Workload::start(&["random", "--mib", "512", "--seed", "7"]);
-    let cpu = || {
-        let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-        Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
-    };
+    let cpu = || Duration::from_nanos(pagesift_linux::host::thread_cpu_ns());
     let (share, window) = (0.25, Duration::from_millis(1600));
     let (t0, c0) = (std::time::Instant::now(), cpu());
     let r = scan(&[w.pid()], Budget::CpuShare { share, window }).expect("scan");

@@ -13,10 +13,11 @@ use crate::content::PAGE;
 use pagesift_linux::sys::{AnonMapping, HugePages};
 use serde::Serialize;
 use std::fs::File;
+use std::hash::Hasher;
 use std::io::IoSliceMut;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use xxhash_rust::xxh3::Xxh3;
+use twox_hash::XxHash3_64;
 
 /// How the files are read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -124,9 +125,9 @@ impl FileBuffers {
         if !self.read {
             return None;
         }
-        let mut h = Xxh3::new();
-        h.update(self.map.as_slice());
-        Some(format!("{:016x}", h.digest()))
+        let mut h = XxHash3_64::new();
+        h.write(self.map.as_slice());
+        Some(format!("{:016x}", h.finish()))
     }
 }
 

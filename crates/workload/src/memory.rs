@@ -11,7 +11,8 @@
 use crate::content::{PAGE, PageMaker};
 use crate::layout::Slot;
 use pagesift_linux::sys::{AnonMapping, HugePages};
-use xxhash_rust::xxh3::Xxh3;
+use std::hash::Hasher;
+use twox_hash::XxHash3_64;
 
 /// One region of a workload.
 pub struct Memory {
@@ -78,14 +79,14 @@ impl Memory {
 
     /// xxh3-64 over the accessed pages (index and bytes), as hex.
     pub fn checksum(&self) -> String {
-        let mut h = Xxh3::new();
+        let mut h = XxHash3_64::new();
         let bytes = self.map.as_slice();
         for (i, (page, slot)) in bytes.chunks_exact(PAGE).zip(&self.slots).enumerate() {
             if *slot != Slot::Untouched {
-                h.update(&(i as u64).to_le_bytes());
-                h.update(page);
+                h.write(&(i as u64).to_le_bytes());
+                h.write(page);
             }
         }
-        format!("{:016x}", h.digest())
+        format!("{:016x}", h.finish())
     }
 }

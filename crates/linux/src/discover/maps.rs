@@ -3,12 +3,13 @@
 //! Reading `/proc/PID/smaps` makes the kernel walk every present page of the
 //! process to sum its RSS and PSS (about 100 ns per page on this machine),
 //! and discovery needs none of that: only whether KSM would accept each VMA
-//! (`ksm_compatible()`, mainline-ksm.md §2.3) and whether it is already
+//! (`ksm_compatible()` in `mm/ksm.c`) and whether it is already
 //! `VM_MERGEABLE`. This module decides both from sources that cost per VMA,
 //! not per page, and reads smaps for a process only where they cannot:
 //!
 //! 1. **`/proc/PID/ksm_stat`**, line `ksm_mergeable: no` (Linux 6.14+,
-//!    mainline-ksm.md §2.1): no VMA of the process is `VM_MERGEABLE`, so
+//!    `proc_pid_ksm_stat` in `fs/proc/base.c`): no VMA of the process is
+//!    `VM_MERGEABLE`, so
 //!    every `mg` flag is false and no KSM page is mapped (KSM pages live
 //!    only in mergeable VMAs; clearing the flag unmerges them first). `yes`,
 //!    or a kernel without the line: smaps.
@@ -48,10 +49,11 @@
 //! (a `PROT_NONE` hugetlb file mapping is `Unreadable` here, `Hugetlb` from
 //! smaps), and `thp_advised` is unknown (`None`).
 
-use super::{Ineligible, ProcessRegions, Region, RegionKind, RejectedRegion, proc_error};
+use super::{Ineligible, ProcessRegions, Region, RegionKind, RejectedRegion};
 use crate::error::LinuxError;
 use crate::kpageflags::{KPageFlags, KpfFlags};
 use crate::pagemap::{Pagemap, PagemapEntry, category};
+use crate::proc::{self, PTRACE};
 use pagesift_core::ranges::RangeSet;
 use procfs::process::{MMPermissions, MMapPath, MemoryMap, Process};
 use std::collections::HashMap;
@@ -302,7 +304,9 @@ impl MapsDiscovery {
             return smaps(SmapsReason::Userfaultfd);
         }
         let p = Process::new(pid as i32).map_err(|_| LinuxError::NoSuchProcess(pid))?;
-        let maps = p.maps().map_err(|e| proc_error(pid, e, "maps"))?;
+        let maps = p
+            .maps()
+            .map_err(|e| proc::procfs_error(pid, e, "opening /proc/PID/maps", PTRACE))?;
         let mut verdicts = Vec::with_capacity(maps.len());
         for m in maps.iter() {
             let file = match m.pathname {

@@ -20,10 +20,13 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Mutex;
 
 /// Panics unless running as root: these tests read other processes'
-/// page maps (CAP_SYS_PTRACE) and PFNs (CAP_SYS_ADMIN).
+/// page maps (CAP_SYS_PTRACE) and PFNs (CAP_SYS_ADMIN). (Checked as those
+/// capabilities, so that the crates that include this file need no
+/// syscall crate of their own.)
 pub fn require_root() {
+    use pagesift_linux::caps::{Capability, has};
     assert!(
-        rustix::process::geteuid().is_root(),
+        has(Capability::SysAdmin) && has(Capability::SysPtrace),
         "the live tests need root (CAP_SYS_ADMIN for PFNs, CAP_SYS_PTRACE to read processes)"
     );
 }
