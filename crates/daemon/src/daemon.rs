@@ -192,6 +192,54 @@ pub const WRITE_WATCH_MIN: Nanos = SEC / 2;
 /// Writes of tracked regions are read at most this often.
 const WRITE_READ_INTERVAL: Nanos = SEC / 4;
 
+/// The main thread's CPU time per phase of [`Daemon::wake`], ns since
+/// start: what `status` and the metrics break the daemon's CPU down by.
+#[derive(Clone, Copy, Debug, Default)]
+struct PhaseCpu {
+    refresh: u64,
+    hints: u64,
+    distil: u64,
+    sweep: u64,
+    account: u64,
+    numa: u64,
+    watch: u64,
+    actuate: u64,
+    pace: u64,
+    scrub: u64,
+}
+
+impl PhaseCpu {
+    fn seconds(&self) -> BTreeMap<String, f64> {
+        [
+            ("refresh", self.refresh),
+            ("hints", self.hints),
+            ("distil", self.distil),
+            ("sweep", self.sweep),
+            ("account", self.account),
+            ("numa", self.numa),
+            ("watch", self.watch),
+            ("actuate", self.actuate),
+            ("pace", self.pace),
+            ("scrub", self.scrub),
+        ]
+        .into_iter()
+        .map(|(name, ns)| (name.to_string(), ns as f64 / 1e9))
+        .collect()
+    }
+}
+
+/// A stopwatch over the thread's CPU clock: each [`Lap::to`] adds the CPU
+/// time since the previous lap to a phase's total.
+struct Lap(u64);
+
+impl Lap {
+    fn to(&mut self, total: &mut u64) {
+        let t = host::thread_cpu_ns();
+        *total += t.saturating_sub(self.0);
+        self.0 = t;
+    }
+}
+
 /// One `madvise` the loop wants, and for which region.
 #[derive(Clone, Copy, Debug)]
 struct Item {
@@ -415,6 +463,8 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     comms: HashMap<u32, String>,
     self_managed: HashSet<u32>,
     hidden: BTreeSet<RegionId>,
+    /// CPU per wake-up phase (status and metrics).
+    phase_cpu: PhaseCpu,
     unhide_after_sync: BTreeSet<RegionId>,
     skipped: BTreeMap<u32, SkipEntry>,
     inject_skips: BTreeMap<u32, SkipEntry>,
@@ -490,6 +540,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             comms: HashMap::new(),
             self_managed: HashSet::new(),
             hidden: BTreeSet::new(),
+            phase_cpu: PhaseCpu::default(),
             unhide_after_sync: BTreeSet::new(),
             skipped: BTreeMap::new(),
             inject_skips: BTreeMap::new(),
@@ -611,15 +662,21 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     /// sleep.
     pub fn wake(&mut self, now: Nanos) -> WakeSummary {
         let cpu0 = host::thread_cpu_ns();
+        let mut lap = Lap(cpu0);
         let mut summary = WakeSummary {
             refreshed: self.maybe_refresh(now),
             ..WakeSummary::default()
         };
+        lap.to(&mut self.phase_cpu.refresh);
         self.release_holds(now);
         self.feed_hints(now);
+        lap.to(&mut self.phase_cpu.hints);
         summary.sampled = self.distil(now);
+        lap.to(&mut self.phase_cpu.distil);
         self.sweep(now);
+        lap.to(&mut self.phase_cpu.sweep);
         self.account(now);
+        lap.to(&mut self.phase_cpu.account);
         if let Some(numa) = &mut self.numa {
             let (marks, allowed, ladder, target) = (
                 &self.marks,
@@ -631,10 +688,15 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 crate::numa::watched(marks, allowed, ladder, |id| target.span(id))
             });
         }
+        lap.to(&mut self.phase_cpu.numa);
         self.watch_writes(now);
+        lap.to(&mut self.phase_cpu.watch);
         self.actuate(now, &mut summary);
+        lap.to(&mut self.phase_cpu.actuate);
         summary.ksm_share = self.pace(now);
+        lap.to(&mut self.phase_cpu.pace);
         self.scrub_tick(now);
+        lap.to(&mut self.phase_cpu.scrub);
         let active = host::thread_cpu_ns().saturating_sub(cpu0);
         let base = self.next_sleep(&summary);
         self.distiller.set_sleep(base);
@@ -2064,6 +2126,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             strength: self.distiller.controller().strength(),
             config: self.config_path.as_ref().map(|p| p.display().to_string()),
             sweep: self.sweeper.stats,
+            cpu_by_phase: self.phase_cpu.seconds(),
         };
         let mut skipped: Vec<Skipped> = self
             .skipped

@@ -34,6 +34,9 @@ pub struct Metrics {
     image_cached: Family<Labels, G>,
     numa_node_pages: Family<Labels, G>,
     numa_process_pages: Family<Labels, G>,
+    /// CPU seconds per wake-up phase, with the totals last copied in.
+    phase_cpu: Family<Labels, C>,
+    phase_cpu_last: std::collections::BTreeMap<String, f64>,
 }
 
 /// Gauges: (name, help).
@@ -242,7 +245,15 @@ impl Metrics {
             "A process's merged pages, all or only those on its home node (where=home)",
             numa_process_pages.clone(),
         );
+        let phase_cpu = Family::<Labels, C>::default();
+        registry.register(
+            "daemon_phase_cpu_seconds",
+            "pagesift main-thread CPU time per phase of its wake-up",
+            phase_cpu.clone(),
+        );
         Metrics {
+            phase_cpu,
+            phase_cpu_last: std::collections::BTreeMap::new(),
             numa_node_pages,
             numa_process_pages,
             registry,
@@ -333,6 +344,15 @@ impl Metrics {
             ("hint_pages_marked", s.hints.pages_marked as f64),
         ] {
             self.advance(name, v);
+        }
+        for (phase, &total) in &d.cpu_by_phase {
+            let last = self.phase_cpu_last.entry(phase.clone()).or_insert(0.0);
+            if total > *last {
+                self.phase_cpu
+                    .get_or_create(&vec![("phase".to_string(), phase.clone())])
+                    .inc_by(total - *last);
+                *last = total;
+            }
         }
         for l in &s.levels {
             let labels = vec![("level".to_string(), l.level.to_string())];

@@ -287,6 +287,7 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         cow_breaks = snap.totals.cow_breaks,
         daemon_cpu_s = snap.daemon.cpu_seconds,
         ksmd_cpu_s = snap.ksm.cpu_seconds,
+        cpu_by_phase = ?snap.daemon.cpu_by_phase,
         "summary"
     );
     let restored = daemon.shutdown(unmerge_on_exit);

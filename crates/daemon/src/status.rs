@@ -171,6 +171,11 @@ pub struct DaemonStatus {
     /// The exact sweep's figures.
     #[serde(default)]
     pub sweep: crate::sweep::SweepStats,
+    /// The main thread's CPU seconds since start, per phase of the wake-up
+    /// (refresh, distil, sweep, ...; see the loop's module header), so an
+    /// operator sees what the daemon's CPU goes to.
+    #[serde(default)]
+    pub cpu_by_phase: std::collections::BTreeMap<String, f64>,
 }
 
 /// A process pagesift does not actuate, and why.
@@ -531,6 +536,15 @@ pub fn render(s: &Status) -> String {
         d.strength,
         d.per_page_ns
     );
+    if !d.cpu_by_phase.is_empty() {
+        let mut phases: Vec<(&String, &f64)> = d.cpu_by_phase.iter().collect();
+        phases.sort_by(|a, b| b.1.total_cmp(a.1));
+        let list: Vec<String> = phases
+            .iter()
+            .map(|(name, s)| format!("{name} {s:.2}"))
+            .collect();
+        let _ = writeln!(o, "daemon CPU-s by phase: {}", list.join(", "));
+    }
     let w = &d.sweep;
     let _ = writeln!(
         o,
