@@ -125,7 +125,9 @@ impl Tracer {
             return Some(g);
         }
         self.insns.remove(&pid);
-        let g = Gadgets::find(pid)?;
+        // The same C library as a process seen before: no search.
+        let g = Gadgets::find_like(pid, self.insns.values().map(|(_, g)| g))
+            .or_else(|| Gadgets::find(pid))?;
         if self.insns.len() >= 65_536 {
             self.insns.clear();
         }
