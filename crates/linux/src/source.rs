@@ -273,12 +273,18 @@ impl LinuxSource {
             }
             v
         };
-        // Drop processes that vanished or whose pid now names another.
-        let keep: HashMap<u32, u64> = listed.iter().map(|p| (p.pid, p.start_time)).collect();
+        // Drop processes that vanished, whose pid now names another, or
+        // that exec'd another image since they were opened (same pid and
+        // start time, a new program: its old facts and ranges are void,
+        // and the daemon's marks of the old image must not follow it).
+        let keep: HashMap<u32, (u64, u64)> = listed
+            .iter()
+            .map(|p| (p.pid, (p.start_time, p.image)))
+            .collect();
         let stale: Vec<(u32, bool)> = self
             .procs
             .iter()
-            .filter(|(pid, p)| p.gone || keep.get(pid) != Some(&p.info.start_time))
+            .filter(|(pid, p)| p.gone || keep.get(pid) != Some(&(p.info.start_time, p.info.image)))
             .map(|(&pid, p)| (pid, p.gone))
             .collect();
         for (pid, counted) in stale {

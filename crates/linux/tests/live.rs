@@ -1057,3 +1057,51 @@ fn maps_discovery_agrees_with_smaps() {
     same(&r, &discover::process_regions(pid).unwrap());
     drop(child);
 }
+
+/// A process that execs another program in place (same pid, same start
+/// time) is a new process to the source at the next refresh: new image,
+/// new command name, and the old one reported gone. The daemon's marks of
+/// the old image must not follow it, and its injection check compares
+/// against this image.
+#[test]
+fn a_process_that_execs_in_place_is_a_new_one_after_refresh() {
+    common::require_root();
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", "read _; exec sleep 30"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut src = LinuxSource::new(ProcessFilter::pids([pid]), SourceConfig::default()).unwrap();
+    let before = src.processes().find(|p| p.pid == pid).unwrap().clone();
+    assert_eq!(before.comm, "sh");
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // The new image shows in stat a moment before the new name does.
+    let comm = || std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    while discover::identity(pid).map(|(_, image)| image) == Some(before.image)
+        || comm().trim() != "sleep"
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the shell never exec'd"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    src.refresh().unwrap();
+    let after = src.processes().find(|p| p.pid == pid).unwrap().clone();
+    assert_eq!(after.start_time, before.start_time, "the same process");
+    assert_eq!(after.comm, "sleep");
+    assert_ne!(after.image, before.image);
+    assert_eq!(
+        discover::identity(pid),
+        Some((after.start_time, after.image))
+    );
+    assert!(
+        src.take_gone().contains(&pid),
+        "the old image is reported gone"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
