@@ -76,6 +76,7 @@ impl World {
                 exe: Some(format!("/usr/bin/{comm}").into()),
             },
             merge_any,
+            cgroup: format!("/test.slice/{comm}.scope"),
         });
     }
 
