@@ -314,7 +314,8 @@ fn the_systemd_unit_starts_a_command_line_pagesift_accepts() {
         .find_map(|l| l.strip_prefix("ExecStart="))
         .expect("ExecStart");
     let mut words = exec.split_whitespace();
-    assert_eq!(words.next(), Some("/usr/local/bin/pagesift"));
+    // Where the Debian package puts the binary (crates/cli/Cargo.toml).
+    assert_eq!(words.next(), Some("/usr/bin/pagesift"));
     let mut args: Vec<&str> = words.collect();
     assert_eq!(args.first(), Some(&"run"));
     args.push("--help");
