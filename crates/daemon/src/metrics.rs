@@ -660,35 +660,25 @@ mod tests {
             proc_(30, "sshd", "/system.slice/ssh.service", 0, 0),
             proc_(31, "cron", "/system.slice/cron.service", 0, 0),
         ];
+        let limits = Limits {
+            cgroup_depth: 2,
+            top_cgroups: 2,
+            top_processes: 2,
+        };
         let mut s = status(0, 0);
-        s.savings = breakdown(
-            &procs,
-            Limits {
-                cgroup_depth: 2,
-                top_cgroups: 2,
-                top_processes: 2,
-            },
-        );
+        s.savings = breakdown(&procs, limits);
         let mut m = Metrics::new();
         m.update(&s);
         let text = m.encode();
-        let vm1 = "{cgroup=\"/machine.slice/vm1.scope\"}";
-        assert_eq!(
-            value(&text, &format!("pagesift_cgroup_merged_pages{vm1}")),
-            1000.0
-        );
-        assert_eq!(
-            value(&text, &format!("pagesift_cgroup_saved_bytes{vm1}")),
-            4_095_936.0
-        );
-        assert_eq!(
-            value(&text, &format!("pagesift_cgroup_cow_breaks{vm1}")),
-            3.0
-        );
-        assert_eq!(
-            value(&text, &format!("pagesift_cgroup_processes{vm1}")),
-            1.0
-        );
+        for (name, want) in [
+            ("merged_pages", 1000.0),
+            ("saved_bytes", 4_095_936.0),
+            ("cow_breaks", 3.0),
+            ("processes", 1.0),
+        ] {
+            let sample = format!("pagesift_cgroup_{name}{{cgroup=\"/machine.slice/vm1.scope\"}}");
+            assert_eq!(value(&text, &sample), want, "{sample}");
+        }
         // Two system.slice services, cut to depth 2, are beyond the top 2.
         assert_eq!(
             value(&text, "pagesift_cgroup_processes{cgroup=\"other\"}"),
@@ -714,14 +704,7 @@ mod tests {
             "{text}"
         );
         // Lines are replaced, not accumulated: a process that left is gone.
-        s.savings = breakdown(
-            &procs[..1],
-            Limits {
-                cgroup_depth: 2,
-                top_cgroups: 2,
-                top_processes: 2,
-            },
-        );
+        s.savings = breakdown(&procs[..1], limits);
         m.update(&s);
         let text = m.encode();
         assert!(!text.contains("vm2.scope"), "{text}");

@@ -497,22 +497,17 @@ fn render_savings(b: &Breakdown) -> String {
         "  {:<40}  {:>5}  merged MiB   saved MiB  COW brks",
         "cgroup", "procs"
     );
+    let mut cgroup_line = |name: &str, processes: u64, s: &Savings| {
+        let _ = writeln!(o, "  {name:<40}  {processes:>5}  {}", figures(s));
+    };
     for c in &b.cgroups.top {
-        let _ = writeln!(
-            o,
-            "  {:<40}  {:>5}  {}",
-            printable(&c.cgroup),
-            c.processes,
-            figures(&c.savings)
-        );
+        cgroup_line(&printable(&c.cgroup), c.processes, &c.savings);
     }
     if let Some(r) = &b.cgroups.rest {
-        let _ = writeln!(
-            o,
-            "  {:<40}  {:>5}  {}",
-            format!("other ({} cgroups)", r.entries),
+        cgroup_line(
+            &format!("other ({} cgroups)", r.entries),
             r.processes,
-            figures(&r.savings)
+            &r.savings,
         );
     }
     if b.processes.top.is_empty() && b.processes.rest.is_none() {
