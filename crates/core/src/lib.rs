@@ -61,6 +61,7 @@ pub mod ladder;
 pub mod pacing;
 pub mod placement;
 pub mod ranges;
+pub mod savings;
 pub mod scrub;
 pub mod sim;
 pub mod source;

@@ -130,6 +130,8 @@ pub struct Config {
     pub scrub: ScrubSection,
     /// Where merged pages live on a NUMA host.
     pub numa: crate::numa::NumaSection,
+    /// What status and metrics show per cgroup and per process.
+    pub savings: SavingsSection,
 }
 
 /// `[ladder]`: UKSM Table 1 and §5.2.
@@ -381,6 +383,81 @@ pub struct MetricsSection {
     pub address: Option<String>,
 }
 
+/// Most lines `[savings] top_cgroups` and `top_processes` may ask for:
+/// each is a set of Prometheus labels, and a scrape of thousands of them
+/// is what the bound is there to prevent.
+pub const MAX_SAVINGS_LINES: usize = 1000;
+/// Deepest `[savings] cgroup_depth`.
+pub const MAX_CGROUP_DEPTH: usize = 32;
+
+/// `[savings]`: the savings per cgroup and per process that `pagesift
+/// status` and the metrics show, and how many lines they may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SavingsSection {
+    /// Components of a cgroup path kept: processes in cgroups below are
+    /// summed into their ancestor at this depth. 2 puts a libvirt guest
+    /// (`/machine.slice/machine-qemu-1-vm.scope`) or a Docker container
+    /// (`/system.slice/docker-ID.scope`) on one line; 0 sums everything
+    /// into `/`.
+    pub cgroup_depth: usize,
+    /// cgroups listed, most bytes saved first; the others are summed into
+    /// one `other` line.
+    pub top_cgroups: usize,
+    /// Processes listed, most bytes saved first; the others are summed
+    /// into one `other` line (0: no per-process lines).
+    pub top_processes: usize,
+}
+
+impl Default for SavingsSection {
+    fn default() -> Self {
+        SavingsSection {
+            cgroup_depth: 2,
+            top_cgroups: 20,
+            top_processes: 10,
+        }
+    }
+}
+
+impl SavingsSection {
+    /// The limits of the breakdown (`core::savings`).
+    pub fn limits(&self) -> pagesift_core::savings::Limits {
+        pagesift_core::savings::Limits {
+            cgroup_depth: self.cgroup_depth,
+            top_cgroups: self.top_cgroups,
+            top_processes: self.top_processes,
+        }
+    }
+
+    fn validate(&self) -> Result<(), (String, String)> {
+        if self.cgroup_depth > MAX_CGROUP_DEPTH {
+            return Err((
+                "savings.cgroup_depth".into(),
+                format!(
+                    "must be 0 to {MAX_CGROUP_DEPTH} path components, got {}",
+                    self.cgroup_depth
+                ),
+            ));
+        }
+        // At least one cgroup line: `cgroup_depth = 0` is how to ask for
+        // a single one.
+        for (key, n, least) in [
+            ("top_cgroups", self.top_cgroups, 1),
+            ("top_processes", self.top_processes, 0),
+        ] {
+            if !(least..=MAX_SAVINGS_LINES).contains(&n) {
+                return Err((
+                    format!("savings.{key}"),
+                    format!(
+                        "must be {least} to {MAX_SAVINGS_LINES} lines (each is a set of metric labels; the rest is summed into `other`), got {n}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The syscalls `[hints] syscalls` may name (the kernel's names).
 pub const HINT_SYSCALLS: [&str; 10] = [
     "read", "pread64", "readv", "preadv", "preadv2", "write", "pwrite64", "writev", "pwritev",
@@ -577,6 +654,7 @@ impl Default for Config {
             scrub: ScrubSection::default(),
             hints: HintsSection::default(),
             numa: crate::numa::NumaSection::default(),
+            savings: SavingsSection::default(),
         }
     }
 }
@@ -773,6 +851,7 @@ impl Config {
             metrics_address(addr).map_err(|r| ("metrics.address".to_string(), r))?;
         }
         self.scrub.validate()?;
+        self.savings.validate()?;
         let h = &self.hints;
         if let Some(bad_name) = h
             .syscalls
@@ -1043,6 +1122,60 @@ address = "9100"
         ] {
             let e = err(text);
             assert!(e.to_string().contains(key), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_savings_section_is_read_and_checked_by_key() {
+        let c = Config::from_toml(
+            "[savings]\ncgroup_depth = 3\ntop_cgroups = 5\ntop_processes = 0\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            c.savings.limits(),
+            pagesift_core::savings::Limits {
+                cgroup_depth: 3,
+                top_cgroups: 5,
+                top_processes: 0
+            }
+        );
+        assert_eq!(Config::default().savings.cgroup_depth, 2);
+        for (text, key, says) in [
+            (
+                "[savings]\ncgroup_depth = 33\n",
+                "savings.cgroup_depth",
+                "0 to 32",
+            ),
+            (
+                "[savings]\ntop_cgroups = 0\n",
+                "savings.top_cgroups",
+                "1 to 1000",
+            ),
+            (
+                "[savings]\ntop_cgroups = 1001\n",
+                "savings.top_cgroups",
+                "1 to 1000",
+            ),
+            (
+                "[savings]\ntop_processes = 5000\n",
+                "savings.top_processes",
+                "0 to 1000",
+            ),
+            (
+                "[savings]\ncgroup_depth = -1\n",
+                "savings.cgroup_depth",
+                "invalid value",
+            ),
+            (
+                "[savings]\ntop_process = 3\n",
+                "savings.top_process",
+                "unknown field",
+            ),
+        ] {
+            let e = err(text);
+            assert_eq!(e.key(), Some(key), "{text}: {e}");
+            assert!(e.to_string().contains(says), "{text}: {e}");
         }
     }
 

@@ -114,6 +114,7 @@ use crate::sweep::Sweeper;
 use crate::target::{Span, Target, View};
 use pagesift_core::distill::{Distiller, DistillerConfig, DupRun};
 use pagesift_core::governor::{MAX_SLEEP, sleep_for_share};
+use pagesift_core::savings::{Breakdown, ProcessSavings, Savings, breakdown};
 use pagesift_core::source::{PageState, SourceError};
 use pagesift_core::text::printable;
 use pagesift_core::write_watch::{WriteRules, WriteVerdict, WriteWatch};
@@ -461,6 +462,8 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     departed: Marks,
     allowed: HashMap<u32, ProcKey>,
     comms: HashMap<u32, String>,
+    /// The cgroup each selected process's savings are reported under.
+    cgroups: HashMap<u32, String>,
     self_managed: HashSet<u32>,
     hidden: BTreeSet<RegionId>,
     /// CPU per wake-up phase (status and metrics).
@@ -538,6 +541,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             departed: Marks::new(),
             allowed: HashMap::new(),
             comms: HashMap::new(),
+            cgroups: HashMap::new(),
             self_managed: HashSet::new(),
             hidden: BTreeSet::new(),
             phase_cpu: PhaseCpu::default(),
@@ -1059,9 +1063,11 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         self.allowed.clear();
         self.self_managed.clear();
         self.comms.clear();
+        self.cgroups.clear();
         self.skipped.clear();
         for p in &procs {
             self.comms.insert(p.key.pid, p.facts.comm.clone());
+            self.cgroups.insert(p.key.pid, p.cgroup.clone());
             match self.policy.judge(&p.facts) {
                 Ok(()) => {
                     self.allowed.insert(p.key.pid, p.key);
@@ -2146,6 +2152,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             });
         }
         skipped.sort_by_key(|s| s.pid);
+        let savings = self.savings();
         Status {
             governor: self.config.governor.name().into(),
             levels,
@@ -2158,7 +2165,59 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             hints: self.hints.status(),
             scrub: self.scrub.as_ref().map(|s| s.status()),
             numa: self.numa.as_ref().map(|n| n.status()),
+            savings,
         }
+    }
+
+    /// What each eligible process saves, grouped by cgroup and bounded by
+    /// `[savings]` (`core::savings`). Merged pages and bytes saved are the
+    /// kernel's (`/proc/PID/ksm_stat`), read only for processes with
+    /// memory KSM may merge (promoted or foreign regions: nothing else of
+    /// theirs can be merged); where it cannot be read, the regions' last
+    /// accounting passes stand in, a page saved per page merged. COW
+    /// breaks are the loop's own count per region.
+    fn savings(&self) -> Breakdown {
+        #[derive(Default)]
+        struct Regions {
+            merged: u64,
+            cow: u64,
+            mergeable: bool,
+        }
+        let mut per_pid: BTreeMap<u32, Regions> = self
+            .allowed
+            .keys()
+            .map(|&pid| (pid, Regions::default()))
+            .collect();
+        for b in self.books.values() {
+            if let Some(r) = per_pid.get_mut(&b.span.proc.pid) {
+                r.merged += b.merged_now();
+                r.cow += b.cow_total;
+                r.mergeable |= b.accounted();
+            }
+        }
+        let processes: Vec<ProcessSavings> = per_pid
+            .into_iter()
+            .map(|(pid, r)| {
+                let kernel = r.mergeable.then(|| self.target.ksm_stat(pid)).flatten();
+                let merged = kernel.and_then(|k| k.merging_pages).map_or(r.merged, |m| {
+                    m + kernel.and_then(|k| k.zero_pages).unwrap_or(0)
+                });
+                let saved = kernel
+                    .and_then(|k| k.process_profit)
+                    .unwrap_or((merged * PAGE) as i64);
+                ProcessSavings {
+                    pid,
+                    comm: self.comms.get(&pid).cloned().unwrap_or_default(),
+                    cgroup: self.cgroups.get(&pid).cloned().unwrap_or_default(),
+                    savings: Savings {
+                        merged_pages: merged,
+                        saved_bytes: saved,
+                        cow_breaks: r.cow,
+                    },
+                }
+            })
+            .collect();
+        breakdown(&processes, self.config.savings.limits())
     }
 }
 

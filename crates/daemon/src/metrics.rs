@@ -5,9 +5,16 @@
 //! a [`Status`] snapshot into them (counters advance by the difference to
 //! the previous snapshot, so they stay monotonic), and a `tiny_http` thread
 //! answers every GET with the registry's encoding. Only numbers that stay
-//! few go out as labels (levels, the governor): regions and processes are
-//! counted, not listed, so a host with thousands of regions does not blow
-//! up the scrape.
+//! few go out as labels (levels, the governor): regions are counted, not
+//! listed, so a host with thousands of regions does not blow up the scrape.
+//! The savings per cgroup and per process are listed, but only the top N
+//! of each (`[savings]`, with cgroup paths cut to a depth), the rest summed
+//! under `cgroup="other"` and `pid="other"`.
+//!
+//! Label values that processes or users choose (command names, cgroup and
+//! file paths) are escaped as the text format demands (`\\`, `\"`, `\n`):
+//! `prometheus-client` writes them as they are, and a quote in a command
+//! name would otherwise end the label and forge samples.
 
 use crate::status::Status;
 use prometheus_client::encoding::text::encode;
@@ -37,6 +44,69 @@ pub struct Metrics {
     /// CPU seconds per wake-up phase, with the totals last copied in.
     phase_cpu: Family<Labels, C>,
     phase_cpu_last: std::collections::BTreeMap<String, f64>,
+    /// [`CGROUP_GAUGES`], in that order.
+    cgroup_savings: Vec<Family<Labels, G>>,
+    /// [`PROCESS_GAUGES`], in that order.
+    process_savings: Vec<Family<Labels, G>>,
+}
+
+/// Gauges per cgroup (label `cgroup`): (name, help).
+const CGROUP_GAUGES: [(&str, &str); 4] = [
+    (
+        "cgroup_saved_bytes",
+        "Bytes KSM saves in a cgroup's eligible processes (the kernel's ksm_process_profit, summed; other: the cgroups beyond [savings] top_cgroups)",
+    ),
+    (
+        "cgroup_merged_pages",
+        "Pages of a cgroup's eligible processes merged by KSM (ksm_merging_pages + ksm_zero_pages, summed)",
+    ),
+    (
+        "cgroup_cow_breaks",
+        "COW breaks pagesift counted in a cgroup's regions (a gauge: it falls when processes exit)",
+    ),
+    ("cgroup_processes", "Eligible processes in a cgroup"),
+];
+
+/// Gauges per process (labels `pid`, `comm`, `cgroup`): (name, help).
+const PROCESS_GAUGES: [(&str, &str); 3] = [
+    (
+        "process_saved_bytes",
+        "Bytes KSM saves in a process (ksm_process_profit; pid other: the processes beyond [savings] top_processes)",
+    ),
+    (
+        "process_merged_pages",
+        "Pages of a process merged by KSM (ksm_merging_pages + ksm_zero_pages)",
+    ),
+    (
+        "process_cow_breaks",
+        "COW breaks pagesift counted in a process's regions",
+    ),
+];
+
+/// A label value as the text format writes it: backslash, double quote and
+/// line feed escaped (see the module header).
+pub fn escape_label(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The figures of a savings line, in [`CGROUP_GAUGES`] order (the first
+/// three are [`PROCESS_GAUGES`]'s).
+fn savings_values(s: &pagesift_core::savings::Savings, processes: u64) -> [f64; 4] {
+    [
+        s.saved_bytes as f64,
+        s.merged_pages as f64,
+        s.cow_breaks as f64,
+        processes as f64,
+    ]
 }
 
 /// Gauges: (name, help).
@@ -251,9 +321,24 @@ impl Metrics {
             "pagesift main-thread CPU time per phase of its wake-up",
             phase_cpu.clone(),
         );
+        let family = |registry: &mut Registry, (name, help): (&str, &str)| {
+            let f = Family::<Labels, G>::default();
+            registry.register(name, help, f.clone());
+            f
+        };
+        let cgroup_savings = CGROUP_GAUGES
+            .iter()
+            .map(|&g| family(&mut registry, g))
+            .collect();
+        let process_savings = PROCESS_GAUGES
+            .iter()
+            .map(|&g| family(&mut registry, g))
+            .collect();
         Metrics {
             phase_cpu,
             phase_cpu_last: std::collections::BTreeMap::new(),
+            cgroup_savings,
+            process_savings,
             numa_node_pages,
             numa_process_pages,
             registry,
@@ -369,7 +454,7 @@ impl Metrics {
             for i in &sc.images {
                 let labels = vec![
                     ("pid".to_string(), i.pid.to_string()),
-                    ("image".to_string(), i.path.clone()),
+                    ("image".to_string(), escape_label(&i.path)),
                 ];
                 self.image_cached
                     .get_or_create(&labels)
@@ -397,10 +482,46 @@ impl Metrics {
                 }
             }
         }
+        self.update_savings(&s.savings);
         self.governor.clear();
         self.governor
             .get_or_create(&vec![("governor".to_string(), s.governor.clone())])
             .set(1.0);
+    }
+
+    /// The savings lines of a snapshot, replacing the previous ones (a
+    /// cgroup or process that left the top N leaves the scrape).
+    fn update_savings(&mut self, b: &pagesift_core::savings::Breakdown) {
+        for f in self.cgroup_savings.iter().chain(&self.process_savings) {
+            f.clear();
+        }
+        let set = |families: &[Family<Labels, G>], labels: Labels, values: [f64; 4]| {
+            for (f, v) in families.iter().zip(values) {
+                f.get_or_create(&labels).set(v);
+            }
+        };
+        let cgroup = |name: &str| vec![("cgroup".to_string(), escape_label(name))];
+        for c in &b.cgroups.top {
+            let v = savings_values(&c.savings, c.processes);
+            set(&self.cgroup_savings, cgroup(&c.cgroup), v);
+        }
+        if let Some(r) = &b.cgroups.rest {
+            let v = savings_values(&r.savings, r.processes);
+            set(&self.cgroup_savings, cgroup("other"), v);
+        }
+        for p in &b.processes.top {
+            let labels = vec![
+                ("pid".to_string(), p.pid.to_string()),
+                ("comm".to_string(), escape_label(&p.comm)),
+                ("cgroup".to_string(), escape_label(&p.cgroup)),
+            ];
+            set(&self.process_savings, labels, savings_values(&p.savings, 1));
+        }
+        if let Some(r) = &b.processes.rest {
+            let labels = vec![("pid".to_string(), "other".to_string())];
+            let v = savings_values(&r.savings, r.processes);
+            set(&self.process_savings, labels, v);
+        }
     }
 
     /// The OpenMetrics text.
@@ -536,5 +657,83 @@ mod tests {
         assert_eq!(value(&text, "pagesift_merged_pages"), 2000.0);
         assert_eq!(value(&text, "pagesift_cow_breaks_total"), 9.0);
         drop(server);
+    }
+
+    #[test]
+    fn savings_lines_are_labelled_bounded_and_escaped() {
+        use pagesift_core::savings::{Limits, ProcessSavings, Savings, breakdown};
+        let proc_ = |pid: u32, comm: &str, cgroup: &str, merged: u64, cow: u64| ProcessSavings {
+            pid,
+            comm: comm.into(),
+            cgroup: cgroup.into(),
+            savings: Savings {
+                merged_pages: merged,
+                saved_bytes: merged as i64 * 4096 - 64,
+                cow_breaks: cow,
+            },
+        };
+        // A command name that tries to end its label and forge a sample.
+        let evil = "x\"} 1\npagesift_forged 1\n#";
+        let procs = [
+            proc_(10, "qemu", "/machine.slice/vm1.scope/emulator", 1000, 3),
+            proc_(20, evil, "/machine.slice/vm2.scope", 500, 0),
+            proc_(30, "sshd", "/system.slice/ssh.service", 0, 0),
+            proc_(31, "cron", "/system.slice/cron.service", 0, 0),
+        ];
+        let limits = Limits {
+            cgroup_depth: 2,
+            top_cgroups: 2,
+            top_processes: 2,
+        };
+        let mut s = status(0, 0);
+        s.savings = breakdown(&procs, limits);
+        let mut m = Metrics::new();
+        m.update(&s);
+        let text = m.encode();
+        for (name, want) in [
+            ("merged_pages", 1000.0),
+            ("saved_bytes", 4_095_936.0),
+            ("cow_breaks", 3.0),
+            ("processes", 1.0),
+        ] {
+            let sample = format!("pagesift_cgroup_{name}{{cgroup=\"/machine.slice/vm1.scope\"}}");
+            assert_eq!(value(&text, &sample), want, "{sample}");
+        }
+        // Two system.slice services, cut to depth 2, are beyond the top 2.
+        assert_eq!(
+            value(&text, "pagesift_cgroup_processes{cgroup=\"other\"}"),
+            2.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                "pagesift_process_merged_pages{pid=\"10\",comm=\"qemu\",cgroup=\"/machine.slice/vm1.scope\"}"
+            ),
+            1000.0
+        );
+        assert_eq!(
+            value(&text, "pagesift_process_merged_pages{pid=\"other\"}"),
+            0.0
+        );
+        assert!(
+            !text.lines().any(|l| l.starts_with("pagesift_forged")),
+            "{text}"
+        );
+        assert!(
+            text.contains("comm=\"x\\\"} 1\\npagesift_forged 1\\n#\""),
+            "{text}"
+        );
+        // Lines are replaced, not accumulated: a process that left is gone.
+        s.savings = breakdown(&procs[..1], limits);
+        m.update(&s);
+        let text = m.encode();
+        assert!(!text.contains("vm2.scope"), "{text}");
+        assert!(!text.contains("cgroup=\"other\""), "{text}");
+    }
+
+    #[test]
+    fn label_values_are_escaped_as_the_text_format_says() {
+        assert_eq!(escape_label("plain /a.b-c"), "plain /a.b-c");
+        assert_eq!(escape_label("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
     }
 }

@@ -62,6 +62,7 @@ pub fn world() -> Shared {
 impl World {
     /// Adds a process.
     pub fn spawn(&mut self, pid: u32, comm: &str, merge_any: bool) {
+        let cgroup = format!("/test.slice/{comm}.scope");
         self.procs.push(ProcEntry {
             key: ProcKey {
                 pid,
@@ -72,10 +73,11 @@ impl World {
                 pid,
                 comm: comm.into(),
                 uid: 1000,
-                cgroups: vec!["/test.slice".into()],
+                cgroups: vec![cgroup.clone()],
                 exe: Some(format!("/usr/bin/{comm}").into()),
             },
             merge_any,
+            cgroup,
         });
     }
 

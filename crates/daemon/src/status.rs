@@ -11,6 +11,7 @@
 //! [`render`] turns a snapshot into the human table; `--json` prints the
 //! document as received.
 
+use pagesift_core::savings::{Breakdown, Savings};
 use pagesift_core::text::printable;
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
@@ -219,6 +220,9 @@ pub struct Status {
     /// NUMA placement of merged pages (hosts with several nodes only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numa: Option<crate::numa::NumaStatus>,
+    /// What each cgroup and the top processes save (`[savings]`).
+    #[serde(default)]
+    pub savings: Breakdown,
 }
 
 /// I/O hints (XLH): where they come from and what became of them.
@@ -470,6 +474,78 @@ fn region_line(r: &RegionStatus) -> String {
     )
 }
 
+/// MiB of a signed byte count (a profit can be negative).
+fn mib_signed(bytes: i64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+/// The savings per cgroup and per process: one line each, then `other`
+/// for what the limits summed.
+fn render_savings(b: &Breakdown) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let figures = |s: &Savings| {
+        format!(
+            "{:>10.1}  {:>10.1}  {:>8}",
+            mib(s.merged_pages),
+            mib_signed(s.saved_bytes),
+            s.cow_breaks
+        )
+    };
+    let _ = writeln!(
+        o,
+        "\nsavings per cgroup (cgroup paths cut to depth {}; merged and saved as the kernel counts them per process):",
+        b.cgroup_depth
+    );
+    let _ = writeln!(
+        o,
+        "  {:<40}  {:>5}  merged MiB   saved MiB  COW brks",
+        "cgroup", "procs"
+    );
+    let mut cgroup_line = |name: &str, processes: u64, s: &Savings| {
+        let _ = writeln!(o, "  {name:<40}  {processes:>5}  {}", figures(s));
+    };
+    for c in &b.cgroups.top {
+        cgroup_line(&printable(&c.cgroup), c.processes, &c.savings);
+    }
+    if let Some(r) = &b.cgroups.rest {
+        cgroup_line(
+            &format!("other ({} cgroups)", r.entries),
+            r.processes,
+            &r.savings,
+        );
+    }
+    if b.processes.top.is_empty() && b.processes.rest.is_none() {
+        return o;
+    }
+    let _ = writeln!(o, "\ntop processes by saving:");
+    let _ = writeln!(
+        o,
+        "  {:>7}  {:<15}  merged MiB   saved MiB  COW brks  cgroup",
+        "pid", "comm"
+    );
+    for p in &b.processes.top {
+        let _ = writeln!(
+            o,
+            "  {:>7}  {:<15}  {}  {}",
+            p.pid,
+            printable(&p.comm),
+            figures(&p.savings),
+            printable(&p.cgroup)
+        );
+    }
+    if let Some(r) = &b.processes.rest {
+        let _ = writeln!(
+            o,
+            "  {:>7}  {:<15}  {}",
+            "other",
+            format!("({} processes)", r.entries),
+            figures(&r.savings)
+        );
+    }
+    o
+}
+
 const REGION_HEADER: &str = "  region      pid  comm             start            size MiB  level  state      merged MiB  COW brks    age s  name";
 
 /// The human view of a status.
@@ -558,6 +634,7 @@ pub fn render(s: &Status) -> String {
         w.raised,
         w.runs
     );
+    o.push_str(&render_savings(&s.savings));
     let _ = writeln!(
         o,
         "\nlevels ({} processes, {} regions):",
@@ -683,7 +760,49 @@ mod tests {
                 comm: "strace".into(),
                 reason: "already traced".into(),
             }],
+            savings: sample_savings(),
             ..Status::default()
+        }
+    }
+
+    fn sample_savings() -> Breakdown {
+        use pagesift_core::savings::{CgroupSavings, ProcessSavings, Ranked, Rest};
+        let vm = Savings {
+            merged_pages: 16000,
+            saved_bytes: 65_000_000,
+            cow_breaks: 2,
+        };
+        Breakdown {
+            cgroup_depth: 2,
+            cgroups: Ranked {
+                top: vec![CgroupSavings {
+                    cgroup: "/machine.slice/vm1.scope".into(),
+                    processes: 1,
+                    savings: vm,
+                }],
+                rest: Some(Rest {
+                    entries: 3,
+                    processes: 4,
+                    savings: Savings {
+                        saved_bytes: -4096,
+                        ..Savings::default()
+                    },
+                }),
+            },
+            processes: Ranked {
+                top: vec![ProcessSavings {
+                    pid: 42,
+                    comm: "qemu".into(),
+                    cgroup: "/machine.slice/vm1.scope".into(),
+                    savings: vm,
+                }],
+                rest: Some(Rest {
+                    entries: 4,
+                    processes: 4,
+                    savings: Savings::default(),
+                }),
+            },
+            total: vm,
         }
     }
 
@@ -695,6 +814,9 @@ mod tests {
         s.top_regions[0].name = Some(format!("/tmp/{evil}\nfake line"));
         s.levels[1].regions[0].comm = evil.into();
         s.skipped[0].comm = evil.into();
+        s.savings.cgroups.top[0].cgroup = format!("/{evil}");
+        s.savings.processes.top[0].comm = evil.into();
+        s.savings.processes.top[0].cgroup = format!("/{evil}");
         let t = render(&s);
         assert!(
             t.chars()
@@ -719,6 +841,24 @@ mod tests {
         assert!(t.contains("writer"), "{t}");
         assert!(t.contains("already traced"), "{t}");
         assert!(t.contains("governor full"), "{t}");
+        // Savings: the cgroup line, the summed rest, the top process.
+        assert!(t.contains("cut to depth 2"), "{t}");
+        let vm = t
+            .lines()
+            .find(|l| l.trim_start().starts_with("/machine.slice/vm1.scope"))
+            .unwrap_or_else(|| panic!("no cgroup line in\n{t}"));
+        assert_eq!(
+            vm.split_whitespace().collect::<Vec<_>>(),
+            ["/machine.slice/vm1.scope", "1", "62.5", "62.0", "2"],
+            "{t}"
+        );
+        assert!(t.contains("other (3 cgroups)"), "{t}");
+        assert!(
+            t.lines()
+                .any(|l| l.contains("42  qemu") && l.ends_with("/machine.slice/vm1.scope")),
+            "{t}"
+        );
+        assert!(t.contains("(4 processes)"), "{t}");
     }
 
     #[test]

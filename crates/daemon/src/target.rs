@@ -59,6 +59,9 @@ pub struct ProcEntry {
     /// It set PR_SET_MEMORY_MERGE (`ksm_merge_any: yes`): it manages KSM
     /// itself and pagesift leaves its settings alone.
     pub merge_any: bool,
+    /// The cgroup its savings are reported under (its cgroup v2 path; see
+    /// `pagesift_linux::ProcessInfo::cgroup`).
+    pub cgroup: String,
 }
 
 /// The machine, for the loop.
@@ -90,6 +93,13 @@ pub trait Target: MemorySource {
     fn cow_ksm(&self) -> Option<u64>;
     /// Pids that exited since the last call.
     fn take_gone(&mut self) -> Vec<u32>;
+    /// What the kernel says KSM merged of process `pid` now
+    /// (`/proc/PID/ksm_stat`); `None` where it cannot be read, and then
+    /// the loop's own per-region counts stand in. The default reads
+    /// nothing.
+    fn ksm_stat(&self, _pid: u32) -> Option<ksm::ProcessKsmStat> {
+        None
+    }
     /// Whether the process `key` names still lives as that process (its
     /// pid was not reused, it did not exec), selected or not, as of now:
     /// checked before every injection. The default knows the selected ones.
@@ -202,6 +212,7 @@ impl LinuxTarget {
                         exe: host::exe(p.pid),
                     },
                     merge_any,
+                    cgroup: p.cgroup.clone(),
                 }
             })
             .collect();
@@ -350,6 +361,10 @@ impl Target for LinuxTarget {
 
     fn cow_ksm(&self) -> Option<u64> {
         ksm::KsmVmstat::read().ok().and_then(|v| v.cow_ksm)
+    }
+
+    fn ksm_stat(&self, pid: u32) -> Option<ksm::ProcessKsmStat> {
+        ksm::ProcessKsmStat::of(pid).ok()
     }
 
     fn take_gone(&mut self) -> Vec<u32> {

@@ -109,7 +109,9 @@ pub struct ProcessInfo {
     pub comm: String,
     /// Effective uid.
     pub uid: u32,
-    /// cgroup v2 path (empty if the process is only in v1 hierarchies).
+    /// Its cgroup v2 path; on a host without cgroup v2, its path in
+    /// systemd's named v1 hierarchy (`name=systemd`), which mirrors the
+    /// same slices and scopes; empty if it has neither.
     pub cgroup: String,
     /// Its cgroup path in every hierarchy (v2 and v1), deduplicated.
     pub cgroups: Vec<String>,
@@ -168,6 +170,10 @@ fn process_info(pid: u32) -> Result<ProcessInfo, Skip> {
     let cgroup = all
         .iter()
         .find(|c| c.hierarchy == 0)
+        .or_else(|| {
+            all.iter()
+                .find(|c| c.controllers.iter().any(|n| n == "name=systemd"))
+        })
         .map(|c| c.pathname.clone())
         .unwrap_or_default();
     let mut cgroups: Vec<String> = all.into_iter().map(|c| c.pathname).collect();

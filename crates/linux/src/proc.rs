@@ -1,6 +1,6 @@
 //! One home for reading `/proc`: the small-file reader, the mapping of
 //! its errors to [`LinuxError`], and the VMA count and limit that both the
-//! injector and the daemon check.
+//! injector and the daemon check, and where cgroup v2 is mounted.
 //!
 //! Files with a structure the `procfs` crate parses (`stat` lists,
 //! `smaps`, `maps`, `smaps_rollup`, `vm.max_map_count`) are read through
@@ -154,6 +154,28 @@ pub fn max_map_count() -> Result<u64, LinuxError> {
         .map_err(|e| LinuxError::io("reading /proc/sys/vm/max_map_count", io::Error::other(e)))
 }
 
+/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or
+/// `/sys/fs/cgroup/unified` on hybrid hosts), from `/proc/self/mountinfo`;
+/// read once. `None` on a host without cgroup v2.
+pub fn cgroup2_mount() -> Option<&'static str> {
+    static ROOT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        parse_cgroup2_root(&info)
+    })
+    .as_deref()
+}
+
+/// The mount point of the first `cgroup2` line of a mountinfo text (the
+/// fifth field; the file system type follows the ` - ` separator).
+fn parse_cgroup2_root(mountinfo: &str) -> Option<String> {
+    mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        (right.split_whitespace().next()? == "cgroup2")
+            .then(|| left.split_whitespace().nth(4).map(str::to_string))?
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,5 +223,23 @@ mod tests {
             Access::OwnerOnly,
         );
         assert!(refused.to_string().contains("mode 0400"), "{refused}");
+    }
+
+    #[test]
+    fn cgroup2_mount_is_found() {
+        let hybrid = "25 30 0:23 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs rw,mode=755
+26 25 0:24 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+27 25 0:25 / /sys/fs/cgroup/unified rw,relatime shared:9 - cgroup2 cgroup2 rw
+";
+        assert_eq!(
+            parse_cgroup2_root(hybrid).as_deref(),
+            Some("/sys/fs/cgroup/unified")
+        );
+        let pure = "30 1 0:26 / /sys/fs/cgroup rw,nosuid,nodev - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert_eq!(parse_cgroup2_root(pure).as_deref(), Some("/sys/fs/cgroup"));
+        assert_eq!(
+            parse_cgroup2_root("1 0 0:1 / / rw - ext4 /dev/vda rw\n"),
+            None
+        );
     }
 }

@@ -296,8 +296,18 @@ impl LinuxSource {
         let mut seen: Vec<RegionId> = Vec::new();
         for info in listed {
             let pid = info.pid;
-            if let std::collections::btree_map::Entry::Vacant(slot) = self.procs.entry(pid) {
-                match open_proc(info) {
+            match self.procs.entry(pid) {
+                // Known (same start time, see above): its name, uid and
+                // cgroups may have changed since, and eligibility and the
+                // savings per cgroup follow them; its identity stays.
+                std::collections::btree_map::Entry::Occupied(mut known) => {
+                    let p = &mut known.get_mut().info;
+                    p.comm = info.comm;
+                    p.uid = info.uid;
+                    p.cgroup = info.cgroup;
+                    p.cgroups = info.cgroups;
+                }
+                std::collections::btree_map::Entry::Vacant(slot) => match open_proc(info) {
                     Ok(p) => {
                         slot.insert(p);
                     }
@@ -310,7 +320,7 @@ impl LinuxSource {
                         continue;
                     }
                     Err(e) => return Err(e),
-                }
+                },
             }
             let start_time = self.procs[&pid].info.start_time;
             let maps = match self.process_regions(pid) {

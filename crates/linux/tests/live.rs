@@ -1105,3 +1105,31 @@ fn a_process_that_execs_in_place_is_a_new_one_after_refresh() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A process's cgroup is read again at every refresh (eligibility and the
+/// savings per cgroup follow a process that moves, as libvirt and
+/// container runtimes move theirs after they start them).
+#[test]
+fn a_refresh_follows_a_process_into_another_cgroup() {
+    require_root();
+    let mut cgroups = TestCgroups::new("pagesift-refresh");
+    let first = cgroups.create("first");
+    let second = cgroups.create("second/inner");
+    let w = cgroups.spawn(&first, &["static-dup", "--mib", "1"]);
+    let mut src = source_for(&[w.pid()]);
+    let seen = |src: &LinuxSource| {
+        let p = src.processes().find(|p| p.pid == w.pid()).expect("listed");
+        (p.cgroup.clone(), p.cgroups.clone())
+    };
+    assert_eq!(seen(&src).0, first);
+    std::fs::write(
+        cgroups.dir(&second).join("cgroup.procs"),
+        w.pid().to_string(),
+    )
+    .unwrap();
+    assert_eq!(seen(&src).0, first, "nothing read before the refresh");
+    src.refresh().unwrap();
+    let (cgroup, all) = seen(&src);
+    assert_eq!(cgroup, second);
+    assert!(all.contains(&second) && !all.contains(&first), "{all:?}");
+}

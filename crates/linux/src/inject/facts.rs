@@ -141,33 +141,11 @@ pub(super) fn cgroup_path(pid: u32) -> Option<String> {
         .map(|p| p.trim().to_string())
 }
 
-/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or
-/// `/sys/fs/cgroup/unified` on hybrid hosts), from `/proc/self/mountinfo`;
-/// read once.
-fn cgroup2_root() -> Option<&'static str> {
-    static ROOT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    ROOT.get_or_init(|| {
-        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-        parse_cgroup2_root(&info)
-    })
-    .as_deref()
-}
-
-/// The mount point of the first `cgroup2` line of a mountinfo text (the
-/// fifth field; the file system type follows the ` - ` separator).
-fn parse_cgroup2_root(mountinfo: &str) -> Option<String> {
-    mountinfo.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        (right.split_whitespace().next()? == "cgroup2")
-            .then(|| left.split_whitespace().nth(4).map(str::to_string))?
-    })
-}
-
 /// Whether cgroup v2 `path` is frozen (`cgroup.events`: `frozen 1`). False
 /// when unknown. (A cgroup v1 freezer puts tasks in an uninterruptible
 /// state, `D`, which thread choice already avoids.)
 pub(super) fn cgroup_frozen(path: &str) -> bool {
-    let Some(root) = cgroup2_root() else {
+    let Some(root) = proc::cgroup2_mount() else {
         return false;
     };
     read_small(&format!("{root}{path}/cgroup.events"))
@@ -259,24 +237,6 @@ mod tests {
         );
         let plain = status.replace("Seccomp:\t2", "Seccomp:\t0");
         assert_eq!(ThreadStatus::parse(&plain).unwrap().skip_reason(), None);
-    }
-
-    #[test]
-    fn cgroup2_mount_is_found() {
-        let hybrid = "25 30 0:23 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs rw,mode=755
-26 25 0:24 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
-27 25 0:25 / /sys/fs/cgroup/unified rw,relatime shared:9 - cgroup2 cgroup2 rw
-";
-        assert_eq!(
-            parse_cgroup2_root(hybrid).as_deref(),
-            Some("/sys/fs/cgroup/unified")
-        );
-        let pure = "30 1 0:26 / /sys/fs/cgroup rw,nosuid,nodev - cgroup2 cgroup2 rw,nsdelegate\n";
-        assert_eq!(parse_cgroup2_root(pure).as_deref(), Some("/sys/fs/cgroup"));
-        assert_eq!(
-            parse_cgroup2_root("1 0 0:1 / / rw - ext4 /dev/vda rw\n"),
-            None
-        );
     }
 
     #[test]
