@@ -1,5 +1,5 @@
 //! The ladder: hierarchical region distilling (UKSM §5.1-5.3; released
-//! code's `scan_rung`, `judge_slot` and `cal_dedup_ratio`, notes §3, §6).
+//! code's `scan_rung`, `judge_slot` and `cal_dedup_ratio` in `uksm.c`).
 //!
 //! ## The algorithm
 //!
@@ -54,7 +54,7 @@
 //!   (capped at the top);
 //! - otherwise → drop one level (floored at the bottom).
 //!
-//! The duplication ratio follows the code (notes §3.4, §6): duplicates net
+//! The duplication ratio follows the code (`cal_dedup_ratio`): duplicates net
 //! of COW breaks, over the pages sampled; when COW breaks exceed V_cow of
 //! the duplicates, the region is thrashing and its ratio counts as 0.
 //!
@@ -66,7 +66,7 @@
 //!   the region's size and the pass within the epoch.
 //! - Each level keeps its members in the order they joined, with a
 //!   Fenwick (binary indexed) tree over their page counts, the role of
-//!   UKSM's sum tree (notes §3.1): the region holding the k-th page of the
+//!   UKSM's sum tree over a rung's slots: the region holding the k-th page of the
 //!   level, a member's first page, joining, leaving and resizing are all
 //!   O(log n), so a level of thousands of regions costs no more per sample
 //!   than a level of ten. A member that leaves becomes a zero-page
@@ -93,20 +93,20 @@
 //!
 //! - Passes: every pass is a fresh, exact permutation. The code meant the
 //!   same, but its re-randomisation runs on a pool of entries that can
-//!   lose or repeat addresses (quirk §9.3); a computed bijection cannot.
-//! - Age: the code never uses a region's age (notes §3.8); pagesift applies
+//!   lose or repeat addresses; a computed bijection cannot.
+//! - Age: the code never uses a region's age; pagesift applies
 //!   the paper's V_life (100 ms) to climbing.
 //! - A region that completes a permutation pass is *not* sent back to the
-//!   bottom (the code does, through `thrash_threshold != 0`, quirk §9.5):
+//!   bottom (the code does, through `thrash_threshold != 0`):
 //!   that bounced small, hot regions off the top every round. The
 //!   all-merged rule covers the case the code had in mind.
 //! - The code's second promotion path (`round_update_ladder`, promoting
-//!   regions that *others* merged against, §3.5) is left to the caller:
+//!   regions that *others* merged against) is left to the caller:
 //!   it can be approximated by recording a duplicate sample
 //!   ([`Ladder::record`]) on the partner region's matching page.
 //! - Resizing keeps a region's level and counters and restarts its
 //!   permutation pass; the code throws the slot away and re-enters it at
-//!   the bottom (§8). A caller that wants the code's behaviour removes and
+//!   the bottom. A caller that wants the code's behaviour removes and
 //!   re-inserts.
 //! - The climb threshold is "at or above V_dup" as in the code and its
 //!   sysfs documentation (the paper says "above"); the COW cut-off is
@@ -250,7 +250,7 @@ impl SampleCounts {
         }
     }
 
-    /// The duplication ratio (code `cal_dedup_ratio`, notes §3.4):
+    /// The duplication ratio (code `cal_dedup_ratio`):
     /// `(duplicates - cow_broken) / sampled`, or 0 when there were no
     /// duplicates or the COW ratio exceeds `v_cow`.
     pub fn dup_ratio(&self, v_cow: f64) -> f64 {

@@ -17,14 +17,14 @@
 //!    ksmd is still merging (re-sampling them would only re-find the
 //!    duplicates that got them promoted). The thread's CPU time over the
 //!    wake, per sampled page, feeds `observe_cost` (UKSM measures its
-//!    scanner the same way, notes §3.6).
+//!    scanner the same way, `uksm.c`'s `uksm_sleep_real`).
 //!    Then one slice of the **exact sweep** ([`crate::sweep`],
 //!    `scan.sweep_share`): every present page of the sampling regions is
 //!    hashed, a slice per wake-up, so that duplicates are found wherever
 //!    their twins live (sampling meets twins at unrelated offsets only by
 //!    chance). At the end of an epoch a region whose present pages are at
 //!    least V_dup duplicates is raised straight to the top level; it then
-//!    waits for a write watch and its verdict (up to [`RAISED_WATCH_WAIT`])
+//!    waits for a write watch and its verdict (up to `RAISED_WATCH_WAIT`)
 //!    like any region that climbed. In a poorer region each run of
 //!    duplicates of at least `actuate.run_min_pages` waits for its region's
 //!    watch to judge it cold, then is marked like a sampled run.
@@ -62,7 +62,7 @@
 //!    page remembers pages seen merged (KSM page or zero page); such a page
 //!    later present but not merged is a COW break. After a whole pass the
 //!    region's COW-broken ratio is compared with V_cow: above it, the region
-//!    is unmarked. The ratio is UKSM's (§5.2, notes §3.4: COW faults on
+//!    is unmarked. The ratio is UKSM's (§5.2, `uksm.c`'s `cal_dedup_ratio`: COW faults on
 //!    merged pages in a round over pages merged in that round), with one
 //!    change: breaks seen in this pass over the larger of the pages newly
 //!    seen merged in it and the pages merged at the end of the previous
@@ -81,7 +81,8 @@
 //!    turns demotion off. A region is *settled* once a pass that started three ksmd
 //!    full scans after it was marked has ended: by then ksmd has visited
 //!    each of its pages at least twice, enough to merge every page that can
-//!    be (KSM merges a page on its second visit, ksm-baseline.md §4.5), so
+//!    be (KSM merges a page on its second visit: its checksum must be
+//!    unchanged since the first, `mm/ksm.c`), so
 //!    what is still unmerged is unique or volatile; a pass that finds no
 //!    unmerged page settles it at once. Settled promoted regions
 //!    return to the ladder, at the bottom: their merged pages feed the
@@ -94,7 +95,7 @@
 //!    of UKSM's bottom level, the daemon's own bottom-level sampling using
 //!    the other half).
 //! 6. **Sleep** T_s, stretched so that the daemon stays under its CPU cap
-//!    (UKSM's `uksm_sleep_real`, notes §3.6, capped at 1 s). While only the
+//!    (UKSM's `uksm_sleep_real` in `uksm.c`, capped at 1 s). While only the
 //!    bottom level holds regions and nothing waits for ksmd, T_s is 1 s
 //!    ([`IDLE_SLEEP`]) and the distiller's budgets grow with it: the same
 //!    samples per second in a tenth of the wake-ups.
@@ -138,7 +139,7 @@ pub const SKIP_RETRY: Nanos = 60 * SEC;
 pub const MAX_REFRESH_INTERVAL: Nanos = 60 * SEC;
 /// T_s while only the bottom level has work and nothing waits (see
 /// [`Daemon::wake`]): UKSM's longest sleep, 1 s (`uksm_sleep_real` is
-/// capped there, notes uksm-implementation.md §3.6). UKSM's rule, sleep ≥
+/// capped there in `uksm.c`). UKSM's rule, sleep ≥
 /// active·(1−r)/r for the largest share r that scanned, keeps its kernel
 /// thread near 100 ms, whose wake-up costs next to nothing; applied to the
 /// daemon's whole wake-up (fixed clock and /proc reads, scheduling, as
@@ -151,7 +152,8 @@ pub const MAX_HOLD: Nanos = 3600 * SEC;
 /// demand switches between merging and trickling.
 const PACE_INTERVAL: Nanos = SEC;
 /// CPU share of `actuate.account_pages_per_s` at its default, about 155 ns
-/// a page (mechanisms.md §4): the unit of the accounting boost.
+/// a page (measured on the 2-core development machine): the unit of the
+/// accounting boost.
 const ACCOUNT_BASE_SHARE: f64 = 0.02;
 /// Pages inspected per accounting call.
 const ACCOUNT_CHUNK: usize = 512;
