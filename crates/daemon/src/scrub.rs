@@ -257,6 +257,7 @@ impl Scrubber {
             self.folios = Some(FolioFinder::open()?);
         }
         let guest = self.guests.get_mut(&pid).expect("inserted above");
+        guest.ram.refresh()?;
         guest
             .images
             .retain(|id, _| found.iter().any(|i| (i.dev, i.ino) == *id));
