@@ -561,7 +561,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         group: "files",
         paper: "XLH Appendix B",
         about: format!(
-            "{} processes each hold {} MiB of distinct pages and, at t = 0, read the same {} files              of {} MiB (each under its own names, in its own shuffled order, with read, pread64              or preadv) into fresh page-aligned anonymous buffers; target = the file data of all              readers but one; saved = Σ (Anonymous − Pss_Anon) of the readers",
+            "{} processes each hold {} MiB of distinct pages and, at t = 0, read the same {} files of {} MiB (each under its own names, in its own shuffled order, with read, pread64 or preadv) into fresh page-aligned anonymous buffers; target = the file data of all readers but one; saved = Σ (Anonymous − Pss_Anon) of the readers",
             plan.readers, plan.private_mib, plan.files, plan.file_mib
         ),
         guests: None,

@@ -626,7 +626,7 @@ pub fn markdown(plan: &PageCachePlan, runs: &[RunResult], goals: &[Verdict]) -> 
          cache=writeback) for {} s with busybox `dd`, then md5 of the whole file; all QEMU \
          processes under one {} MiB memory cgroup (no swap). Default = `ksm-100` (KSM, no \
          scrubbing); Fadvise = `fadvise-ksm-100` (KSM plus DONTNEED of every image every {} s); \
-         pagesift = `pagesift-full-scrub` (`pagesift run --pid` on the guests with `[scrub]` on: period 2-20 s, first after 4 s, and host read-ahead off on the images' descriptors, as Singleton §3.3 does). Host \
+         pagesift = `pagesift-full-scrub` (`pagesift run --pid` on the guests with `[scrub]` on: period 1-5 s (under the time a guest takes to turn its cache over), first after 2 s, and host read-ahead off on the images' descriptors, as Singleton §3.3 does). Host \
          cache = cachestat of the images, sampled every second; hit ratio = 1 − read_bytes ÷ \
          rchar of the QEMU processes over the reading window (negative when host read-ahead \
          reads more from the disk than QEMU asked for); throughput = MiB read ÷ seconds \

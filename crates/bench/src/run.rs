@@ -462,7 +462,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
     {
         let h = &st["hints"];
         notes.push(format!(
-            "hints {}{}: {} events, {} pages received, {} pushed, {} untracked, {} lost to a full              ring, {} stale, {} overwritten, {} looked up, {} duplicates, {} pages marked; {:.0}              ns per hint from the ring to the stack (drain, map, push; stack of {})",
+            "hints {}{}: {} events, {} pages received, {} pushed, {} untracked, {} lost to a full ring, {} stale, {} overwritten, {} looked up, {} duplicates, {} pages marked; {:.0} ns per hint from the ring to the stack (drain, map, push; stack of {})",
             h["state"].as_str().unwrap_or("?"),
             h["reason"]
                 .as_str()
@@ -481,6 +481,12 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
             h["capacity"]
         ));
     }
+    notes.extend(scan_cost(
+        &sampler,
+        daemon
+            .as_ref()
+            .and_then(|(_, _, socket)| daemon_status(ctx, socket)),
+    )?);
     if let Some((mut d, log, _)) = daemon.take()
         && !d.stop()
     {
@@ -526,6 +532,38 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         window_s: exp.window_s,
         notes,
     })
+}
+
+/// What a page looked at cost, in this run (issue 10's goal 6): ksmd's
+/// CPU per page it scanned, and, under pagesift, the daemon's sampling CPU
+/// (its distil phase) per page it sampled, from its status at the end of
+/// the window.
+fn scan_cost(
+    sampler: &Sampler,
+    status: Option<serde_json::Value>,
+) -> Result<Vec<String>, BenchError> {
+    let mut notes = Vec::new();
+    let ksmd_s = sampler.ksmd_cpu_ns()? as f64 / 1e9;
+    if let Some(scanned) = sampler.ksmd_pages_scanned()?.filter(|&n| n > 0) {
+        notes.push(format!(
+            "scan cost: ksmd scanned {scanned} pages at {ksmd_s:.2} CPU-s, {:.2} µs per page",
+            ksmd_s * 1e6 / scanned as f64
+        ));
+    }
+    if let Some(st) = status {
+        let sampled = st["totals"]["sampled_pages"].as_u64().unwrap_or(0);
+        let distil = st["daemon"]["cpu_by_phase"]["distil"]
+            .as_f64()
+            .unwrap_or(0.0);
+        if sampled > 0 {
+            notes.push(format!(
+                "sampling cost: pagesift sampled {sampled} pages at {distil:.2} CPU-s of its \
+                 distil phase, {:.2} µs per page (goal: ≤ 1 µs and below ksmd's per scanned page)",
+                distil * 1e6 / sampled as f64
+            ));
+        }
+    }
+    Ok(notes)
 }
 
 /// `pagesift status --json` of the daemon on `socket`, if it answers.

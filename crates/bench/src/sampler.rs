@@ -71,6 +71,7 @@ pub struct Sampler {
     members_at: Option<Instant>,
     daemon: Option<u32>,
     base_ksmd_ns: u64,
+    base_scanned: Option<u64>,
     base_cow: u64,
     base_shared_kib: Option<f64>,
     last_daemon_s: f64,
@@ -89,6 +90,7 @@ impl Sampler {
         let ksm = Ksm::open()?;
         let ksmd = Ksmd::find()?;
         let base_ksmd_ns = ksmd.cpu_ns()?;
+        let base_scanned = ksm.counters()?.pages_scanned;
         let base_cow = KsmVmstat::read()?.cow_ksm.unwrap_or(0);
         let names = [
             (metric::SAVED, "MiB"),
@@ -110,6 +112,7 @@ impl Sampler {
             members_at: None,
             daemon,
             base_ksmd_ns,
+            base_scanned,
             base_cow,
             base_shared_kib: None,
             last_daemon_s: 0.0,
@@ -131,6 +134,12 @@ impl Sampler {
     /// Seconds since t = 0.
     pub fn elapsed(&self) -> f64 {
         self.t0.elapsed().as_secs_f64()
+    }
+
+    /// Pages ksmd scanned since t = 0 (`pages_scanned`, Linux 6.6+).
+    pub fn ksmd_pages_scanned(&self) -> Result<Option<u64>, BenchError> {
+        let now = self.ksm.counters()?.pages_scanned;
+        Ok(now.zip(self.base_scanned).map(|(n, b)| n.saturating_sub(b)))
     }
 
     /// ksmd's CPU since t = 0, ns (for a pacer).

@@ -551,9 +551,11 @@ pub struct ScrubSection {
     pub period_max_s: f64,
     /// The period before the first scrub, seconds.
     pub period_initial_s: f64,
-    /// Scrub early when the page cache exceeds this fraction of memory.
+    /// Scrub early when the page cache exceeds this fraction of memory (of
+    /// the host, or of a memory cgroup limit a guest lives under).
     pub cached_frac: f64,
-    /// Scrub early when free memory is below this fraction of memory.
+    /// Scrub early when free memory is below this fraction of memory (as
+    /// for `cached_frac`).
     pub free_frac: f64,
 }
 

@@ -623,6 +623,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         self.books.get(&id).map(|b| b.mode)
     }
 
+    /// Whether `[hints]` wants a hint source that has not been started
+    /// (at start, and after a reload changed `[hints]`).
+    pub fn hints_pending(&self) -> bool {
+        self.hints.pending()
+    }
+
     /// Asks for a refresh at the next wake-up.
     pub fn request_refresh(&mut self) {
         self.force_refresh = true;
@@ -630,8 +636,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
 
     /// Applies a new configuration (SIGHUP). Thresholds of the ladder
     /// restart distilling (regions re-enter at the bottom; what is
-    /// promoted stays promoted). The socket and metrics address need a
-    /// restart and are kept.
+    /// promoted stays promoted). A changed `[hints]` drops the hint
+    /// source, and [`Daemon::hints_pending`] then asks the caller for a
+    /// new one. The socket and metrics address need a restart and are
+    /// kept.
     pub fn reload(&mut self, mut config: Config, policy: Policy) {
         config.status = self.config.status.clone();
         config.metrics = self.config.metrics.clone();
@@ -646,6 +654,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         }
         if self.numa.as_ref().map(|n| n.section()) != Some(&config.numa) {
             self.numa = crate::numa::NumaPlacement::for_host(&config.numa);
+        }
+        if config.hints != self.config.hints {
+            info!("[hints] changed: the hint source restarts with it");
+            self.hints.reconfigure(&config.hints);
         }
         self.config = config;
         self.policy = policy;

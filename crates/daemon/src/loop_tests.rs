@@ -1161,6 +1161,42 @@ fn hints_disabled_or_unavailable_say_so() {
     assert!(h.reason.unwrap().contains("CAP_BPF"));
 }
 
+/// SIGHUP with a changed `[hints]`: the running source is dropped and a
+/// new one is asked for; turning hints off says so; an unchanged `[hints]`
+/// keeps the source.
+#[test]
+fn a_reload_that_changes_hints_restarts_them() {
+    let w = world();
+    w.borrow_mut().spawn(20, "reader", false);
+    let queue = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut d = daemon(&w, ALL, &[]);
+    assert!(d.hints_pending(), "wanted at start");
+    d.start_hints(Ok(Box::new(QueuedHints(queue.clone(), Vec::new()))));
+    assert!(!d.hints_pending());
+    assert_eq!(d.status(0).hints.state, "on");
+    let mut now = 0;
+    reload(&mut d, ALL, &mut now);
+    assert_eq!(d.status(now).hints.state, "on", "unchanged: kept");
+    reload(
+        &mut d,
+        &format!("{ALL}[hints]\nmax_age_ms = 5000\n"),
+        &mut now,
+    );
+    assert!(d.hints_pending(), "changed: a new source is wanted");
+    assert_eq!(d.status(0).hints.state, "starting");
+    d.start_hints(Ok(Box::new(QueuedHints(queue.clone(), Vec::new()))));
+    assert_eq!(d.status(0).hints.state, "on");
+    reload(
+        &mut d,
+        &format!("{ALL}[hints]\nenabled = false\n"),
+        &mut now,
+    );
+    assert!(!d.hints_pending());
+    let h = d.status(0).hints;
+    assert_eq!(h.state, "off");
+    assert!(h.reason.unwrap().contains("enabled = false"));
+}
+
 #[test]
 fn status_shows_each_cgroups_own_savings_and_sums_the_rest() {
     let w = world();

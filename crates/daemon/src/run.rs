@@ -248,10 +248,7 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         ksm,
         now_ns(t0),
     );
-    if daemon.config().hints.enabled {
-        let tap = crate::daemon::open_hint_source(&daemon.config().hints);
-        daemon.start_hints(tap);
-    }
+    start_pending_hints(&mut daemon);
     let deadline = opts.duration.map(|d| t0 + d);
     let stopping = || term.requested() || waker.stop.load(Ordering::SeqCst);
     loop {
@@ -334,6 +331,16 @@ fn save_ledger(
     }
 }
 
+/// Opens the hint source `[hints]` asks for, if one is wanted and not
+/// running (at start, and after a reload changed `[hints]`).
+#[cfg(target_arch = "x86_64")]
+fn start_pending_hints(daemon: &mut Daemon<LinuxTarget, crate::actuate::InjectActuator, SysKsm>) {
+    if daemon.hints_pending() {
+        let tap = crate::daemon::open_hint_source(&daemon.config().hints);
+        daemon.start_hints(tap);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn reload(
     daemon: &mut Daemon<LinuxTarget, crate::actuate::InjectActuator, SysKsm>,
@@ -355,6 +362,7 @@ fn reload(
             let policy = Policy::new(&config, &opts.pids, std::process::id(), own_exe);
             info!(governor = %config.governor, "configuration reloaded");
             daemon.reload(config, policy);
+            start_pending_hints(daemon);
         }
         Err(e) => error!(error = %e, "configuration not reloaded; keeping the old one"),
     }

@@ -27,8 +27,10 @@
 //!
 //! When to scrub is [`FrequencyControl`] (Algorithm 2): the daemon calls
 //! [`Scrubber::tick`] every wake-up with the eligible processes; it scrubs
-//! every guest when the timer or memory pressure says so, then feeds the
-//! pages dropped and cached back to the period.
+//! every guest when the timer or memory pressure says so (on the host, or
+//! inside a memory cgroup limit a guest lives under,
+//! [`pagesift_linux::memcg`]), then feeds the pages dropped and cached back
+//! to the period.
 //!
 //! Invariants: nothing is written to a guest or an image; a page is
 //! dropped only after a byte-exact comparison with a present guest page
@@ -172,17 +174,12 @@ impl Scrubber {
     /// Called every wake-up with the eligible processes (pid, comm):
     /// scrubs them all when a scrub is due. Returns the trigger if it did.
     pub fn tick(&mut self, now: Nanos, eligible: &[(u32, String)]) -> Option<Trigger> {
-        let mem = pagesift_linux::host::memory_kib().unwrap_or(MemoryStats {
-            total: 1,
-            cached: 0,
-            free: 1,
-        });
-        let trigger = self.control.due(now, mem)?;
         let pids: Vec<u32> = eligible
             .iter()
             .filter(|(_, c)| self.wants(c))
             .map(|&(p, _)| p)
             .collect();
+        let trigger = self.control.due(now, &memory_domains(&pids))?;
         let cpu0 = self.status.cpu_seconds;
         let (dropped, cached) = self.scrub_all(&pids);
         let period = self.control.scrubbed(now, trigger, dropped, cached);
@@ -307,6 +304,29 @@ impl Drop for Scrubber {
             }
         }
     }
+}
+
+/// The memory the guests `pids` compete for (see
+/// [`pagesift_core::scrub::FrequencyControl::due`]): the host's, and each
+/// distinct memory cgroup limit they live under. A domain that cannot be
+/// read is left out (the guest may have just exited).
+fn memory_domains(pids: &[u32]) -> Vec<MemoryStats> {
+    let mut domains: Vec<MemoryStats> = pagesift_linux::host::memory_kib().into_iter().collect();
+    let mut seen = Vec::new();
+    for &pid in pids {
+        let Ok(Some(dir)) = pagesift_linux::memcg::memory_cgroup_dir(pid) else {
+            continue;
+        };
+        if seen.contains(&dir) {
+            continue;
+        }
+        let total = domains.first().map_or(u64::MAX, |host| host.total);
+        if let Ok(Some(mem)) = pagesift_linux::memcg::read_limited(&dir, total) {
+            domains.push(mem);
+        }
+        seen.push(dir);
+    }
+    domains
 }
 
 /// Content hash of a page, for the index and the host cache alike.

@@ -70,7 +70,8 @@
 //!    files a guest's QEMU process has open read-write, [`page_cache`]
 //!    finds which of their pages are cached, reads them without I/O and
 //!    drops them, [`folio`] finds the folio and dirty/writeback state of a
-//!    cached page, and [`guest_ram`] reads the guest's RAM to match against.
+//!    cached page, [`guest_ram`] reads the guest's RAM to match against,
+//!    and [`memcg`] reads the memory cgroup limit a guest lives under.
 //!
 //! All `unsafe` code is in [`sys`] and [`ptrace`], each block with a
 //! `// SAFETY:` comment.
@@ -89,6 +90,7 @@ pub mod inspect;
 pub mod iohint;
 pub mod kpageflags;
 pub mod ksm;
+pub mod memcg;
 pub mod numa;
 pub mod page_cache;
 pub mod pagemap;

@@ -195,3 +195,59 @@ fn a_dirty_page_is_seen_dirty_and_never_dropped() {
         DropOutcome::Dropped { evicted: fo.pages }
     );
 }
+
+/// A memory cgroup made for one test (v2 where the memory controller is on
+/// the unified hierarchy, else v1), removed on drop even after a failure.
+struct TestCgroup(PathBuf);
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+/// The scrubber's pressure test reads the memory cgroup a guest lives
+/// under: a process moved into a cgroup with a 256 MiB limit is found
+/// there, and its limit, usage and page cache are read; a process under no
+/// limit gives none.
+#[test]
+fn a_processs_memory_cgroup_limit_is_read() {
+    use pagesift_linux::memcg::{memory_cgroup_dir, read_limited};
+    let unified = std::path::Path::new("/sys/fs/cgroup");
+    let v2 = fs::read_to_string(unified.join("cgroup.controllers"))
+        .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"));
+    let name = format!("pagesift-memcg-test-{}", std::process::id());
+    let dir = if v2 {
+        unified.join(&name)
+    } else {
+        unified.join("memory").join(&name)
+    };
+    fs::create_dir(&dir).expect("creating a memory cgroup (root)");
+    let cgroup = TestCgroup(dir);
+    let limit_file = if v2 { "memory.max" } else { "memory.limit_in_bytes" };
+    fs::write(cgroup.0.join(limit_file), (256u64 << 20).to_string()).unwrap();
+    let mut child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = child.id();
+    let host_kib = pagesift_linux::host::memory_kib().unwrap().total;
+    // Before the move: the test's own cgroup, with no limit below the
+    // host's RAM on this machine (or the one CI sets; either way not ours).
+    let outside = memory_cgroup_dir(pid).unwrap();
+    assert_ne!(outside.as_deref(), Some(cgroup.0.as_path()));
+    fs::write(cgroup.0.join("cgroup.procs"), pid.to_string()).unwrap();
+    let found = memory_cgroup_dir(pid).unwrap();
+    let mem = found
+        .as_deref()
+        .map(|d| read_limited(d, host_kib).unwrap());
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(found.as_deref(), Some(cgroup.0.as_path()));
+    let mem = mem.flatten().expect("a 256 MiB limit is a limit");
+    assert_eq!(mem.total, 256 << 10);
+    assert!(mem.free <= mem.total && mem.free > 0, "{mem:?}");
+    assert!(mem.cached <= mem.total, "{mem:?}");
+}

@@ -41,8 +41,16 @@
 //! `Cached` in the update rules is the cached pages the scrub looked at
 //! (the images' host cache), `Dropped` the pages it dropped from them: the
 //! ratio is then the share of the scrubbable cache that was duplicate,
-//! which is what the period should answer to. The pressure test uses the
-//! host's totals ([`MemoryStats`]).
+//! which is what the period should answer to.
+//!
+//! **Memory is every domain the guests' caches compete in.** The pressure
+//! test is applied to the host's totals and to each memory cgroup limit
+//! the scrubbed guests live under ([`MemoryStats`] each), and pressure in
+//! any one scrubs. The paper's host ran its guests in all of its 8 GB; a
+//! host that confines its guests with a cgroup limit sees their cache
+//! reclaimed against their RAM inside that limit, while the host as a
+//! whole may be nowhere near a threshold, so the host-wide test alone
+//! would never fire there.
 //!
 //! Invariants: `period_min <= period() <= period_max` always; after a
 //! timer scrub the period never shrinks and after a pressure scrub it
@@ -106,14 +114,15 @@ impl FrequencyParams {
     }
 }
 
-/// The host's memory, as `/proc/meminfo` reports it (any one unit).
+/// One memory domain: the host as `/proc/meminfo` reports it, or a
+/// memory cgroup a guest is confined to (any one unit).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryStats {
-    /// All memory (`MemTotal`).
+    /// All memory (`MemTotal`, or the cgroup's limit).
     pub total: u64,
-    /// Page cache (`Cached`).
+    /// Page cache (`Cached`, or the cgroup's page cache).
     pub cached: u64,
-    /// Free memory (`MemFree`).
+    /// Free memory (`MemFree`, or the limit less the cgroup's usage).
     pub free: u64,
 }
 
@@ -187,19 +196,23 @@ impl FrequencyControl {
         self.last_scrub.saturating_add(self.period)
     }
 
-    /// Whether a scrub is due at `now` with memory `mem`, and why. The
-    /// timer wins over pressure (Algorithm 2 tests it first).
-    pub fn due(&self, now: Nanos, mem: MemoryStats) -> Option<Trigger> {
+    /// Whether a scrub is due at `now` with the memory domains `mems`, and
+    /// why. The timer wins over pressure (Algorithm 2 tests it first); a
+    /// cache over its share wins over free memory, in any domain.
+    pub fn due(&self, now: Nanos, mems: &[MemoryStats]) -> Option<Trigger> {
         if now >= self.next_timer() {
             return Some(Trigger::Timer);
         }
         if now < self.last_scrub.saturating_add(self.params.period_min) {
             return None;
         }
-        let total = mem.total as f64;
-        if mem.cached as f64 > total * self.params.cached_frac {
+        let over =
+            |mem: &MemoryStats| mem.cached as f64 > mem.total as f64 * self.params.cached_frac;
+        let short =
+            |mem: &MemoryStats| (mem.free as f64) < mem.total as f64 * self.params.free_frac;
+        if mems.iter().any(over) {
             Some(Trigger::CacheHigh)
-        } else if (mem.free as f64) < total * self.params.free_frac {
+        } else if mems.iter().any(short) {
             Some(Trigger::FreeLow)
         } else {
             None
@@ -274,9 +287,9 @@ mod tests {
         // postpone it.
         let c = FrequencyControl::new(params(), 0);
         for now in (0..8 * S).step_by((S / 2) as usize) {
-            assert_eq!(c.due(now, calm()), None, "at {now}");
+            assert_eq!(c.due(now, &[calm()]), None, "at {now}");
         }
-        assert_eq!(c.due(8 * S, calm()), Some(Trigger::Timer));
+        assert_eq!(c.due(8 * S, &[calm()]), Some(Trigger::Timer));
     }
 
     #[test]
@@ -310,19 +323,50 @@ mod tests {
             cached: 100,
             free: 50,
         };
-        assert_eq!(c.due(S, full), None, "within period_min of the start");
-        assert_eq!(c.due(2 * S, full), Some(Trigger::CacheHigh));
-        assert_eq!(c.due(2 * S, starved), Some(Trigger::FreeLow));
+        assert_eq!(c.due(S, &[full]), None, "within period_min of the start");
+        assert_eq!(c.due(2 * S, &[full]), Some(Trigger::CacheHigh));
+        assert_eq!(c.due(2 * S, &[starved]), Some(Trigger::FreeLow));
         c.scrubbed(2 * S, Trigger::CacheHigh, 0, 100);
-        assert_eq!(c.due(3 * S, full), None);
-        assert_eq!(c.due(4 * S, full), Some(Trigger::CacheHigh));
+        assert_eq!(c.due(3 * S, &[full]), None);
+        assert_eq!(c.due(4 * S, &[full]), Some(Trigger::CacheHigh));
         // Exactly at the thresholds is not pressure.
         let edge = MemoryStats {
             total: 1000,
             cached: 500,
             free: 100,
         };
-        assert_eq!(c.due(4 * S, edge), None);
+        assert_eq!(c.due(4 * S, &[edge]), None);
+    }
+
+    #[test]
+    fn pressure_in_any_domain_scrubs() {
+        let c = FrequencyControl::new(params(), 0);
+        // A calm host, and a guest cgroup whose cache fills half its limit.
+        let cgroup_full = MemoryStats {
+            total: 100,
+            cached: 51,
+            free: 30,
+        };
+        let cgroup_tight = MemoryStats {
+            total: 100,
+            cached: 20,
+            free: 9,
+        };
+        assert_eq!(
+            c.due(2 * S, &[calm(), cgroup_full]),
+            Some(Trigger::CacheHigh)
+        );
+        assert_eq!(
+            c.due(2 * S, &[calm(), cgroup_tight]),
+            Some(Trigger::FreeLow)
+        );
+        assert_eq!(
+            c.due(2 * S, &[cgroup_tight, calm(), cgroup_full]),
+            Some(Trigger::CacheHigh),
+            "a full cache anywhere names the trigger"
+        );
+        assert_eq!(c.due(2 * S, &[calm(), calm()]), None);
+        assert_eq!(c.due(2 * S, &[]), None);
     }
 
     #[test]
@@ -408,8 +452,8 @@ mod tests {
             let mut now = 0;
             for (dropped, cached) in period_after {
                 now += c.period();
-                prop_assert_eq!(c.due(now, calm()), Some(Trigger::Timer));
-                prop_assert_eq!(c.due(now - 1, calm()), None);
+                prop_assert_eq!(c.due(now, &[calm()]), Some(Trigger::Timer));
+                prop_assert_eq!(c.due(now - 1, &[calm()]), None);
                 c.scrubbed(now, Trigger::Timer, dropped, cached);
             }
         }

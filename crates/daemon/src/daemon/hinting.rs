@@ -147,6 +147,20 @@ impl HintFeed {
         self.tap.is_some()
     }
 
+    /// Takes a changed `[hints]`: the program in use is dropped (which
+    /// detaches it) and a new one waits to be started
+    /// ([`Daemon::start_hints`]); the counts so far are kept.
+    pub fn reconfigure(&mut self, config: &HintsSection) {
+        let counts = std::mem::take(&mut self.counts);
+        *self = HintFeed::new(config);
+        self.counts = counts;
+    }
+
+    /// Whether hints are wanted but no source has been started yet.
+    pub fn pending(&self) -> bool {
+        self.tap.is_none() && self.off.is_none()
+    }
+
     /// Whether no hint waits on the stack.
     pub fn idle(&self) -> bool {
         self.stack.is_empty()
