@@ -19,6 +19,10 @@
 //!   must return exactly the next number.
 //! - `epoll`: `epoll_wait(--ms)` on stdin; a timeout or stdin's EOF are the
 //!   only acceptable results (EINTR is counted as an error).
+//! - `epoll-uring`: `epoll` with an io_uring in SQPOLL mode set up first,
+//!   so the process also has the kernel's `iou-sqp-PID` thread (an I/O
+//!   worker: ptrace refuses it, and it never returns to user space). `tids`
+//!   has `uring_fd`.
 //! - `threads`: five threads: one spinning in user space, one in `sleep`, one
 //!   in `futex`, one in `epoll` (on an idle eventfd-less epoll set), and the
 //!   main thread reading commands from stdin (`progress` prints the
@@ -364,6 +368,28 @@ fn registers_hold(passes: u64) -> bool {
     failed == 0
 }
 
+/// Sets up an io_uring with a submission-queue polling thread and returns
+/// its descriptor (kept open for the process's life). The kernel starts the
+/// `iou-sqp-PID` thread in this process at once.
+fn sqpoll_uring() -> i32 {
+    // struct io_uring_params: sq_entries, cq_entries, flags, sq_thread_cpu,
+    // sq_thread_idle, features, wq_fd, resv[3], then two 40-byte offset
+    // structs the kernel fills: 120 bytes.
+    let mut params = [0u32; 30];
+    const IORING_SETUP_SQPOLL: u32 = 1 << 1;
+    params[2] = IORING_SETUP_SQPOLL;
+    params[4] = 60_000; // idle ms before the thread sleeps
+    // SAFETY: io_uring_setup(2) reads and writes exactly the 120-byte
+    // parameter block passed, which lives on this stack frame.
+    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4, params.as_mut_ptr()) };
+    assert!(
+        fd >= 0,
+        "io_uring_setup: {}",
+        std::io::Error::last_os_error()
+    );
+    fd as i32
+}
+
 struct Args {
     mode: String,
     ms: u64,
@@ -454,6 +480,7 @@ fn main() {
             seccompiler::apply_filter(&prog).expect("seccomp");
         }
         "signals" => handler::install(),
+        "epoll-uring" => tids["uring_fd"] = json!(sqpoll_uring()),
         "uffd-missing" => {
             let blocked = AnonMapping::new(4 << 20, HugePages::Never).expect("mmap");
             let fd = own_missing_userfaultfd(blocked.addr(), blocked.len() as u64);
@@ -633,7 +660,7 @@ fn main() {
             }
             n
         }
-        "epoll" => {
+        "epoll" | "epoll-uring" => {
             use rustix::event::epoll;
             let ep = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
             let stdin = std::io::stdin();

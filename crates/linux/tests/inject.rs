@@ -376,6 +376,49 @@ fn epoll_only_target_is_skipped_unless_allowed() {
     drop(t.stdin_close_and_report(flagged));
 }
 
+/// A process whose only user thread sleeps in `epoll_wait` also has the
+/// kernel's io_uring polling thread: that thread is never chosen (ptrace
+/// refuses I/O workers, and they never return to user space), so without
+/// leave for EINTR the target is skipped as for epoll alone, and with it
+/// the main thread is used.
+#[test]
+fn an_io_uring_worker_is_never_chosen() {
+    let _g = serial();
+    let t = Target::start("epoll-uring", &["--ms", "20"]);
+    let pid = t.pid();
+    let workers: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&tid: &u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+                .is_ok_and(|c| c.starts_with("iou-"))
+        })
+        .collect();
+    assert!(!workers.is_empty(), "the SQPOLL thread exists");
+    std::thread::sleep(Duration::from_millis(30));
+    let mut inj = Injector::new(InjectConfig::default());
+    for _ in 0..10 {
+        match inj.run(pid, &[Syscall::Getpid]).unwrap() {
+            Outcome::Skipped(SkipReason::EintrRisk { tid, .. }) => assert_eq!(tid, pid),
+            other => panic!("expected EintrRisk on the main thread, got {other:?}"),
+        }
+        let c = choose_thread(pid, true).unwrap();
+        assert!(!workers.contains(&c.tid), "chose I/O worker {}", c.tid);
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    let mut risky = Injector::new(InjectConfig {
+        allow_eintr_risk: true,
+        ..InjectConfig::default()
+    });
+    let mut flagged = 0;
+    for _ in 0..10 {
+        let i = done(risky.run(pid, &[Syscall::Getpid]).unwrap());
+        flagged += i.app_sees_eintr as u64;
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    drop(t.stdin_close_and_report(flagged));
+}
+
 impl Target {
     /// For the epoll test: the target counts its EINTRs as errors, so check
     /// the count instead of an empty error list.

@@ -229,9 +229,16 @@ fn a_processs_memory_cgroup_limit_is_read() {
     };
     fs::create_dir(&dir).expect("creating a memory cgroup (root)");
     let cgroup = TestCgroup(dir);
-    let limit_file = if v2 { "memory.max" } else { "memory.limit_in_bytes" };
+    let limit_file = if v2 {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    };
     fs::write(cgroup.0.join(limit_file), (256u64 << 20).to_string()).unwrap();
-    let mut child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+    let mut child = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
     let pid = child.id();
     let host_kib = pagesift_linux::host::memory_kib().unwrap().total;
     // Before the move: the test's own cgroup, with no limit below the
@@ -240,9 +247,7 @@ fn a_processs_memory_cgroup_limit_is_read() {
     assert_ne!(outside.as_deref(), Some(cgroup.0.as_path()));
     fs::write(cgroup.0.join("cgroup.procs"), pid.to_string()).unwrap();
     let found = memory_cgroup_dir(pid).unwrap();
-    let mem = found
-        .as_deref()
-        .map(|d| read_limited(d, host_kib).unwrap());
+    let mem = found.as_deref().map(|d| read_limited(d, host_kib).unwrap());
     let _ = child.kill();
     let _ = child.wait();
     assert_eq!(found.as_deref(), Some(cgroup.0.as_path()));

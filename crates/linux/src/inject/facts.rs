@@ -23,6 +23,9 @@ use crate::proc::{self, Access, read_small};
 const PF_KTHREAD: u64 = 0x0020_0000;
 /// `PF_EXITING` (`include/linux/sched.h`): the thread has begun to exit.
 const PF_EXITING: u64 = 0x0000_0004;
+/// `PF_IO_WORKER` (`include/linux/sched.h`): a kernel I/O thread living in
+/// the process (io_uring's `iou-wrk-*` and `iou-sqp-*`).
+const PF_IO_WORKER: u64 = 0x0000_0010;
 
 /// What `/proc/PID/stat` says about a process (or `/proc/PID/task/TID/stat`
 /// about a thread). A process's `stat` shows its main thread's state.
@@ -33,6 +36,9 @@ pub(super) struct ProcStat {
     pub(super) kthread: bool,
     /// `PF_EXITING`: the thread is on its way out.
     pub(super) exiting: bool,
+    /// `PF_IO_WORKER`: an io_uring worker; ptrace refuses to attach to it
+    /// (EPERM) and it never returns to user space to run injected code.
+    pub(super) io_worker: bool,
     pub(super) threads: u64,
     pub(super) start_time: u64,
 }
@@ -49,6 +55,7 @@ fn parse_stat(text: &[u8]) -> Option<ProcStat> {
         ppid: f.get(1)?.parse().ok()?,
         kthread: flags & PF_KTHREAD != 0,
         exiting: flags & PF_EXITING != 0,
+        io_worker: flags & PF_IO_WORKER != 0,
         threads: f.get(17)?.parse().ok()?,
         start_time: f.get(19)?.parse().ok()?,
     })
@@ -205,6 +212,7 @@ mod tests {
                 ppid: 1,
                 kthread: false,
                 exiting: false,
+                io_worker: false,
                 threads: 3,
                 start_time: 987654
             }

@@ -20,7 +20,9 @@
 //!    the caller allows it.
 //!
 //! Threads in `D` are never chosen (the stop would wait until they leave
-//! it), nor traced or dead ones. The main thread is looked at first: the
+//! it), nor traced or dead ones, nor io_uring's I/O workers
+//! (`PF_IO_WORKER`: kernel threads inside the process that ptrace refuses
+//! and that never run user code). The main thread is looked at first: the
 //! process's own `stat` already carries its state, so a single-threaded
 //! process costs no extra read.
 
@@ -155,9 +157,13 @@ fn rank_state(pid: u32, tid: u32, state: char) -> Option<ThreadChoice> {
     Some(ThreadChoice { tid, rank, syscall })
 }
 
-/// Ranks one thread from its own `stat`.
+/// Ranks one thread from its own `stat`; an io_uring worker is never a
+/// candidate.
 pub(super) fn rank_thread(pid: u32, tid: u32) -> Option<ThreadChoice> {
     let stat = ProcStat::read(pid, &format!("/proc/{pid}/task/{tid}/stat")).ok()??;
+    if stat.io_worker {
+        return None;
+    }
     rank_state(pid, tid, stat.state)
 }
 
