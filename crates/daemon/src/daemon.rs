@@ -113,6 +113,7 @@ use crate::status::{
 };
 use crate::sweep::Sweeper;
 use crate::target::{Span, Target, View};
+use crate::watchdog::WakeWatch;
 use pagesift_core::distill::{Distiller, DistillerConfig, DupRun};
 use pagesift_core::governor::{MAX_SLEEP, sleep_for_share};
 use pagesift_core::savings::{Breakdown, ProcessSavings, Savings, breakdown};
@@ -197,6 +198,12 @@ const WRITE_READ_INTERVAL: Nanos = SEC / 4;
 
 /// The main thread's CPU time per phase of [`Daemon::wake`], ns since
 /// start: what `status` and the metrics break the daemon's CPU down by.
+/// The wake-up's phases in the order [`Daemon::wake`] runs them (the
+/// names of [`PhaseCpu`]'s fields), as the watchdog reports them.
+pub const PHASES: [&str; 10] = [
+    "refresh", "hints", "distil", "sweep", "account", "numa", "watch", "actuate", "pace", "scrub",
+];
+
 #[derive(Clone, Copy, Debug, Default)]
 struct PhaseCpu {
     refresh: u64,
@@ -232,14 +239,30 @@ impl PhaseCpu {
 }
 
 /// A stopwatch over the thread's CPU clock: each [`Lap::to`] adds the CPU
-/// time since the previous lap to a phase's total.
-struct Lap(u64);
+/// time since the previous lap to a phase's total, and tells the watch
+/// that the next phase of [`PHASES`] runs.
+struct Lap {
+    cpu: u64,
+    next: usize,
+    watch: WakeWatch,
+}
 
 impl Lap {
+    fn start(cpu: u64, watch: WakeWatch) -> Lap {
+        watch.begin();
+        Lap {
+            cpu,
+            next: 1,
+            watch,
+        }
+    }
+
     fn to(&mut self, total: &mut u64) {
         let t = host::thread_cpu_ns();
-        *total += t.saturating_sub(self.0);
-        self.0 = t;
+        *total += t.saturating_sub(self.cpu);
+        self.cpu = t;
+        self.watch.enter(self.next);
+        self.next += 1;
     }
 }
 
@@ -470,6 +493,8 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     hidden: BTreeSet<RegionId>,
     /// CPU per wake-up phase (status and metrics).
     phase_cpu: PhaseCpu,
+    /// Which phase the running wake-up is in, for the watchdog.
+    wake_watch: WakeWatch,
     unhide_after_sync: BTreeSet<RegionId>,
     skipped: BTreeMap<u32, SkipEntry>,
     inject_skips: BTreeMap<u32, SkipEntry>,
@@ -547,6 +572,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             self_managed: HashSet::new(),
             hidden: BTreeSet::new(),
             phase_cpu: PhaseCpu::default(),
+            wake_watch: WakeWatch::new(),
             unhide_after_sync: BTreeSet::new(),
             skipped: BTreeMap::new(),
             inject_skips: BTreeMap::new(),
@@ -629,6 +655,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         self.hints.pending()
     }
 
+    /// Which phase the running wake-up is in (for
+    /// [`crate::watchdog::Watchdog`]; phases named by [`PHASES`]).
+    pub fn wake_watch(&self) -> WakeWatch {
+        self.wake_watch.clone()
+    }
+
     /// Asks for a refresh at the next wake-up.
     pub fn request_refresh(&mut self) {
         self.force_refresh = true;
@@ -680,7 +712,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     /// sleep.
     pub fn wake(&mut self, now: Nanos) -> WakeSummary {
         let cpu0 = host::thread_cpu_ns();
-        let mut lap = Lap(cpu0);
+        let mut lap = Lap::start(cpu0, self.wake_watch.clone());
         let mut summary = WakeSummary {
             refreshed: self.maybe_refresh(now),
             ..WakeSummary::default()
@@ -715,6 +747,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         lap.to(&mut self.phase_cpu.pace);
         self.scrub_tick(now);
         lap.to(&mut self.phase_cpu.scrub);
+        self.wake_watch.end();
         let active = host::thread_cpu_ns().saturating_sub(cpu0);
         let base = self.next_sleep(&summary);
         self.distiller.set_sleep(base);

@@ -38,6 +38,7 @@ pub mod scrub;
 pub mod status;
 pub mod sweep;
 pub mod target;
+pub mod watchdog;
 
 #[cfg(test)]
 mod loop_tests;

@@ -14,7 +14,8 @@
 //! SIGTERM, SIGINT and SIGHUP write into (signal-hook's self-pipe), so that a
 //! signal is noticed at once without waking up to look for one. SIGHUP
 //! re-reads the configuration file; a bad file is logged and the old
-//! configuration kept.
+//! configuration kept. A watchdog thread ([`crate::watchdog`]) logs a
+//! wake-up that runs longer than 5 s, with the phase it is stuck in.
 //!
 //! On the way out: `--unmerge-on-exit` unmarks what pagesift marked, KSM's
 //! settings are restored (merged pages stay merged otherwise), the socket
@@ -249,6 +250,19 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         now_ns(t0),
     );
     start_pending_hints(&mut daemon);
+    let _watchdog = crate::watchdog::Watchdog::spawn(
+        daemon.wake_watch(),
+        &crate::daemon::PHASES,
+        crate::watchdog::WatchdogTimes::default(),
+        |phase, ran| {
+            warn!(
+                phase,
+                running_s = ran.as_secs_f64(),
+                "a wake-up is taking long: the loop is stuck in this phase"
+            )
+        },
+    )
+    .map_err(|e| RunError::Start(format!("cannot start the watchdog thread: {e}")))?;
     let deadline = opts.duration.map(|d| t0 + d);
     let stopping = || term.requested() || waker.stop.load(Ordering::SeqCst);
     loop {
