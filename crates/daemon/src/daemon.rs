@@ -655,6 +655,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         self.hints.pending()
     }
 
+    /// A descriptor that turns readable when I/O hints arrive after the
+    /// last drain: the loop's sleep wakes on it (no sooner than
+    /// `scan.sleep_ms` after the last wake-up), so hinted pages are not left
+    /// waiting for an idle sleep of up to a second.
+    pub fn hint_wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.hints.wake_fd()
+    }
+
     /// Which phase the running wake-up is in (for
     /// [`crate::watchdog::Watchdog`]; phases named by [`PHASES`]).
     pub fn wake_watch(&self) -> WakeWatch {

@@ -31,6 +31,7 @@ use crate::target::LinuxTarget;
 use pagesift_core::governor::Governor;
 use pagesift_linux::ksm::TerminationWatch;
 use std::io::Read;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -103,21 +104,55 @@ impl SignalWaker {
         Ok(SignalWaker { rx, stop })
     }
 
-    /// Sleeps until `at` or a signal; returns whether time is left.
-    fn sleep_until(&self, at: Instant) -> bool {
+    /// Sleeps until `at`, a signal, or (if given) `hints` turning
+    /// readable.
+    fn sleep_until(&self, at: Instant, hints: Option<BorrowedFd<'_>>) -> Slept {
         let left = at.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return false;
+            return Slept::TimeUp;
         }
-        let mut buf = [0u8; 64];
-        if self.rx.set_read_timeout(Some(left)).is_err()
-            || matches!((&self.rx).read(&mut buf), Ok(0))
-        {
-            // Cannot block on the socket: short slices instead.
-            std::thread::sleep(left.min(Duration::from_millis(200)));
+        let mut fds = vec![self.rx.as_fd()];
+        fds.extend(hints);
+        match pagesift_linux::wait::wait_readable(&fds, left) {
+            Ok(ready) => {
+                if ready[0] {
+                    // Empty the self-pipe; the flags say which signal.
+                    let mut buf = [0u8; 64];
+                    let _ = self.rx.set_nonblocking(true);
+                    let _ = (&self.rx).read(&mut buf);
+                    let _ = self.rx.set_nonblocking(false);
+                    Slept::Signal
+                } else if ready.get(1) == Some(&true) {
+                    Slept::Hints
+                } else if Instant::now() < at {
+                    Slept::Signal // interrupted: look at the flags
+                } else {
+                    Slept::TimeUp
+                }
+            }
+            Err(_) => {
+                // Cannot wait on the descriptors: short slices instead.
+                std::thread::sleep(left.min(Duration::from_millis(200)));
+                if Instant::now() < at {
+                    Slept::Signal
+                } else {
+                    Slept::TimeUp
+                }
+            }
         }
-        Instant::now() < at
     }
+}
+
+/// Why [`SignalWaker::sleep_until`] returned.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slept {
+    /// The time came.
+    TimeUp,
+    /// A signal's byte (or an interruption): the caller looks at its flags.
+    Signal,
+    /// I/O hints arrived.
+    Hints,
 }
 
 /// Grace after SIGTERM before KSM is restored without the loop's help.
@@ -272,6 +307,7 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         if hup.swap(false, Ordering::SeqCst) {
             reload(&mut daemon, &opts, config_path.as_ref(), own_exe.clone());
         }
+        let woke = Instant::now();
         let now = now_ns(t0);
         let summary = daemon.wake(now);
         save_ledger(&mut ledger, &daemon);
@@ -288,7 +324,21 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         if let Some(d) = deadline {
             wake_at = wake_at.min(d);
         }
-        while !stopping() && !hup.load(Ordering::SeqCst) && waker.sleep_until(wake_at) {}
+        // Hints arriving cut the sleep short, but never below the loop's
+        // base sleep after this wake-up began: a process that reads all the
+        // time must not turn the loop into a spin.
+        let earliest = woke + Duration::from_nanos(daemon.config().sleep());
+        let mut hints = daemon.hint_wake_fd();
+        while !stopping() && !hup.load(Ordering::SeqCst) {
+            match waker.sleep_until(wake_at, hints) {
+                Slept::TimeUp => break,
+                Slept::Signal => {}
+                Slept::Hints => {
+                    wake_at = wake_at.min(earliest.max(Instant::now()));
+                    hints = None;
+                }
+            }
+        }
     }
     info!("stopping");
     let snap = daemon.status(now_ns(t0));

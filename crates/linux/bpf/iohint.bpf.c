@@ -8,8 +8,10 @@
 // the buffer is clipped to ret (for the vector calls, the iovecs in order
 // until ret is used up, at most MAX_SEGS of them) and rounded inward to
 // page boundaries, so a partly filled page is never hinted. One event per
-// syscall goes to the `hints` ring buffer without a wake-up (the reader
-// polls); a full ring is counted, never silent.
+// syscall goes to the `hints` ring buffer with the kernel's adaptive
+// notification: a sleeping reader is woken only by the first event after it
+// has drained the ring, so a burst of reads costs one wake-up, not one per
+// syscall; a full ring is counted, never silent.
 //
 // It hooks the BTF-typed raw tracepoint sys_exit (tp_btf): it needs neither
 // tracefs nor kprobes, and the kernel has already copied the data into the
@@ -158,7 +160,7 @@ int iohint_sys_exit(__u64 *ctx)
         e->pad = 0;
         e->seg[0].start = first;
         e->seg[0].pages = pages;
-        bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+        bpf_ringbuf_submit(e, 0); /* adaptive wake-up, see the header */
         count(C_EVENTS);
         return 0;
     }
@@ -200,7 +202,7 @@ int iohint_sys_exit(__u64 *ctx)
     e->kind = kind;
     e->segs = i;
     e->pad = 0;
-    bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    bpf_ringbuf_submit(e, 0);
     count(C_EVENTS);
     return 0;
 }

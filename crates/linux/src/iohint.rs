@@ -21,11 +21,14 @@
 //! buffer to `ret` (for vector calls: the iovecs in order until `ret` is
 //! used up, at most [`MAX_IOVECS`] of them; more are counted), rounds it
 //! inward to whole pages and, if a page is left, writes one event to a
-//! ring buffer without waking the reader (a wake-up per event made the
-//! traced process pay microseconds per syscall and, with a 16 MiB ring,
-//! still lost events on this kind of machine). The reader drains the ring
-//! when it polls; a reservation that fails because the ring is full is
-//! counted ([`HintCounters::ring_full`]), never silent.
+//! ring buffer with the kernel's adaptive notification: a reader asleep on
+//! the ring ([`HintSource::wake_fd`]) is woken by the first event after it
+//! drained the ring, and by no later one until it drains again. (A wake-up
+//! per event made the traced process pay microseconds per syscall and,
+//! with a 16 MiB ring, still lost events on this kind of machine; with no
+//! wake-up at all, hints waited up to a second for the daemon's next
+//! wake-up.) A reservation that fails because the ring is full is counted
+//! ([`HintCounters::ring_full`]), never silent.
 //!
 //! ## Invariants
 //! - A hint covers only whole pages inside the bytes the syscall moved.
@@ -282,6 +285,13 @@ impl HintSource {
         }
         self.watched = now;
         failed
+    }
+
+    /// The ring's descriptor: readable while events wait, and it wakes a
+    /// `poll` on it when the first event after a drain arrives.
+    pub fn wake_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.ring.as_fd()
     }
 
     /// Processes that produce hints now.

@@ -105,6 +105,7 @@ pub mod source;
 pub mod sys;
 #[cfg(target_arch = "x86_64")]
 pub mod uffd;
+pub mod wait;
 
 pub use caps::Capability;
 pub use discover::{ProcessFilter, ProcessInfo, Region, RegionKind};

@@ -55,6 +55,11 @@ pub trait HintTap: Send {
     fn drain(&mut self, f: &mut dyn FnMut(u32, u64, u64)) -> u64;
     /// Events the kernel dropped because the ring was full, so far.
     fn ring_dropped(&self) -> u64;
+    /// A descriptor that turns readable when hints arrive after a drain,
+    /// for the loop's sleep to wake on; `None` if there is none.
+    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -73,6 +78,9 @@ impl HintTap for pagesift_linux::iohint::HintSource {
     }
     fn ring_dropped(&self) -> u64 {
         self.counters().ring_full
+    }
+    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(pagesift_linux::iohint::HintSource::wake_fd(self))
     }
 }
 
@@ -154,6 +162,12 @@ impl HintFeed {
         let counts = std::mem::take(&mut self.counts);
         *self = HintFeed::new(config);
         self.counts = counts;
+    }
+
+    /// The hint source's wake-up descriptor, if hints flow (see
+    /// [`HintTap::wake_fd`]).
+    pub fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.tap.as_ref()?.wake_fd()
     }
 
     /// Whether hints are wanted but no source has been started yet.
