@@ -1,14 +1,14 @@
-//! The experiments: UKSM §8.1's emulated workloads (and ksm-baseline.md's
-//! controls), each at a quick and a full size.
+//! The experiments: UKSM §8.1's emulated workloads (and controls of our
+//! own), each at a quick and a full size.
 //!
 //! | group | what | paper |
 //! |---|---|---|
 //! | `static-mixed` | N MiB identical + N MiB random, two processes, identical one started (and so scanned by KSM) first | §8.1.1, Fig. 9a/b |
-//! | `static-mixed-random-first` | the same, random process first: KSM's result depends on its scan order (ksm-baseline.md §4.4) | §8.1.1 |
-//! | `static-mixed-not-multiple` | the same with one identical page in 1000 left untouched, so the identical pages are *not* a multiple of max_page_sharing (256) and KSM's stable chains are not all full (ksm-baseline.md §4.3) | §8.1.1 |
+//! | `static-mixed-random-first` | the same, random process first: KSM's result depends on its scan order (`__ksm_enter` in `mm/ksm.c` queues a new mm just behind ksmd's cursor) | §8.1.1 |
+//! | `static-mixed-not-multiple` | the same with one identical page in 1000 left untouched, so the identical pages are *not* a multiple of max_page_sharing (256) and KSM's stable chains are not all full (`stable_node_chain` in `mm/ksm.c`) | §8.1.1 |
 //! | `cow-broken` | one region, one page rewritten every 10 ms; memory saved at equal CPU of 2, 10, 20 % of a core | §8.1.2, Fig. 9c |
 //! | `short-lived` | map N MiB of one content, keep it T, unmap, wait T; T = 2, 1, 0.5, 0.2 s | §8.1.3 |
-//! | `sparse-only` | random memory only: nothing to merge, every CPU-second is idle cost | ksm-baseline.md §6 |
+//! | `sparse-only` | random memory only: nothing to merge, every CPU-second is idle cost | idle-cost control |
 //! | `fork-family` | a parent and 3 children sharing frames after fork, each child rewriting a quarter of the pages | — |
 //! | `interpreter-workers` | real `python3` processes holding the same data file beside a private buffer they rewrite (4 × 24 + 8 MiB quick, 6 × 48 + 16 MiB full) | issue 10 |
 //! | `vm-boot` | QEMU/TCG guests started 10 s apart (3 quick, 10 full, 512 MiB each) that read the same files from their own copy of a disk | §8.2.1, Fig. 10a |
@@ -21,7 +21,9 @@
 //! 8–15 s windows, and the systems that show the difference (pagesift
 //! full, KSM at 1000 or 10000, plus ksmtuned on static-mixed); KSM at 100
 //! pages, the advisor and pagesift's quiet governor need minutes to merge
-//! anything (ksm-baseline.md §4.1; quiet's round is 20 s), so they run in
+//! anything (a page merges on ksmd's second visit: two passes at 100 pages
+//! per 20 ms over the quick sizes take close to a minute; quiet's round
+//! is 20 s), so they run in
 //! `--full` only. `--full`: the
 //! issue's sizes (2 GiB + 2 GiB, 2 GiB COW-broken as in §8.1.2, 512 MiB
 //! short-lived as §8.1.3's 500 MB), 120 s windows, and every system.
@@ -42,7 +44,7 @@ pub enum Mode {
 /// Which series says how much is saved, for time-to-99 %.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SavedBy {
-    /// KSM's counters (ksm-baseline.md's protocol).
+    /// KSM's counters (`pages_sharing` + `ksm_zero_pages`).
     KsmCounters,
     /// Σ (Anonymous − Pss_Anon) of the workload: physical frames freed, which is
     /// right when frames were already shared by fork.
@@ -379,7 +381,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
     v.push(Experiment {
         name: "sparse-only".into(),
         group: "sparse-only",
-        paper: "ksm-baseline.md §6",
+        paper: "idle-cost control",
         about: format!("{sparse} MiB of distinct pages: nothing to merge, all CPU is idle cost"),
         guests: None,
         interpreters: None,

@@ -1,7 +1,7 @@
 //! The figures a run is judged by, computed from its [`Series`]: pure
 //! functions, no I/O.
 //!
-//! ## Definitions (UKSM §8.1.1, ksm-baseline.md §2)
+//! ## Definitions (UKSM §8.1.1)
 //!
 //! - **Time to 99 % merged** (`t99`): the first time the memory saved
 //!   reaches 99 % of the workload's mergeable pages (its own exact count),
@@ -16,7 +16,7 @@
 //!   memory_saving / deduplication_CPU_consumption).
 //! - **CPU-seconds over the window**: cumulative CPU at the end of the
 //!   fixed window (issue 5: some KSM settings keep burning CPU after
-//!   merging, ksm-baseline.md §4.3).
+//!   merging, e.g. on full stable chains).
 //! - **Mean saved**: the time-weighted mean of a series over an interval
 //!   (trapezoids), for workloads that never settle (COW-broken,
 //!   short-lived).

@@ -1,6 +1,6 @@
 //! One run: one system on a fresh copy of one experiment's workload.
 //!
-//! ## Protocol (ksm-baseline.md §2, adapted)
+//! ## Protocol
 //!
 //! 1. **Clean slate.** Take KSM's lock ([`KsmGuard`]), write `run=2` and
 //!    wait until `pages_shared` and `pages_sharing` are 0, so that no merge
@@ -163,7 +163,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
             guard.set_sleep_millisecs(20)?;
             notes.push(
                 "the scan-time advisor's pages_to_scan depends on ksmd's lifetime CPU \
-                 (ksm-baseline.md §4.5.3)"
+                 (`scan_time_advisor` in mm/ksm.c)"
                     .into(),
             );
             Some(guard)

@@ -2,13 +2,13 @@
 //!
 //! Each [`Sampler::sample`] reads, through `pagesift-linux`:
 //! - KSM's counters: memory saved = (`pages_sharing` + `ksm_zero_pages`)
-//!   × 4 KiB (mainline-ksm.md §1.2), and `pages_to_scan` (which the
+//!   × 4 KiB (Documentation/admin-guide/mm/ksm.rst), and `pages_to_scan` (which the
 //!   advisor, ksmtuned or a pacer move);
 //! - the workload's footprint: Σ PSS and Σ (Anonymous − Pss_Anon) over
 //!   every process of the workload's process groups (children included)
 //!   from `smaps_rollup`. The growth of Σ (Anonymous − Pss_Anon) since
-//!   t = 0 is the anonymous memory physically saved (ksm-baseline.md §7
-//!   measures W2 the same way), which KSM's lazy counters miss after COW
+//!   t = 0 is the anonymous memory physically saved, which KSM's lazy
+//!   counters miss after COW
 //!   breaks; file pages (shared libraries of several QEMUs) stay out of
 //!   it;
 //! - CPU: ksmd's (`schedstat`), the pagesift daemon's (`/proc/PID/stat`,

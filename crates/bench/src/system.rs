@@ -9,7 +9,7 @@
 //! - **KSM** the way a KSM user runs it: every workload process started
 //!   with `PR_SET_MEMORY_MERGE` (all its memory mergeable), ksmd at a fixed
 //!   `pages_to_scan` with the default `sleep_millisecs` = 20
-//!   (mainline-ksm.md §1.1), or with `advisor_mode = scan-time`.
+//!   (`ksm_thread_sleep_millisecs` in mm/ksm.c), or with `advisor_mode = scan-time`.
 //! - **KSM paced** to a CPU share: the same, with the harness closing a
 //!   loop on ksmd's measured CPU through `pagesift-core`'s `Pacer` once a
 //!   second (for the equal-CPU comparison of §8.1.2).
