@@ -19,6 +19,11 @@
 //!   must return exactly the next number.
 //! - `epoll`: `epoll_wait(--ms)` on stdin; a timeout or stdin's EOF are the
 //!   only acceptable results (EINTR is counted as an error).
+//! - `rseq`: spins inside a restartable-sequence critical section (on
+//!   glibc's registered `struct rseq`) of 2^20 iterations, restarting it
+//!   after each abort; a pass that commits on another CPU than it started
+//!   on is an error (the kernel aborts a preempted section, so that can
+//!   only happen if the section was forgotten). `aborts` counts aborts.
 //! - `epoll-uring`: `epoll` with an io_uring in SQPOLL mode set up first,
 //!   so the process also has the kernel's `iou-sqp-PID` thread (an I/O
 //!   worker: ptrace refuses it, and it never returns to user space). `tids`
@@ -368,6 +373,87 @@ fn registers_hold(passes: u64) -> bool {
     failed == 0
 }
 
+/// A restartable-sequence critical section to spin in (mode `rseq`), on
+/// the `struct rseq` glibc registered for the thread.
+mod rseq_cs {
+    unsafe extern "C" {
+        /// glibc 2.35+: offset of the thread's `struct rseq` from the
+        /// thread pointer, and its size (0: glibc registered none).
+        static __rseq_offset: isize;
+        static __rseq_size: u32;
+    }
+
+    /// The calling thread's `struct rseq`, if glibc registered one.
+    pub fn area() -> Option<u64> {
+        // SAFETY: plain reads of two constants glibc sets before main.
+        let (offset, size) = unsafe { (__rseq_offset, __rseq_size) };
+        if size == 0 {
+            return None;
+        }
+        let tp: u64;
+        // SAFETY: reads the thread pointer (the TCB's self pointer at
+        // fs:0 on x86-64), nothing else.
+        unsafe { std::arch::asm!("mov {}, fs:0", out(reg) tp) };
+        Some(tp.wrapping_add(offset as u64))
+    }
+
+    /// Spins `n` iterations inside one critical section, restarting it
+    /// after each abort; returns the aborts and whether a committed pass
+    /// found its CPU changed since it started (which the kernel must
+    /// prevent by aborting: a preemption inside the section aborts it).
+    pub fn spin(area: u64, n: u64) -> (u64, bool) {
+        let aborts: u64;
+        let moved: u64;
+        // SAFETY: the section's descriptor is static; the asm writes only
+        // `rseq_cs` of this thread's own registered `struct rseq` (offset
+        // 8), as the rseq ABI intends, and reads its `cpu_id` (offset 4).
+        // Every register it changes is declared.
+        unsafe {
+            std::arch::asm!(
+                ".pushsection .data.rel.ro.pagesift_rseq, \"aw\"",
+                ".balign 32",
+                "3:",
+                ".long 0, 0",
+                ".quad 5f, (6f - 5f), 4f",
+                ".popsection",
+                "xor {aborts}, {aborts}",
+                "2:",
+                "lea {tmp}, [rip + 3b]",
+                "mov qword ptr [{area} + 8], {tmp}",
+                "5:",
+                "mov {cpu:e}, dword ptr [{area} + 4]",
+                "mov {left}, {n}",
+                "7:",
+                "dec {left}",
+                "jnz 7b",
+                "mov {tmp:e}, dword ptr [{area} + 4]",
+                "6:",
+                "mov qword ptr [{area} + 8], 0",
+                "xor {moved}, {moved}",
+                "cmp {tmp:e}, {cpu:e}",
+                "setne {moved:l}",
+                "jmp 8f",
+                // The abort handler, preceded by glibc's signature
+                // (RSEQ_SIG 0x53053053, as `ud1` bytes before it).
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long 0x53053053",
+                "4:",
+                "inc {aborts}",
+                "jmp 2b",
+                "8:",
+                area = in(reg) area,
+                n = in(reg) n,
+                aborts = out(reg) aborts,
+                moved = out(reg) moved,
+                tmp = out(reg) _,
+                cpu = out(reg) _,
+                left = out(reg) _,
+            );
+        }
+        (aborts, moved != 0)
+    }
+}
+
 /// Sets up an io_uring with a submission-queue polling thread and returns
 /// its descriptor (kept open for the process's life). The kernel starts the
 /// `iou-sqp-PID` thread in this process at once.
@@ -607,6 +693,19 @@ fn main() {
                 churn_tick();
                 if !registers_hold(1 << 20) {
                     errors.push("a register changed under the spinning loop".into());
+                }
+                n += 1;
+            }
+            n
+        }
+        "rseq" => {
+            let area = rseq_cs::area().expect("glibc registered no rseq area");
+            let mut n = 0;
+            while !stdin_closed() {
+                let (aborts, moved) = rseq_cs::spin(area, 1 << 20);
+                extra["aborts"] = json!(extra["aborts"].as_u64().unwrap_or(0) + aborts);
+                if moved {
+                    errors.push("an rseq critical section committed on another CPU".into());
                 }
                 n += 1;
             }

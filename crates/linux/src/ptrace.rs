@@ -211,6 +211,43 @@ pub fn has_seccomp_filter(tid: u32) -> io::Result<Option<bool>> {
     }
 }
 
+/// The address of the thread's registered `struct rseq`
+/// (`PTRACE_GET_RSEQ_CONFIGURATION`, Linux 5.13+), or `None` if it has
+/// none (or the kernel cannot say: older kernels answer EIO).
+pub fn rseq_area(tid: u32) -> io::Result<Option<u64>> {
+    // <linux/ptrace.h>.
+    const PTRACE_GET_RSEQ_CONFIGURATION: libc::c_uint = 0x420f;
+    /// `struct ptrace_rseq_configuration`.
+    #[repr(C)]
+    #[derive(Default)]
+    struct Conf {
+        rseq_abi_pointer: u64,
+        rseq_abi_size: u32,
+        signature: u32,
+        flags: u32,
+        pad: u32,
+    }
+    let mut conf = Conf::default();
+    // SAFETY: the kernel copies at most `addr` bytes, the size of `conf`,
+    // into `conf`, which lives on this frame for the whole call.
+    let ret = unsafe {
+        libc::ptrace(
+            PTRACE_GET_RSEQ_CONFIGURATION,
+            tid as libc::pid_t,
+            std::mem::size_of::<Conf>(),
+            &mut conf as *mut Conf,
+        )
+    };
+    if ret < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EIO) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    Ok((conf.rseq_abi_pointer != 0).then_some(conf.rseq_abi_pointer))
+}
+
 /// `tgkill(tgid, tid, sig)`: sends `sig` to one thread of a process.
 pub fn tgkill(tgid: u32, tid: u32, sig: i32) -> io::Result<()> {
     // SAFETY: a raw syscall taking three integers by value; it touches no

@@ -182,6 +182,13 @@ pub enum SkipReason {
     /// Signals kept arriving before every signal could be blocked; each was
     /// delivered, and the process left alone this time.
     SignalStorm,
+    /// The stopped thread was inside a restartable-sequence (rseq)
+    /// critical section. Running a call from elsewhere would make the
+    /// kernel forget the section (it clears `rseq_cs` when the thread
+    /// returns to user space outside it), so the section would not be
+    /// aborted after the stop: the thread was released untouched, and the
+    /// kernel aborts the section as for any preemption.
+    RseqCriticalSection,
     /// The batch could push the process's VMA count past the allowed
     /// fraction of `vm.max_map_count`.
     MapCountNearLimit {
@@ -222,6 +229,10 @@ impl fmt::Display for SkipReason {
                 "no `syscall; ret` and `rt_sigreturn` code in its executable memory"
             ),
             SkipReason::ImageChanged => write!(f, "it exec'd another program"),
+            SkipReason::RseqCriticalSection => write!(
+                f,
+                "the stopped thread was inside an rseq critical section; released untouched"
+            ),
             SkipReason::SignalStorm => {
                 write!(f, "signals kept arriving before they could be blocked")
             }

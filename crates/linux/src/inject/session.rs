@@ -212,6 +212,9 @@ impl Session {
         if filtered == Some(true) {
             return Err(Prep::Skip(SkipReason::Seccomp { mode: 2 }));
         }
+        if in_rseq_critical_section(self.pid, tid, saved.rip) {
+            return Err(Prep::Skip(SkipReason::RseqCriticalSection));
+        }
         let Some(g) = tracer.gadgets(self.pid, start_time) else {
             return Err(Prep::Skip(SkipReason::NoSafeReturn));
         };
@@ -446,6 +449,40 @@ impl Session {
 }
 
 /// Why preparing a stopped thread did not succeed.
+/// Whether stopped thread `tid` of `pid` is inside a restartable-sequence
+/// critical section at `ip`: its `struct rseq` (registered with the
+/// kernel) points at a `struct rseq_cs` whose `[start_ip, start_ip +
+/// post_commit_offset)` holds `ip` (`in_rseq_cs` in the kernel's
+/// `kernel/rseq.c`). Layouts from `<linux/rseq.h>`: `rseq_cs` is the u64 at
+/// offset 8 of `struct rseq`; `struct rseq_cs` is version, flags (u32
+/// each), then start_ip, post_commit_offset, abort_ip (u64 each).
+///
+/// A thread whose registration or section cannot be read counts as inside
+/// one: leaving it alone costs a retry, the other way could break its
+/// section.
+fn in_rseq_critical_section(pid: u32, tid: u32, ip: u64) -> bool {
+    let area = match ptrace::rseq_area(tid) {
+        Ok(None) => return false,
+        Ok(Some(a)) => a,
+        Err(_) => return true,
+    };
+    let mut cs_ptr = [0u8; 8];
+    if super::remote::read_remote(pid, area + 8, &mut cs_ptr).is_err() {
+        return true;
+    }
+    let cs = u64::from_ne_bytes(cs_ptr);
+    if cs == 0 {
+        return false;
+    }
+    let mut desc = [0u8; 32];
+    if super::remote::read_remote(pid, cs, &mut desc).is_err() {
+        return true;
+    }
+    let word = |at: usize| u64::from_ne_bytes(desc[at..at + 8].try_into().expect("8 bytes"));
+    let (start, post_commit) = (word(8), word(16));
+    ip.wrapping_sub(start) < post_commit
+}
+
 pub(super) enum Prep {
     Skip(SkipReason),
     Step(StepError),
