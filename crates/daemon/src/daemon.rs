@@ -663,6 +663,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         self.hints.wake_fd()
     }
 
+    /// Tells the loop that its last sleep was cut short after `slept` ns
+    /// (I/O hints arrived): the coming wake-up samples for the time that
+    /// passed, not for the sleep that was planned, so that hints that keep
+    /// arriving do not multiply the sampling rate.
+    pub fn slept_only(&mut self, slept: Nanos) {
+        self.distiller.set_sleep(slept.max(1));
+    }
+
     /// Which phase the running wake-up is in (for
     /// [`crate::watchdog::Watchdog`]; phases named by [`PHASES`]).
     pub fn wake_watch(&self) -> WakeWatch {

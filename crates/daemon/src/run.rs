@@ -328,6 +328,8 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         // base sleep after this wake-up began: a process that reads all the
         // time must not turn the loop into a spin.
         let earliest = woke + Duration::from_nanos(daemon.config().sleep());
+        let asleep = Instant::now();
+        let planned = wake_at;
         let mut hints = daemon.hint_wake_fd();
         while !stopping() && !hup.load(Ordering::SeqCst) {
             match waker.sleep_until(wake_at, hints) {
@@ -338,6 +340,9 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
                     hints = None;
                 }
             }
+        }
+        if wake_at < planned {
+            daemon.slept_only(asleep.elapsed().as_nanos() as u64);
         }
     }
     info!("stopping");
