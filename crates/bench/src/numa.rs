@@ -269,7 +269,7 @@ pub fn markdown(plan: &NumaPlan, results: &[ScenarioResult], guest_line: &str) -
     );
     let _ = writeln!(
         s,
-        "| scenario | nice (node 0 : node 1) | merged pages, node 0's process | local, node 0's process | local, node 1's process | merged frames on node 0 / node 1 | pages_sharing (saved) | pages moved by pagesift | moves refused (errno×count) | checksums |"
+        "| scenario | nice (node 0 : node 1) | merged pages, node 0's process | local, node 0's process | local, node 1's process | merged frames on node 0 / node 1 | pages_sharing (saved) | pages moved by pagesift | moves that failed (errno×count, busy×count: retried) | checksums |"
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
     for r in results {

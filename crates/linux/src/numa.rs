@@ -101,6 +101,8 @@ impl PageNode {
     fn from_status(s: i32) -> PageNode {
         match Node::try_from(s) {
             Ok(n) => PageNode::On(n),
+            // Never answered (the kernel gave up before it): try again.
+            Err(_) if s == UNWRITTEN => PageNode::Not(libc::EAGAIN),
             Err(_) => PageNode::Not(-s),
         }
     }
@@ -133,9 +135,10 @@ fn process_error(pid: u32, e: std::io::Error, what: &'static str) -> LinuxError 
 /// The node of each page of `pid` at `addrs` (page-aligned).
 pub fn page_nodes(pid: u32, addrs: &[u64]) -> Result<Vec<PageNode>, LinuxError> {
     let mut out = Vec::with_capacity(addrs.len());
-    let mut status = vec![0i32; BATCH.min(addrs.len())];
+    let mut status = vec![UNWRITTEN; BATCH.min(addrs.len())];
     for chunk in addrs.chunks(BATCH) {
         let st = &mut status[..chunk.len()];
+        st.fill(UNWRITTEN);
         sys::move_pages(pid, chunk, None, st, 0)
             .map_err(|e| process_error(pid, e, "move_pages (query)"))?;
         out.extend(st.iter().map(|&s| PageNode::from_status(s)));
@@ -154,15 +157,25 @@ pub struct Moved {
     pub status: Vec<PageNode>,
 }
 
+/// A status slot the kernel has not written (it writes nodes, which are
+/// never negative, and negative errnos, which are small).
+const UNWRITTEN: i32 = i32::MIN;
+
 /// Moves the pages of `pid` at `addrs` to `node`, merged ones included
 /// (`MPOL_MF_MOVE_ALL`, which needs `CAP_SYS_NICE`).
+///
+/// When the kernel fails to migrate some of the pages it collected (a
+/// page busy at that moment, such as one ksmd holds), it writes no status
+/// for them or for the rest of the call: those pages are asked for again
+/// in query mode, so every status says where the page really is.
 pub fn move_to_node(pid: u32, addrs: &[u64], node: Node) -> Result<Moved, LinuxError> {
     let mut moved = Moved::default();
     let nodes = vec![node as i32; BATCH.min(addrs.len())];
-    let mut status = vec![0i32; BATCH.min(addrs.len())];
+    let mut status = vec![UNWRITTEN; BATCH.min(addrs.len())];
     for chunk in addrs.chunks(BATCH) {
         let st = &mut status[..chunk.len()];
-        sys::move_pages(
+        st.fill(UNWRITTEN);
+        let not_moved = sys::move_pages(
             pid,
             chunk,
             Some(&nodes[..chunk.len()]),
@@ -170,6 +183,16 @@ pub fn move_to_node(pid: u32, addrs: &[u64], node: Node) -> Result<Moved, LinuxE
             MPOL_MF_MOVE_ALL,
         )
         .map_err(|e| process_error(pid, e, "move_pages (MPOL_MF_MOVE_ALL)"))?;
+        if not_moved > 0 {
+            let unwritten: Vec<usize> = (0..chunk.len()).filter(|&i| st[i] == UNWRITTEN).collect();
+            let again: Vec<u64> = unwritten.iter().map(|&i| chunk[i]).collect();
+            for (i, now) in unwritten.into_iter().zip(page_nodes(pid, &again)?) {
+                st[i] = match now {
+                    PageNode::On(n) => n as i32,
+                    PageNode::Not(e) => -e,
+                };
+            }
+        }
         for &s in st.iter() {
             moved.status.push(PageNode::from_status(s));
             if s == node as i32 {

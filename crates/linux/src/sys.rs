@@ -209,15 +209,18 @@ pub fn same_file(pid1: u32, fd1: i32, pid2: u32, fd2: i32) -> io::Result<bool> {
 /// `move_pages(pid, addrs, nodes, status, flags)` (`<numaif.h>`): with
 /// `nodes`, moves each page of `pid` at `addrs[i]` to node `nodes[i]`;
 /// without, only asks where each page is. `status[i]` receives the node
-/// the page is on afterwards, or a negative errno for that page. Used by
-/// [`crate::numa`].
+/// the page is on afterwards, or a negative errno for that page. Returns
+/// how many pages were not migrated: when the kernel's migration of the
+/// collected pages fails for some, it stops there and writes no status for
+/// them nor for the pages it had not tried yet (their slots keep what the
+/// caller put there). Used by [`crate::numa`].
 pub fn move_pages(
     pid: u32,
     addrs: &[u64],
     nodes: Option<&[i32]>,
     status: &mut [i32],
     flags: i32,
-) -> io::Result<()> {
+) -> io::Result<usize> {
     assert_eq!(addrs.len(), status.len());
     if let Some(n) = nodes {
         assert_eq!(n.len(), addrs.len());
@@ -241,7 +244,7 @@ pub fn move_pages(
     if r < 0 {
         Err(io::Error::last_os_error())
     } else {
-        Ok(())
+        Ok(r as usize)
     }
 }
 

@@ -434,6 +434,12 @@ pub fn parse(log: &str) -> Vec<ScenarioResult> {
                                     .join(" ")
                             })
                             .unwrap_or_default();
+                        let stayed = v["numa"]["migrations_stayed"].as_u64().unwrap_or(0);
+                        let errnos = if stayed > 0 {
+                            format!("{errnos} busy×{stayed}").trim().to_string()
+                        } else {
+                            errnos
+                        };
                         entry.failures = Some((f, errnos));
                     }
                 }
