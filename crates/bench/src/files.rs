@@ -147,6 +147,7 @@ pub fn hint_overhead(workload_bin: &Path, files: &[PathBuf]) -> Result<Vec<Strin
         let (mut absent, mut idle, mut on) = (Vec::new(), Vec::new(), Vec::new());
         let mut hints = 0u64;
         let mut ring_full = 0u64;
+        let mut hook = "";
         for _ in 0..TRIALS {
             absent.push(trial(&mut w)?);
             let mut src = HintSource::open(&HintSourceConfig::default())
@@ -156,6 +157,7 @@ pub fn hint_overhead(workload_bin: &Path, files: &[PathBuf]) -> Result<Vec<Strin
             // the trials time the program, not its loading.
             trial(&mut w)?;
             idle.push(trial(&mut w)?);
+            hook = src.hook().name();
             src.watch([pid]);
             on.push(trial(&mut w)?);
             hints += src.drain(|_| {});
@@ -164,7 +166,7 @@ pub fn hint_overhead(workload_bin: &Path, files: &[PathBuf]) -> Result<Vec<Strin
         let (a, i, b) = (median(&mut absent), median(&mut idle), median(&mut on));
         let calls = (READS_PER_TRIAL * bytes.div_ceil(chunk_kib << 10)) as f64;
         lines.push(format!(
-            "I/O hint program overhead, {chunk_kib} KiB pread64 calls over cached files of {:.0} MiB \
+            "I/O hint program overhead ({hook}), {chunk_kib} KiB pread64 calls over cached files of {:.0} MiB \
              (median of {TRIALS} alternating trials of {READS_PER_TRIAL} passes): {:.2} ms without \
              the program, {:.2} ms with it loaded but not watching the reader ({:+.1} %), {:.2} ms \
              with it watching the reader: {:+.1} % ({:+.0} ns per call; {} events read, {} lost \

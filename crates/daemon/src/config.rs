@@ -486,6 +486,23 @@ pub struct HintsSection {
     pub interleave: String,
     /// The kernel's BTF.
     pub btf: PathBuf,
+    /// Where the BPF program attaches: `auto` (fexit on each enabled
+    /// syscall where the kernel allows tracing trampolines, else the raw
+    /// tracepoint `sys_exit`), `fexit`, or `sys-exit`. With `sys-exit`
+    /// every syscall of every process pays for the program.
+    pub hook: HintHook,
+}
+
+/// `[hints] hook`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HintHook {
+    /// fexit if the kernel allows it, else sys-exit.
+    Auto,
+    /// fexit on the syscall functions only.
+    Fexit,
+    /// The raw tracepoint `sys_exit` only.
+    SysExit,
 }
 
 impl Default for HintsSection {
@@ -497,6 +514,7 @@ impl Default for HintsSection {
             max_age_ms: 15_000,
             interleave: "1:1".into(),
             btf: PathBuf::from("/sys/kernel/btf/vmlinux"),
+            hook: HintHook::Auto,
         }
     }
 }
@@ -1211,6 +1229,9 @@ address = "9100"
         assert_eq!(e.key(), Some("hints.capacity"), "{e}");
         let e = err("[hints]\nenable = true\n");
         assert_eq!(e.key(), Some("hints.enable"), "{e}");
+        let e = err("[hints]\nhook = \"kprobe\"\n");
+        assert_eq!(e.key(), Some("hints.hook"), "{e}");
+        assert!(e.to_string().contains("sys-exit"), "{e}");
         let e = err("[actuate]\nwrite_tracking = \"yes\"\n");
         assert_eq!(e.key(), Some("actuate.write_tracking"), "{e}");
         assert!(e.to_string().contains("expected a boolean"), "{e}");

@@ -232,6 +232,9 @@ pub struct HintsStatus {
     pub state: String,
     /// Why hints are unavailable: names what is missing.
     pub reason: Option<String>,
+    /// Where the BPF program is attached (`fexit`, `tp_btf/sys_exit`).
+    #[serde(default)]
+    pub hook: Option<String>,
     /// Syscall events received from the BPF program.
     pub events: u64,
     /// Hinted pages received (whole pages of those buffers).

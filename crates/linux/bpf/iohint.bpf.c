@@ -2,8 +2,8 @@
 //
 // pagesift's I/O hint source (crates/linux/src/iohint.rs loads it).
 //
-// On every syscall exit of a process whose tgid is in `tgids`, a read or
-// write of the family enabled in `syscall_mask` that moved ret > 0 bytes
+// When a read or write syscall of an enabled kind returns in a process
+// whose tgid is in `tgids`, having moved ret > 0 bytes, the program
 // reports the whole pages of its user buffer that the transfer covered:
 // the buffer is clipped to ret (for the vector calls, the iovecs in order
 // until ret is used up, at most MAX_SEGS of them) and rounded inward to
@@ -13,11 +13,24 @@
 // has drained the ring, so a burst of reads costs one wake-up, not one per
 // syscall; a full ring is counted, never silent.
 //
-// It hooks the BTF-typed raw tracepoint sys_exit (tp_btf): it needs neither
-// tracefs nor kprobes, and the kernel has already copied the data into the
-// buffer when the tracepoint fires. Its arguments are (struct pt_regs *regs,
-// long ret); the syscall number and arguments are read from the saved
-// registers (x86-64: orig_ax, si, dx), whose layout is the kernel's ABI.
+// Two ways in, one handler (`hint`); iohint.rs attaches one of them:
+// - fexit on each enabled syscall's entry function (__x64_sys_read and its
+//   nine siblings, one small program each, attached only for the syscalls
+//   the daemon enables). Other syscalls pay nothing; a read pays one BPF
+//   trampoline and a map lookup. Some kernels refuse tracing trampolines
+//   (this project's CI machine does: EPERM before verification), hence
+// - the BTF-typed raw tracepoint sys_exit (tp_btf), which runs on every
+//   syscall exit of every process: it takes the syscall number from the
+//   saved registers (orig_ax) and keeps the kinds enabled in
+//   `syscall_mask`. Enabling it sends every syscall of every process
+//   through the kernel's slow exit path, so even a process not watched
+//   pays for it (docs/benchmarks.md, files experiment).
+// Both see (const struct pt_regs *regs, long ret): an fexit program's
+// context is the traced function's arguments and then its return value,
+// and sys_exit's arguments are the same pair. The syscall's own arguments
+// are read from the saved registers (x86-64: si, dx), whose layout is the
+// kernel's ABI. The kernel has already copied the data into the buffer
+// when either fires.
 
 #include <linux/types.h>
 #include <linux/bpf.h>
@@ -29,14 +42,14 @@
    virtio-blk request of a guest, one guest page per iovec. */
 #define MAX_SEGS 64
 
-/* Syscall kinds, the bit positions of syscall_mask (iohint.rs Syscall). */
+/* Syscall kinds, as iohint.rs's Syscall numbers them. */
 enum kind { K_READ, K_PREAD64, K_READV, K_PREADV, K_PREADV2,
             K_WRITE, K_PWRITE64, K_WRITEV, K_PWRITEV, K_PWRITEV2, K_NONE };
 
 /* Counter slots (iohint.rs Counter). */
 enum counter { C_EVENTS, C_RING_FULL, C_IOV_BEYOND, C_NO_WHOLE_PAGE, C_COUNTERS };
 
-/* struct pt_regs of x86-64, up to orig_ax. */
+/* struct pt_regs of x86-64, up to orig_ax (only dx and si are read). */
 struct regs_x86 {
     __u64 r15, r14, r13, r12, bp, bx, r11, r10, r9, r8;
     __u64 ax, cx, dx, si, di, orig_ax;
@@ -67,6 +80,7 @@ struct {
     __type(value, __u8);
 } tgids SEC(".maps");
 
+/* The kinds the tp_btf path keeps (bit = kind); fexit attaches per kind. */
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
     __uint(max_entries, 1);
@@ -119,8 +133,8 @@ static __always_inline __u64 whole_pages(__u64 start, __u64 len, __u64 *first)
     return b > a ? (b - a) / PAGE_SIZE : 0;
 }
 
-SEC("tp_btf/sys_exit")
-int iohint_sys_exit(__u64 *ctx)
+/* The hint of one syscall exit: ctx is (regs, ret). */
+static __always_inline int hint(__u64 *ctx, int kind)
 {
     __u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!bpf_map_lookup_elem(&tgids, &tgid))
@@ -129,15 +143,10 @@ int iohint_sys_exit(__u64 *ctx)
     /* Fewer bytes than a page cannot cover a whole page. */
     if (ret < (long)PAGE_SIZE)
         return 0;
-    struct regs_x86 regs;
-    if (bpf_probe_read_kernel(&regs, sizeof(regs), (void *)ctx[0]))
-        return 0;
-    int kind = kind_of(regs.orig_ax);
-    if (kind == K_NONE)
-        return 0;
-    __u32 zero = 0;
-    __u64 *mask = bpf_map_lookup_elem(&syscall_mask, &zero);
-    if (!mask || !(*mask & (1ULL << kind)))
+    /* dx and si are adjacent in struct pt_regs: one read of both. */
+    struct { __u64 dx, si; } regs;
+    if (bpf_probe_read_kernel(&regs, sizeof(regs),
+                              (char *)ctx[0] + __builtin_offsetof(struct regs_x86, dx)))
         return 0;
 
     int vector = kind == K_READV || kind == K_PREADV || kind == K_PREADV2 ||
@@ -206,5 +215,37 @@ int iohint_sys_exit(__u64 *ctx)
     count(C_EVENTS);
     return 0;
 }
+
+SEC("tp_btf/sys_exit")
+int iohint_sys_exit(__u64 *ctx)
+{
+    __u64 nr;
+    if (bpf_probe_read_kernel(&nr, sizeof(nr),
+                              (char *)ctx[0] + __builtin_offsetof(struct regs_x86, orig_ax)))
+        return 0;
+    int kind = kind_of(nr);
+    if (kind == K_NONE)
+        return 0;
+    __u32 zero = 0;
+    __u64 *mask = bpf_map_lookup_elem(&syscall_mask, &zero);
+    if (!mask || !(*mask & (1ULL << kind)))
+        return 0;
+    return hint(ctx, kind);
+}
+
+#define HINT(name, kind)                             \
+    SEC("fexit/__x64_sys_" #name)                    \
+    int iohint_##name(__u64 *ctx) { return hint(ctx, kind); }
+
+HINT(read, K_READ)
+HINT(pread64, K_PREAD64)
+HINT(readv, K_READV)
+HINT(preadv, K_PREADV)
+HINT(preadv2, K_PREADV2)
+HINT(write, K_WRITE)
+HINT(pwrite64, K_PWRITE64)
+HINT(writev, K_WRITEV)
+HINT(pwritev, K_PWRITEV)
+HINT(pwritev2, K_PWRITEV2)
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";

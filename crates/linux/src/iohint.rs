@@ -12,10 +12,15 @@
 //!
 //! ## How
 //! `bpf/iohint.bpf.c` (compiled by `build.rs` with clang, embedded here and
-//! loaded with aya) runs on the BTF-typed raw tracepoint `sys_exit`
-//! (`tp_btf`). That needs no tracefs and no kprobes, and the data is in
-//! the buffer when it fires (XLH records the hint only after the I/O for
-//! the same reason, §4.4). For a process whose tgid is in the `tgids` map
+//! loaded with aya) has one small program per [`Syscall`], each attached
+//! with fexit to the exit of that syscall's entry function
+//! (`__x64_sys_read`, ...) and only for the syscalls enabled. That needs
+//! no tracefs and no kprobes, and the data is in the buffer when it fires
+//! (XLH records the hint only after the I/O for the same reason, §4.4).
+//! Other syscalls pay nothing: an earlier version used the raw tracepoint
+//! `sys_exit`, which runs on every syscall exit of every process and cost
+//! a process that was not even watched 14-23 % on cached 4 KiB reads
+//! (docs/benchmarks.md, files experiment). For a process whose tgid is in the `tgids` map
 //! (the daemon keeps it equal to its eligible processes), after a syscall
 //! of an enabled [`Syscall`] that moved `ret > 0` bytes, it clips the
 //! buffer to `ret` (for vector calls: the iovecs in order until `ret` is
@@ -45,7 +50,7 @@
 
 use crate::caps::{self, Capability};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
-use aya::programs::BtfTracePoint;
+use aya::programs::{BtfTracePoint, FExit};
 use aya::{Btf, Ebpf, EbpfLoader, Endianness};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -63,8 +68,8 @@ pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
 /// Where the kernel shows its lockdown mode (when securityfs is mounted).
 const LOCKDOWN: &str = "/sys/kernel/security/lockdown";
 
-/// A syscall the program can hint. The discriminant is its bit in the
-/// program's `syscall_mask` (its `enum kind`).
+/// A syscall the program can hint. The discriminant is the program's
+/// `enum kind`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Syscall {
     Read = 0,
@@ -159,7 +164,7 @@ pub enum Unavailable {
     )]
     MissingCapability(Capability),
     #[error(
-        "no kernel BTF at {path} ({error}): I/O hints attach to the BTF-typed tracepoint sys_exit, which needs a kernel built with CONFIG_DEBUG_INFO_BTF"
+        "no kernel BTF at {path} ({error}): I/O hints attach fexit programs to the syscall functions, which needs a kernel built with CONFIG_DEBUG_INFO_BTF"
     )]
     NoBtf { path: PathBuf, error: String },
     #[error(
@@ -177,6 +182,29 @@ pub struct HintSourceConfig {
     pub syscalls: Vec<Syscall>,
     /// The kernel's BTF ([`KERNEL_BTF`]).
     pub btf: PathBuf,
+    /// The hook to use; `None`: fexit where the kernel allows it, else
+    /// `tp_btf/sys_exit`.
+    pub hook: Option<Hook>,
+}
+
+/// Where the program is attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// fexit on each enabled syscall's entry function: only those syscalls
+    /// pay.
+    Fexit,
+    /// The raw tracepoint `sys_exit`: every syscall of every process pays.
+    SysExit,
+}
+
+impl Hook {
+    /// How status and logs name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Hook::Fexit => "fexit",
+            Hook::SysExit => "tp_btf/sys_exit",
+        }
+    }
 }
 
 impl Default for HintSourceConfig {
@@ -184,6 +212,7 @@ impl Default for HintSourceConfig {
         HintSourceConfig {
             syscalls: Syscall::ALL.to_vec(),
             btf: PathBuf::from(KERNEL_BTF),
+            hook: None,
         }
     }
 }
@@ -195,6 +224,7 @@ pub struct HintSource {
     tgids: BpfHashMap<MapData, u32, u8>,
     counters: PerCpuArray<MapData, u64>,
     watched: BTreeSet<u32>,
+    hook: Hook,
     /// Holds the program (and its link) for as long as the source lives.
     _ebpf: Ebpf,
 }
@@ -221,8 +251,8 @@ fn load_err(stage: &'static str) -> impl Fn(String) -> Unavailable {
 }
 
 impl HintSource {
-    /// Checks what the program needs, loads it, sets the syscall mask and
-    /// attaches it. No process is watched until [`HintSource::watch`].
+    /// Checks what the program needs, loads it and attaches the program of
+    /// each enabled syscall. No process is watched until [`HintSource::watch`].
     pub fn open(config: &HintSourceConfig) -> Result<HintSource, Unavailable> {
         if let Some(cap) = missing_capability() {
             return Err(Unavailable::MissingCapability(cap));
@@ -231,38 +261,50 @@ impl HintSource {
         if lockdown_forbids() {
             return Err(Unavailable::Lockdown);
         }
-        let mut ebpf = EbpfLoader::new()
-            .btf(Some(&btf))
-            .load(OBJECT)
-            .map_err(|e| e.to_string())
-            .map_err(load_err("loaded"))?;
-        let mask: u64 = config.syscalls.iter().map(|&s| 1u64 << s as u32).sum();
-        let mut mask_map: Array<MapData, u64> = take_map(&mut ebpf, "syscall_mask")?;
-        mask_map
-            .set(0, mask, 0)
-            .map_err(|e| e.to_string())
-            .map_err(load_err("configured"))?;
+        let load = || {
+            EbpfLoader::new()
+                .btf(Some(&btf))
+                .load(OBJECT)
+                .map_err(|e| e.to_string())
+                .map_err(load_err("loaded"))
+        };
+        let mut ebpf = load()?;
+        let hook = match config.hook {
+            Some(Hook::SysExit) => {
+                attach_sys_exit(&mut ebpf, &btf, &config.syscalls)?;
+                Hook::SysExit
+            }
+            Some(Hook::Fexit) => {
+                attach_fexit(&mut ebpf, &btf, &config.syscalls)?;
+                Hook::Fexit
+            }
+            None => match attach_fexit(&mut ebpf, &btf, &config.syscalls) {
+                Ok(()) => Hook::Fexit,
+                Err(fexit) => {
+                    // A fresh object: nothing of the failed try stays
+                    // loaded or attached.
+                    drop(ebpf);
+                    ebpf = load()?;
+                    attach_sys_exit(&mut ebpf, &btf, &config.syscalls).map_err(|e| match e {
+                        Unavailable::Load { stage, error } => Unavailable::Load {
+                            stage,
+                            error: format!("{error} (and fexit before it: {fexit})"),
+                        },
+                        other => other,
+                    })?;
+                    Hook::SysExit
+                }
+            },
+        };
         let tgids = take_map(&mut ebpf, "tgids")?;
         let counters = take_map(&mut ebpf, "counters")?;
         let ring = take_map(&mut ebpf, "hints")?;
-        let prog: &mut BtfTracePoint = ebpf
-            .program_mut("iohint_sys_exit")
-            .ok_or_else(|| "no program iohint_sys_exit in the object".to_string())
-            .map_err(load_err("loaded"))?
-            .try_into()
-            .map_err(|e: aya::programs::ProgramError| e.to_string())
-            .map_err(load_err("loaded"))?;
-        prog.load("sys_exit", &btf)
-            .map_err(|e| verbose(&e))
-            .map_err(load_err("loaded"))?;
-        prog.attach()
-            .map_err(|e| verbose(&e))
-            .map_err(load_err("attached to tp_btf/sys_exit"))?;
         Ok(HintSource {
             ring,
             tgids,
             counters,
             watched: BTreeSet::new(),
+            hook,
             _ebpf: ebpf,
         })
     }
@@ -292,6 +334,11 @@ impl HintSource {
     pub fn wake_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         use std::os::fd::AsFd;
         self.ring.as_fd()
+    }
+
+    /// Where the program is attached.
+    pub fn hook(&self) -> Hook {
+        self.hook
     }
 
     /// Processes that produce hints now.
@@ -325,6 +372,58 @@ impl HintSource {
             no_whole_page: slot(3),
         }
     }
+}
+
+/// Attaches one fexit program per enabled syscall.
+fn attach_fexit(ebpf: &mut Ebpf, btf: &Btf, syscalls: &[Syscall]) -> Result<(), Unavailable> {
+    for &sc in syscalls {
+        let name = format!("iohint_{}", sc.name());
+        let function = format!("__x64_sys_{}", sc.name());
+        let prog: &mut FExit = ebpf
+            .program_mut(&name)
+            .ok_or_else(|| format!("no program {name} in the object"))
+            .map_err(load_err("loaded"))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| e.to_string())
+            .map_err(load_err("loaded"))?;
+        prog.load(&function, btf)
+            .map_err(|e| format!("{name} for fexit/{function}: {}", verbose(&e)))
+            .map_err(load_err("loaded"))?;
+        prog.attach()
+            .map_err(|e| format!("fexit/{function}: {}", verbose(&e)))
+            .map_err(load_err("attached"))?;
+    }
+    Ok(())
+}
+
+/// Sets the syscall mask and attaches the program on `tp_btf/sys_exit`.
+fn attach_sys_exit(ebpf: &mut Ebpf, btf: &Btf, syscalls: &[Syscall]) -> Result<(), Unavailable> {
+    let mask: u64 = syscalls.iter().map(|&s| 1u64 << s as u32).sum();
+    let mut mask_map: Array<&mut MapData, u64> = ebpf
+        .map_mut("syscall_mask")
+        .ok_or_else(|| "no map syscall_mask in the object".to_string())
+        .map_err(load_err("loaded"))?
+        .try_into()
+        .map_err(|e: aya::maps::MapError| e.to_string())
+        .map_err(load_err("loaded"))?;
+    mask_map
+        .set(0, mask, 0)
+        .map_err(|e| e.to_string())
+        .map_err(load_err("configured"))?;
+    let prog: &mut BtfTracePoint = ebpf
+        .program_mut("iohint_sys_exit")
+        .ok_or_else(|| "no program iohint_sys_exit in the object".to_string())
+        .map_err(load_err("loaded"))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| e.to_string())
+        .map_err(load_err("loaded"))?;
+    prog.load("sys_exit", btf)
+        .map_err(|e| verbose(&e))
+        .map_err(load_err("loaded"))?;
+    prog.attach()
+        .map_err(|e| verbose(&e))
+        .map_err(load_err("attached to tp_btf/sys_exit"))?;
+    Ok(())
 }
 
 fn read_btf(path: &Path) -> Result<Btf, Unavailable> {

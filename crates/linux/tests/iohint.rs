@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use pagesift_linux::Capability;
 use pagesift_linux::caps;
-use pagesift_linux::iohint::{HintSource, HintSourceConfig, IoHint, Syscall, Unavailable};
+use pagesift_linux::iohint::{Hook, HintSource, HintSourceConfig, IoHint, Syscall, Unavailable};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -177,6 +177,57 @@ fn the_syscall_mask_limits_what_is_hinted() {
     source.drain(|h| hints.push(h));
     assert!(hinted_pages(&hints, r.pid()).is_empty(), "read was masked");
     assert_eq!(hinted_pages(&hints, v.pid()).len(), 64);
+}
+
+/// Both hooks give the same hints where the kernel allows them, and
+/// `auto` takes fexit exactly when the kernel allows it. (This project's CI
+/// machine refuses tracing trampolines, so there `auto` must fall back to
+/// `tp_btf/sys_exit` and forcing fexit must say why it failed.)
+#[test]
+fn auto_takes_fexit_where_allowed_and_both_hooks_hint_the_same_pages() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let f = make_file(dir.path(), "f", 256 * 1024);
+    let files = f.display().to_string();
+    let with = |hook| {
+        HintSource::open(&HintSourceConfig {
+            syscalls: vec![Syscall::Pread64],
+            hook,
+            ..HintSourceConfig::default()
+        })
+    };
+    let fexit = with(Some(Hook::Fexit));
+    let auto = with(None).expect("auto hook");
+    match &fexit {
+        Ok(_) => assert_eq!(auto.hook(), Hook::Fexit),
+        Err(e) => {
+            assert_eq!(auto.hook(), Hook::SysExit);
+            assert!(e.to_string().contains("fexit/__x64_sys_pread64"), "{e}");
+        }
+    }
+    drop(auto);
+    let mut sources = vec![with(Some(Hook::SysExit)).expect("tp_btf/sys_exit")];
+    sources.extend(fexit);
+    for mut source in sources {
+        let mut w = Workload::start(&[
+            "--die-with-parent",
+            "read-files",
+            "--files",
+            &files,
+            "--syscall",
+            "pread64",
+        ]);
+        source.watch([w.pid()]);
+        w.ask("read");
+        let mut hints = Vec::new();
+        source.drain(|h| hints.push(h));
+        assert_eq!(
+            hinted_pages(&hints, w.pid()).len(),
+            64,
+            "{:?}: 64 whole pages read",
+            source.hook()
+        );
+    }
 }
 
 #[test]

@@ -60,6 +60,10 @@ pub trait HintTap: Send {
     fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
+    /// Where the program is attached, if it is a BPF program.
+    fn hook(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -82,6 +86,9 @@ impl HintTap for pagesift_linux::iohint::HintSource {
     fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         Some(pagesift_linux::iohint::HintSource::wake_fd(self))
     }
+    fn hook(&self) -> Option<&'static str> {
+        Some(pagesift_linux::iohint::HintSource::hook(self).name())
+    }
 }
 
 /// Opens the BPF hint source as `[hints]` says, or says why it cannot.
@@ -93,11 +100,19 @@ pub fn open_source(config: &HintsSection) -> Result<Box<dyn HintTap>, String> {
         .iter()
         .filter_map(|n| Syscall::from_name(n))
         .collect();
+    use crate::config::HintHook;
+    use pagesift_linux::iohint::Hook;
     let source = HintSource::open(&HintSourceConfig {
         syscalls,
         btf: config.btf.clone(),
+        hook: match config.hook {
+            HintHook::Auto => None,
+            HintHook::Fexit => Some(Hook::Fexit),
+            HintHook::SysExit => Some(Hook::SysExit),
+        },
     })
     .map_err(|e| e.to_string())?;
+    tracing::info!(hook = source.hook().name(), "I/O hints attached");
     Ok(Box::new(source))
 }
 
@@ -223,6 +238,7 @@ impl HintFeed {
         HintsStatus {
             state: state.into(),
             reason: self.off.clone(),
+            hook: self.tap.as_ref().and_then(|t| t.hook()).map(String::from),
             events: c.events,
             received: c.received,
             pushed: c.pushed,
