@@ -106,10 +106,82 @@ const TRIALS: usize = 7;
 #[cfg(target_arch = "x86_64")]
 const READS_PER_TRIAL: u64 = 4;
 
-/// The hint program's overhead on a read-heavy process (module header):
-/// one line per call size, for the report.
+/// The hint program's cost on a read-heavy process, for one call size.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct HintOverhead {
+    /// Where the program was attached (`fexit`, `tp_btf/sys_exit`).
+    pub hook: String,
+    /// The `pread64` call size.
+    pub chunk_kib: u64,
+    /// The cached files read, MiB.
+    pub file_mib: f64,
+    /// Alternating trials of each case (the medians are compared).
+    pub trials: usize,
+    /// Passes over the files per trial.
+    pub passes: u64,
+    /// Median trial without the program, ms.
+    pub without_ms: f64,
+    /// With it attached but not watching the reader, ms.
+    pub idle_ms: f64,
+    /// With it watching the reader, ms.
+    pub watching_ms: f64,
+    /// `pread64` calls per trial.
+    pub calls: u64,
+    /// Events the program wrote, and those lost to a full ring.
+    pub events: u64,
+    pub ring_full: u64,
+}
+
+impl HintOverhead {
+    /// Extra time with the program attached, not watching, in %.
+    pub fn idle_pct(&self) -> f64 {
+        (self.idle_ms / self.without_ms - 1.0) * 100.0
+    }
+
+    /// Extra time with the program watching the reader, in %.
+    pub fn watching_pct(&self) -> f64 {
+        (self.watching_ms / self.without_ms - 1.0) * 100.0
+    }
+
+    /// Extra time per call with the program watching, ns.
+    pub fn watching_ns_per_call(&self) -> f64 {
+        (self.watching_ms - self.without_ms) * 1e6 / self.calls as f64
+    }
+
+    /// The report's line.
+    pub fn line(&self) -> String {
+        format!(
+            "I/O hint program overhead ({}), {} KiB pread64 calls over cached files of {:.0} MiB \
+             (median of {} alternating trials of {} passes): {:.2} ms without the program, {:.2} ms \
+             with it attached but not watching the reader ({:+.1} %), {:.2} ms with it watching \
+             the reader: {:+.1} % ({:+.0} ns per call; {} events read, {} lost to a full ring)",
+            self.hook,
+            self.chunk_kib,
+            self.file_mib,
+            self.trials,
+            self.passes,
+            self.without_ms,
+            self.idle_ms,
+            self.idle_pct(),
+            self.watching_ms,
+            self.watching_pct(),
+            self.watching_ns_per_call(),
+            self.events,
+            self.ring_full
+        )
+    }
+}
+
+/// The hint program's overhead on a read-heavy process (module header),
+/// per call size. `workload` is the workload program and the arguments
+/// before its own; `hook` forces one of the program's hooks (`None`: the
+/// one `[hints] hook = "auto"` takes).
 #[cfg(target_arch = "x86_64")]
-pub fn hint_overhead(workload_bin: &Path, files: &[PathBuf]) -> Result<Vec<String>, BenchError> {
+pub fn hint_overhead(
+    workload: (&Path, &[String]),
+    files: &[PathBuf],
+    hook: Option<pagesift_linux::iohint::Hook>,
+) -> Result<Vec<HintOverhead>, BenchError> {
     use pagesift_linux::iohint::{HintSource, HintSourceConfig};
     let mut bytes = 0;
     for f in files {
@@ -119,21 +191,24 @@ pub fn hint_overhead(workload_bin: &Path, files: &[PathBuf]) -> Result<Vec<Strin
     }
     let list: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
     let list = list.join(",");
-    let mut lines = Vec::new();
+    let mut out = Vec::new();
     for chunk_kib in [4u64, 64] {
-        let args: Vec<String> = [
-            "read-files",
-            "--files",
-            &list,
-            "--syscall",
-            "pread64",
-            "--chunk-kib",
-            &chunk_kib.to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let mut w = Workload::start(workload_bin, &args, false)?;
+        let args: Vec<String> = workload
+            .1
+            .iter()
+            .map(String::as_str)
+            .chain([
+                "read-files",
+                "--files",
+                &list,
+                "--syscall",
+                "pread64",
+                "--chunk-kib",
+                &chunk_kib.to_string(),
+            ])
+            .map(|s| s.to_string())
+            .collect();
+        let mut w = Workload::start(workload.0, &args, false)?;
         let pid = w.pgid();
         // One trial: READS_PER_TRIAL passes over the files, seconds.
         let trial = |w: &mut Workload| -> Result<f64, BenchError> {
@@ -147,48 +222,50 @@ pub fn hint_overhead(workload_bin: &Path, files: &[PathBuf]) -> Result<Vec<Strin
         let (mut absent, mut idle, mut on) = (Vec::new(), Vec::new(), Vec::new());
         let mut hints = 0u64;
         let mut ring_full = 0u64;
-        let mut hook = "";
+        let mut attached = "";
         for _ in 0..TRIALS {
             absent.push(trial(&mut w)?);
-            let mut src = HintSource::open(&HintSourceConfig::default())
-                .map_err(|e| BenchError::Missing(format!("I/O hint program: {e}")))?;
+            let mut src = HintSource::open(&HintSourceConfig {
+                hook,
+                ..HintSourceConfig::default()
+            })
+            .map_err(|e| BenchError::Missing(format!("I/O hint program: {e}")))?;
             // Loading ran the verifier and the JIT on this machine's two
             // cores just now: one untimed pass lets the caches settle, so
             // the trials time the program, not its loading.
             trial(&mut w)?;
             idle.push(trial(&mut w)?);
-            hook = src.hook().name();
+            attached = src.hook().name();
             src.watch([pid]);
             on.push(trial(&mut w)?);
             hints += src.drain(|_| {});
             ring_full += src.counters().ring_full;
         }
-        let (a, i, b) = (median(&mut absent), median(&mut idle), median(&mut on));
-        let calls = (READS_PER_TRIAL * bytes.div_ceil(chunk_kib << 10)) as f64;
-        lines.push(format!(
-            "I/O hint program overhead ({hook}), {chunk_kib} KiB pread64 calls over cached files of {:.0} MiB \
-             (median of {TRIALS} alternating trials of {READS_PER_TRIAL} passes): {:.2} ms without \
-             the program, {:.2} ms with it loaded but not watching the reader ({:+.1} %), {:.2} ms \
-             with it watching the reader: {:+.1} % ({:+.0} ns per call; {} events read, {} lost \
-             to a full ring)",
-            bytes as f64 / 1048576.0,
-            a * 1e3,
-            i * 1e3,
-            (i / a - 1.0) * 100.0,
-            b * 1e3,
-            (b / a - 1.0) * 100.0,
-            (b - a) / calls * 1e9,
-            hints,
-            ring_full
-        ));
+        out.push(HintOverhead {
+            hook: attached.to_string(),
+            chunk_kib,
+            file_mib: bytes as f64 / 1048576.0,
+            trials: TRIALS,
+            passes: READS_PER_TRIAL,
+            without_ms: median(&mut absent) * 1e3,
+            idle_ms: median(&mut idle) * 1e3,
+            watching_ms: median(&mut on) * 1e3,
+            calls: READS_PER_TRIAL * bytes.div_ceil(chunk_kib << 10),
+            events: hints,
+            ring_full,
+        });
     }
-    Ok(lines)
+    Ok(out)
 }
 
 /// Only x86-64 has the hint program.
 #[cfg(not(target_arch = "x86_64"))]
-pub fn hint_overhead(_workload_bin: &Path, _files: &[PathBuf]) -> Result<Vec<String>, BenchError> {
-    Ok(vec![
-        "I/O hint program overhead: not measured (x86-64 only)".into(),
-    ])
+pub fn hint_overhead(
+    _workload: (&Path, &[String]),
+    _files: &[PathBuf],
+    _hook: Option<()>,
+) -> Result<Vec<HintOverhead>, BenchError> {
+    Err(BenchError::Missing(
+        "the I/O hint program (x86-64 only)".into(),
+    ))
 }

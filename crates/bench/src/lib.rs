@@ -26,6 +26,7 @@
 pub mod experiment;
 pub mod files;
 pub mod guest;
+pub mod hints_guest;
 pub mod interpreters;
 pub mod ksmtuned;
 pub mod measure;
@@ -379,6 +380,17 @@ pub fn run(opts: &BenchOptions) -> Result<Summary, BenchError> {
         return Err(BenchError::Usage(
             "--only page-cache runs alone (its three systems are fixed)".into(),
         ));
+    }
+    // The hints-guest experiment boots its own guest: it runs on its own.
+    if opts.only.iter().any(|o| o == hints_guest::EXPERIMENT) && opts.experiments.is_none() {
+        if opts.only.len() > 1 || !opts.systems.is_empty() {
+            return Err(BenchError::Usage(
+                "--only hints-guest runs on its own (it boots its own guest and times the I/O \
+                 hint program under each hook): leave out the other --only and --systems"
+                    .into(),
+            ));
+        }
+        return hints_guest::run(opts);
     }
     // The NUMA experiment boots its own two-node guest: it runs on its own.
     if opts.only.iter().any(|o| o == numa::EXPERIMENT) && opts.experiments.is_none() {

@@ -73,6 +73,7 @@ pub fn plan(mode: Mode) -> NumaPlan {
         run_s: if full { 120 } else { 60 },
         node_mib: 1024,
         scenarios,
+        hint_overhead_mib: None,
     }
 }
 

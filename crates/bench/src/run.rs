@@ -520,7 +520,9 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         let sets = crate::files::file_set(&ctx.work_dir, plan)?;
         ctx.progress
             .note("measuring the I/O hint program's overhead");
-        notes.extend(crate::files::hint_overhead(&ctx.workload_bin, &sets[0])?);
+        let costs =
+            crate::files::hint_overhead((&ctx.workload_bin, &ctx.workload_prefix), &sets[0], None)?;
+        notes.extend(costs.iter().map(|c| c.line()));
     }
     Ok(RunResult {
         experiment: exp.name.clone(),

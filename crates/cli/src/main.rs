@@ -43,6 +43,25 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
+    /// Time the I/O hint program's cost on a process re-reading a cached
+    /// file (4 KiB and 64 KiB pread64): without it, attached but not
+    /// watching, and watching (the bench's measurement, for a guest's
+    /// kernel). Needs root.
+    #[command(hide = true)]
+    HintOverhead {
+        /// Where to write the file read.
+        #[arg(long, value_name = "DIR")]
+        dir: PathBuf,
+        /// Its size.
+        #[arg(long, default_value_t = 16)]
+        mib: u64,
+        /// The hook: fexit or sys-exit (default: what `auto` takes).
+        #[arg(long)]
+        hook: Option<String>,
+        /// One JSON object per call size, one a line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show on which NUMA node each process's merged (KSM) and unmerged
     /// anonymous pages are (reads only; needs root).
     Numa {
@@ -167,7 +186,10 @@ struct BenchArgs {
     /// windows, more systems (all ten on static-mixed and sparse-only).
     #[arg(long)]
     full: bool,
-    /// Only these experiments (names or groups, comma-separated).
+    /// Only these experiments (names or groups, comma-separated). Three run
+    /// only when named, each on its own: page-cache (Singleton's guests),
+    /// numa (a two-node guest) and hints-guest (the I/O hint program's cost
+    /// per hook, in a guest).
     #[arg(long, value_delimiter = ',', value_name = "EXP")]
     only: Vec<String>,
     /// Only these systems (e.g. pagesift-full,ksm-1000).
@@ -280,6 +302,12 @@ fn main() -> ExitCode {
             )
         }
         Command::Numa { pids, json } => numa_census(&pids, json),
+        Command::HintOverhead {
+            dir,
+            mib,
+            hook,
+            json,
+        } => hint_overhead(&dir, mib, hook.as_deref(), json),
         Command::Simulate {
             seed,
             seconds,
@@ -343,6 +371,50 @@ fn main() -> ExitCode {
         Command::Exec { command } => exec(&command),
         Command::Bench(args) => bench(args),
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn hint_overhead(dir: &std::path::Path, mib: u64, hook: Option<&str>, json: bool) -> ExitCode {
+    use pagesift_linux::iohint::Hook;
+    let hook = match hook {
+        None => None,
+        Some("fexit") => Some(Hook::Fexit),
+        Some("sys-exit") => Some(Hook::SysExit),
+        Some(other) => {
+            eprintln!("pagesift: --hook must be fexit or sys-exit, got {other:?}");
+            return ExitCode::from(2);
+        }
+    };
+    let file = dir.join(format!("hint-overhead-{mib}mib.bin"));
+    let made = std::fs::create_dir_all(dir)
+        .and_then(|()| pagesift_bench::interpreters::write_data_file(&file, mib << 20, 7));
+    if let Err(e) = made {
+        eprintln!("pagesift: writing {}: {e}", file.display());
+        return ExitCode::FAILURE;
+    }
+    let exe = std::env::current_exe().unwrap_or_else(|_| "pagesift".into());
+    match pagesift_bench::files::hint_overhead((&exe, &["workload".to_string()]), &[file], hook) {
+        Ok(costs) => {
+            for c in costs {
+                if json {
+                    println!("{}", serde_json::to_string(&c).expect("plain data"));
+                } else {
+                    println!("{}", c.line());
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("pagesift: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn hint_overhead(_dir: &std::path::Path, _mib: u64, _hook: Option<&str>, _json: bool) -> ExitCode {
+    eprintln!("pagesift: the I/O hint program is x86-64 only");
+    ExitCode::FAILURE
 }
 
 fn bench(a: BenchArgs) -> ExitCode {

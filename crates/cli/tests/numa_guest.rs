@@ -34,6 +34,7 @@ fn fair_placement_gives_each_process_its_share_in_a_two_node_guest() {
         delay_s: 5,
         run_s: 60,
         node_mib: 1024,
+        hint_overhead_mib: None,
         scenarios: vec![Scenario {
             name: "fair".into(),
             mode: Mode::Fair,

@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use pagesift_linux::Capability;
 use pagesift_linux::caps;
-use pagesift_linux::iohint::{Hook, HintSource, HintSourceConfig, IoHint, Syscall, Unavailable};
+use pagesift_linux::iohint::{HintSource, HintSourceConfig, Hook, IoHint, Syscall, Unavailable};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -97,6 +97,11 @@ pub struct NumaPlan {
     pub node_mib: u64,
     /// In order.
     pub scenarios: Vec<Scenario>,
+    /// After the scenarios, time the I/O hint program's cost under each
+    /// hook (`pagesift hint-overhead`) over a cached file of this many MiB:
+    /// this 6.12 guest kernel allows BPF trampolines (fexit), which the
+    /// host may not.
+    pub hint_overhead_mib: Option<u64>,
 }
 
 /// One process's placement in one scenario.
@@ -209,6 +214,9 @@ pub fn init_script(plan: &NumaPlan, pagesift: &str) -> String {
             sc.nice.0,
             sc.nice.1
         ));
+    }
+    if let Some(mib) = plan.hint_overhead_mib {
+        s.push_str(&format!("hint_overhead {mib}\n"));
     }
     s.push_str(&format!(
         "echo \"{DONE_MARKER}\"\nreboot -f\nwhile :; do sleep 1; done\n"
@@ -365,6 +373,42 @@ pub fn run(
     }
 }
 
+/// The hint program's costs in a serial log: per hook asked for, the
+/// figures of each call size, or why the measurement failed.
+pub fn parse_hint_overhead(
+    log: &str,
+) -> Vec<(String, Result<Vec<crate::files::HintOverhead>, String>)> {
+    let mut out: Vec<(String, Result<Vec<crate::files::HintOverhead>, String>)> = Vec::new();
+    for line in log.lines().map(|l| l.trim_end_matches('\r')) {
+        let mut words = line.splitn(3, ' ');
+        let (Some(kind), Some(hook), rest) = (words.next(), words.next(), words.next()) else {
+            continue;
+        };
+        let entry = match out.iter_mut().position(|(h, _)| h == hook) {
+            Some(i) => &mut out[i].1,
+            None if kind.starts_with("numa-hints") => {
+                out.push((hook.to_string(), Ok(Vec::new())));
+                &mut out.last_mut().expect("just pushed").1
+            }
+            None => continue,
+        };
+        match kind {
+            "numa-hints" => {
+                let parsed = serde_json::from_str(rest.unwrap_or(""))
+                    .map_err(|e| format!("unreadable figures ({e}): {line}"));
+                match (entry.as_mut(), parsed) {
+                    (Ok(v), Ok(c)) => v.push(c),
+                    (Ok(_), Err(e)) => *entry = Err(e),
+                    (Err(_), _) => {}
+                }
+            }
+            "numa-hints-failed" => *entry = Err(rest.unwrap_or("").to_string()),
+            _ => {}
+        }
+    }
+    out
+}
+
 /// The scenarios' results in a serial log (complete scenarios only: one
 /// is complete when its checksum line is there).
 pub fn parse(log: &str) -> Vec<ScenarioResult> {
@@ -494,12 +538,41 @@ mod tests {
     }
 
     #[test]
+    fn the_hint_overhead_lines_parse_per_hook() {
+        let c = crate::files::HintOverhead {
+            hook: "fexit".into(),
+            chunk_kib: 4,
+            file_mib: 8.0,
+            trials: 7,
+            passes: 4,
+            without_ms: 10.0,
+            idle_ms: 10.1,
+            watching_ms: 10.3,
+            calls: 8192,
+            events: 100,
+            ring_full: 0,
+        };
+        let log = format!(
+            "numa-hints fexit {}\r\nnuma-hints-failed sys-exit cannot attach\njunk\n",
+            serde_json::to_string(&c).unwrap()
+        );
+        let r = parse_hint_overhead(&log);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0], ("fexit".to_string(), Ok(vec![c])));
+        assert_eq!(
+            r[1],
+            ("sys-exit".to_string(), Err("cannot attach".to_string()))
+        );
+    }
+
+    #[test]
     fn the_init_runs_every_scenario_then_says_done() {
         let plan = NumaPlan {
             mib: 16,
             delay_s: 5,
             run_s: 60,
             node_mib: 1024,
+            hint_overhead_mib: Some(8),
             scenarios: vec![
                 Scenario {
                     name: "ksm".into(),
@@ -518,6 +591,9 @@ mod tests {
         assert!(s.contains("scenario ksm ksm 0 0\n"));
         assert!(s.contains("scenario C-10:1 priority -17 19\n"));
         assert!(s.contains("MIB=16") && s.contains("RUN=60") && s.contains("/x/pagesift"));
+        let hints = s.find("hint_overhead 8\n").expect("the hint step");
+        assert!(s.find("scenario C-10:1").unwrap() < hints);
+        assert!(hints < s.find(DONE_MARKER).unwrap());
         assert!(s.contains(DONE_MARKER));
         assert!(!s.contains('@'), "every placeholder is filled");
     }

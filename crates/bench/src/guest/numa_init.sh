@@ -25,6 +25,20 @@ first_line() {
 pid_of() { sed -n 's/.*"pid":\([0-9]*\).*/\1/p' "$1" | head -n 1; }
 sums() { sed -n 's/.*"checksum":"\([0-9a-fx]*\)".*/\1/p' "$1"; }
 
+# hint_overhead MIB: the I/O hint program's cost under each hook, over a
+# cached file of MIB MiB in /run (tmpfs).
+hint_overhead() {
+    for hook in fexit sys-exit; do
+        echo "numa-guest: hint overhead ($hook) at $(cut -d' ' -f1 /proc/uptime) s"
+        if pagesift hint-overhead --dir /run/ho --mib "$1" --hook $hook --json > /run/ho.out 2> /run/ho.err; then
+            while read -r line; do echo "numa-hints $hook $line"; done < /run/ho.out
+        else
+            echo "numa-hints-failed $hook $(tail -n 3 /run/ho.err | tr '\n' ' ')"
+        fi
+    done
+    rm -rf /run/ho
+}
+
 # scenario NAME ksm|fair|priority NICE0 NICE1
 scenario() {
     name=$1
