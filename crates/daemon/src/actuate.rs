@@ -41,6 +41,10 @@ pub enum BatchOutcome {
     /// Not attempted, and why (already traced, seccomp filter, …): the
     /// process is left alone and reported as skipped.
     Skipped(String),
+    /// Not attempted because of the moment, not the process (a thread was
+    /// stopped inside an rseq critical section, which a call of ours would
+    /// have cut short without the abort rseq promises): tried again soon.
+    Busy(String),
     /// The process exited.
     Gone,
     /// The attach or injection failed otherwise; the target was left as
@@ -242,7 +246,9 @@ pub fn unmark_all<A: Actuator + ?Sized>(
             ledger.forget(p);
             Unmarked::Gone
         }
-        BatchOutcome::Skipped(r) | BatchOutcome::Failed(r) => Unmarked::NotNow(r),
+        BatchOutcome::Skipped(r) | BatchOutcome::Busy(r) | BatchOutcome::Failed(r) => {
+            Unmarked::NotNow(r)
+        }
     }
 }
 
@@ -330,6 +336,9 @@ impl InjectActuator {
                     .map(|&r| if r >= 0 { Ok(()) } else { Err((-r) as i32) })
                     .collect(),
             ),
+            Ok(Outcome::Skipped(why @ SkipReason::RseqCriticalSection)) => {
+                BatchOutcome::Busy(why.to_string())
+            }
             Ok(Outcome::Skipped(why)) => BatchOutcome::Skipped(why.to_string()),
             Ok(Outcome::Gone(_)) => BatchOutcome::Gone,
             Err(InjectError::Linux(e)) if e.is_gone() => BatchOutcome::Gone,

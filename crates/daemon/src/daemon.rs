@@ -135,6 +135,10 @@ pub const SETTLE_SCANS: u64 = 3;
 /// How long a process whose injection was skipped is left alone before it
 /// is tried again.
 pub const SKIP_RETRY: Nanos = 60 * SEC;
+/// How long a process whose injection met a bad moment (a thread inside
+/// an rseq critical section, which lasts nanoseconds to microseconds) is
+/// left alone before it is tried again.
+pub const BUSY_RETRY: Nanos = SEC;
 /// Longest time between two refreshes, even when no process came or went
 /// (mappings of live processes change too).
 pub const MAX_REFRESH_INTERVAL: Nanos = 60 * SEC;
@@ -1687,6 +1691,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                          (actuate.max_map_count_fraction of vm.max_map_count)"
                     ),
                     now,
+                    SKIP_RETRY,
                 );
                 return;
             }
@@ -1809,16 +1814,17 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     }
                 }
             }
-            BatchOutcome::Skipped(reason) => self.skip_injection(pid, reason, now),
+            BatchOutcome::Skipped(reason) => self.skip_injection(pid, reason, now, SKIP_RETRY),
+            BatchOutcome::Busy(reason) => self.skip_injection(pid, reason, now, BUSY_RETRY),
             BatchOutcome::Gone => {}
             BatchOutcome::Failed(reason) => {
                 warn!(pid, reason = %reason, "injection failed");
-                self.skip_injection(pid, format!("injection failed: {reason}"), now);
+                self.skip_injection(pid, format!("injection failed: {reason}"), now, SKIP_RETRY);
             }
         }
     }
 
-    fn skip_injection(&mut self, pid: u32, reason: String, now: Nanos) {
+    fn skip_injection(&mut self, pid: u32, reason: String, now: Nanos, retry: Nanos) {
         let comm = self.comms.get(&pid).cloned().unwrap_or_default();
         if self
             .inject_skips
@@ -1832,7 +1838,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             SkipEntry {
                 comm,
                 reason,
-                retry_at: Some(now + SKIP_RETRY),
+                retry_at: Some(now + retry),
             },
         );
     }

@@ -351,6 +351,28 @@ fn a_process_that_refuses_injection_is_skipped_with_its_reason_and_retried_slowl
 }
 
 #[test]
+fn a_process_met_at_a_bad_moment_is_retried_within_seconds() {
+    let w = world();
+    let dup = {
+        let mut m = w.borrow_mut();
+        m.spawn(51, "tcmalloc", false);
+        m.busy.insert(51, 2);
+        m.map(51, &[4; 512], false)
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300); // 30 s
+    let m = w.borrow();
+    assert!(m.spans[&dup].mergeable, "marked after two busy answers");
+    assert_eq!(m.attempts[&51], 3, "two busy, then done");
+    drop(m);
+    assert!(
+        d.status(now).skipped.iter().all(|s| s.pid != 51),
+        "no longer listed as skipped"
+    );
+}
+
+#[test]
 fn the_vma_budget_stops_splitting_a_crowded_process() {
     let w = world();
     let (slices, whole) = {

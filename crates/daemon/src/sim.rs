@@ -27,6 +27,9 @@ pub struct World {
     pub batches: Vec<(u32, Vec<Advice>)>,
     /// Pids whose injection is refused, with the reason.
     pub refuse: HashMap<u32, String>,
+    /// Pids whose next injections meet a bad moment (answered
+    /// `BatchOutcome::Busy`), and how many more times.
+    pub busy: HashMap<u32, u32>,
     pub vma_counts: HashMap<u32, u64>,
     pub max_map_count: u64,
     pub shares: Vec<f64>,
@@ -348,6 +351,10 @@ impl Actuator for SimActuator {
         *w.attempts.entry(pid).or_default() += 1;
         if let Some(r) = w.refuse.get(&pid) {
             return BatchOutcome::Skipped(r.clone());
+        }
+        if let Some(n) = w.busy.get_mut(&pid).filter(|n| **n > 0) {
+            *n -= 1;
+            return BatchOutcome::Busy("a thread is inside an rseq critical section".into());
         }
         if !w.procs.iter().any(|p| p.key.pid == pid) {
             return BatchOutcome::Gone;
