@@ -183,6 +183,12 @@ pub struct ScanSection {
     /// tracks whole VMAs): 64 MiB keeps a 4 GiB guest to 64 regions and
     /// the VMA splits of promoting parts of it far below vm.max_map_count.
     pub subregion_mib: u64,
+    /// Most regions (VMAs and sub-regions) tracked at once; when eligible
+    /// processes map more, the smallest are left out (status:
+    /// `totals.regions_left_out`). Everything the daemon keeps grows with
+    /// the regions it tracks, about 2.2 KiB of resident memory each
+    /// (docs/reliability.md), so this bounds its memory.
+    pub max_regions: usize,
     /// Shortest interval in ms between two checks of /proc for new
     /// processes and changed mappings.
     pub refresh_ms: u64,
@@ -209,6 +215,7 @@ impl Default for ScanSection {
             round_time_ms: None,
             cpu_cap: None,
             subregion_mib: 64,
+            max_regions: 131_072,
             refresh_ms: 1000,
             refresh_cpu: 0.0005,
             sweep_share: 0.03,
@@ -784,6 +791,12 @@ impl Config {
                 ),
             );
         }
+        if s.max_regions == 0 || s.max_regions > 1 << 24 {
+            return bad(
+                "scan.max_regions",
+                format!("must be between 1 and 16777216, got {}", s.max_regions),
+            );
+        }
         if s.refresh_ms == 0 || s.refresh_ms > 3_600_000 {
             return bad(
                 "scan.refresh_ms",
@@ -928,6 +941,14 @@ impl Config {
     /// Sub-region size in pages.
     pub fn subregion_pages(&self) -> u32 {
         (self.scan.subregion_mib * 256) as u32
+    }
+
+    /// How regions are cut and how many are tracked.
+    pub fn region_limits(&self) -> crate::target::RegionLimits {
+        crate::target::RegionLimits {
+            subregion_pages: self.subregion_pages(),
+            max_regions: self.scan.max_regions,
+        }
     }
 
     /// The daemon's CPU cap: the configured one, never above the governor's.

@@ -135,12 +135,19 @@ pub const SETTLE_SCANS: u64 = 3;
 /// How long a process whose injection was skipped is left alone before it
 /// is tried again.
 pub const SKIP_RETRY: Nanos = 60 * SEC;
+/// Most CPU (fraction of one core) the refreshes the loop asks for itself
+/// may use: after marking (to see the new flags and VMA splits), when a
+/// process is gone or exec'd. Each is otherwise due at the next wake-up;
+/// with hundreds of thousands of VMAs a refresh takes seconds, and one per
+/// mark took 60 % of a core (50 processes of 10 000 VMAs each).
+pub const FORCED_REFRESH_CPU: f64 = 0.02;
 /// How long a process whose injection met a bad moment (a thread inside
 /// an rseq critical section, which lasts nanoseconds to microseconds) is
 /// left alone before it is tried again.
 pub const BUSY_RETRY: Nanos = SEC;
 /// Longest time between two refreshes, even when no process came or went
-/// (mappings of live processes change too).
+/// (mappings of live processes change too), unless a refresh costs so much
+/// that this would take more than [`FORCED_REFRESH_CPU`].
 pub const MAX_REFRESH_INTERVAL: Nanos = 60 * SEC;
 /// T_s while only the bottom level has work and nothing waits (see
 /// [`Daemon::wake`]): UKSM's longest sleep, 1 s (`uksm_sleep_real` is
@@ -502,6 +509,8 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     unhide_after_sync: BTreeSet<RegionId>,
     skipped: BTreeMap<u32, SkipEntry>,
     inject_skips: BTreeMap<u32, SkipEntry>,
+    /// Regions left out at the last refresh (logged when it changes from 0).
+    left_out: usize,
     pending_unmarks: Vec<RegionId>,
     /// Duplicate runs the last wake followed, for `actuate`.
     runs: Vec<DupRun>,
@@ -510,7 +519,12 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     pending_change: bool,
     next_check: Nanos,
     earliest_refresh: Nanos,
+    /// No refresh the loop asks for itself (after marking, a process gone)
+    /// before this: see [`FORCED_REFRESH_CPU`].
+    earliest_forced: Nanos,
     last_refresh: Nanos,
+    /// The periodic refresh is due (see [`MAX_REFRESH_INTERVAL`]).
+    next_periodic_refresh: Nanos,
     last_account: Nanos,
     account_from: Option<RegionId>,
     counters: Counters,
@@ -580,6 +594,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             unhide_after_sync: BTreeSet::new(),
             skipped: BTreeMap::new(),
             inject_skips: BTreeMap::new(),
+            left_out: 0,
             pending_unmarks: Vec::new(),
             runs: Vec::new(),
             need_sync: true,
@@ -587,7 +602,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             pending_change: false,
             next_check: now,
             earliest_refresh: now,
+            earliest_forced: now,
             last_refresh: now,
+            next_periodic_refresh: now + MAX_REFRESH_INTERVAL,
             last_account: now,
             account_from: None,
             counters: Counters::default(),
@@ -700,7 +717,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let sleep_changed = config.scan.sleep_ms != self.config.scan.sleep_ms;
         if let Err(e) = self
             .target
-            .reconfigure(policy.process_filter(), config.subregion_pages())
+            .reconfigure(policy.process_filter(), config.region_limits())
         {
             warn!(error = %e, "the reloaded configuration selects processes that cannot be read; keeping the old selection");
         }
@@ -1011,6 +1028,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 }
             }
             let level = ladder.level_of(id).unwrap_or(0);
+            // A bottom-level region neither watched nor swept is none of
+            // the cases below: skip the verdict (this loop runs every
+            // wake-up over every region).
+            if level == 0 && b.watch.is_none() && !swept.contains(&id) {
+                continue;
+            }
             let verdict = write_verdict(b, dup_share(ladder, id), &self.config, now);
             if swept.contains(&id) && b.watch.is_some() {
                 match verdict {
@@ -1096,9 +1119,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 self.pending_change = true;
             }
         }
-        let due = self.force_refresh
+        let due = (self.force_refresh && now >= self.earliest_forced)
             || (self.pending_change && now >= self.earliest_refresh)
-            || now >= self.last_refresh + MAX_REFRESH_INTERVAL;
+            || now >= self.next_periodic_refresh;
         if !due {
             return false;
         }
@@ -1110,7 +1133,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         }
         let cost = host::thread_cpu_ns().saturating_sub(t0);
         self.earliest_refresh = now + (cost as f64 / self.config.scan.refresh_cpu) as Nanos;
+        self.earliest_forced = now + (cost as f64 / FORCED_REFRESH_CPU) as Nanos;
         self.last_refresh = now;
+        // At least every MAX_REFRESH_INTERVAL, but no more CPU than
+        // FORCED_REFRESH_CPU for it when a refresh is that costly.
+        self.next_periodic_refresh =
+            now + MAX_REFRESH_INTERVAL.max((cost as f64 / FORCED_REFRESH_CPU) as Nanos);
         self.force_refresh = false;
         self.pending_change = false;
         self.after_refresh(now);
@@ -1170,6 +1198,15 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         self.inject_skips
             .retain(|pid, _| self.allowed.contains_key(pid));
         self.unmark_departed();
+        let left_out = self.target.regions_left_out();
+        if left_out > 0 && self.left_out == 0 {
+            warn!(
+                left_out,
+                max_regions = self.config.scan.max_regions,
+                "eligible processes map more regions than scan.max_regions: the smallest are left out"
+            );
+        }
+        self.left_out = left_out;
         // Regions of eligible processes.
         let regions = self.target.regions();
         let mut seen = BTreeSet::new();
@@ -2169,6 +2206,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             unmarks: self.counters.unmarks,
             batches: self.counters.batches,
             vma_splits: self.counters.vma_splits,
+            regions_left_out: self.target.regions_left_out() as u64,
             run_marks: self.counters.run_marks,
             partial_marks: self.counters.partial_marks,
             remerges: self.counters.remerges,

@@ -121,6 +121,10 @@ const GAUGES: &[(&str, &str)] = &[
     ),
     ("processes", "Eligible processes"),
     ("regions", "Regions tracked"),
+    (
+        "regions_left_out",
+        "Regions of eligible processes not tracked: more than scan.max_regions",
+    ),
     ("promoted_regions", "Regions pagesift made mergeable"),
     ("promoted_pages", "Pages of regions pagesift made mergeable"),
     ("merging_regions", "Promoted regions ksmd is still merging"),
@@ -376,6 +380,7 @@ impl Metrics {
             ("merged_bytes", t.merged_pages as f64 * 4096.0),
             ("processes", t.processes as f64),
             ("regions", t.regions as f64),
+            ("regions_left_out", t.regions_left_out as f64),
             ("promoted_regions", t.promoted_regions as f64),
             ("promoted_pages", t.promoted_pages as f64),
             ("merging_regions", t.merging_regions as f64),

@@ -217,7 +217,7 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
              pagesift merges nothing by default"
         );
     }
-    let target = LinuxTarget::new(policy.process_filter(), config.subregion_pages())
+    let target = LinuxTarget::new(policy.process_filter(), config.region_limits())
         .map_err(RunError::Start)?;
     let ksm = SysKsm::acquire(
         config.pacing(),

@@ -120,6 +120,10 @@ pub struct Totals {
     pub batches: u64,
     /// VMA splits caused by marking parts of VMAs.
     pub vma_splits: u64,
+    /// Regions of eligible processes not tracked at the last refresh:
+    /// there were more than `scan.max_regions` (the smallest are left out).
+    #[serde(default)]
+    pub regions_left_out: u64,
     /// Pages sampled.
     pub sampled_pages: u64,
     /// Wake-ups.
@@ -592,6 +596,13 @@ pub fn render(s: &Status) -> String {
         t.vma_splits,
         t.write_tracked_ranges
     );
+    if t.regions_left_out > 0 {
+        let _ = writeln!(
+            o,
+            "left out: {} regions of eligible processes, the smallest, above scan.max_regions",
+            t.regions_left_out
+        );
+    }
     let _ = writeln!(
         o,
         "CPU: daemon {:.2} % ({:.1} s), ksmd {:.2} % ({:.1} s) of one core; ksmd target {:.2} %, pages_to_scan {}, sleep {} ms",

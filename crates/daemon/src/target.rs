@@ -106,10 +106,16 @@ pub trait Target: MemorySource {
     fn same_process(&self, key: ProcKey) -> bool {
         self.processes().iter().any(|p| p.key == key)
     }
-    /// Selects other processes, or cuts sub-regions at another size (a
-    /// reloaded config); region ids may all change.
-    fn reconfigure(&mut self, _filter: ProcessFilter, _subregion_pages: u32) -> Result<(), String> {
+    /// Selects other processes, or cuts sub-regions at another size, or
+    /// tracks another number of regions (a reloaded config); region ids
+    /// may all change.
+    fn reconfigure(&mut self, _filter: ProcessFilter, _limits: RegionLimits) -> Result<(), String> {
         Ok(())
+    }
+    /// Regions left out at the last refresh because there were more than
+    /// [`RegionLimits::max_regions`].
+    fn regions_left_out(&self) -> usize {
+        0
     }
     /// Write-tracks exactly the `(pid, start, end)` ranges of `wanted`:
     /// starts the new ones, stops the ones not wanted any more (an empty
@@ -132,6 +138,16 @@ pub trait Target: MemorySource {
     fn distrust_mergeable(&mut self, _pid: u32) {}
 }
 
+/// How regions are cut from VMAs, and how many are tracked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionLimits {
+    /// VMAs longer than this many pages become sub-regions of this size.
+    pub subregion_pages: u32,
+    /// Most regions tracked; beyond, the smallest are left out
+    /// (`pagesift_linux::source`, "How many regions").
+    pub max_regions: usize,
+}
+
 /// A write-tracking registration: (pid, the userfaultfd's number in the
 /// target, registered `[start, end)` ranges).
 pub type Registration = (u32, i32, Vec<(u64, u64)>);
@@ -140,7 +156,7 @@ pub type Registration = (u32, i32, Vec<(u64, u64)>);
 pub struct LinuxTarget {
     src: LinuxSource,
     filter: ProcessFilter,
-    subregion_pages: u32,
+    limits: RegionLimits,
     pids: BTreeSet<u32>,
     procs: Vec<ProcEntry>,
     max_map_count: u64,
@@ -154,14 +170,14 @@ pub struct LinuxTarget {
 }
 
 impl LinuxTarget {
-    /// Discovers the processes `filter` selects; VMAs longer than
-    /// `subregion_pages` become sub-regions.
-    pub fn new(filter: ProcessFilter, subregion_pages: u32) -> Result<LinuxTarget, String> {
-        let src = open_source(&filter, subregion_pages)?;
+    /// Discovers the processes `filter` selects, cutting and counting
+    /// regions as `limits` says.
+    pub fn new(filter: ProcessFilter, limits: RegionLimits) -> Result<LinuxTarget, String> {
+        let src = open_source(&filter, limits)?;
         let mut t = LinuxTarget {
             src,
             filter,
-            subregion_pages,
+            limits,
             pids: host::pids().unwrap_or_default(),
             procs: Vec::new(),
             max_map_count: proc::max_map_count().unwrap_or(65_530),
@@ -219,11 +235,12 @@ impl LinuxTarget {
     }
 }
 
-fn open_source(filter: &ProcessFilter, subregion_pages: u32) -> Result<LinuxSource, String> {
+fn open_source(filter: &ProcessFilter, limits: RegionLimits) -> Result<LinuxSource, String> {
     LinuxSource::new(
         filter.clone(),
         SourceConfig {
-            max_region_pages: subregion_pages,
+            max_region_pages: limits.subregion_pages,
+            max_regions: limits.max_regions,
             ..SourceConfig::default()
         },
     )
@@ -328,11 +345,15 @@ impl Target for LinuxTarget {
         self.src.distrust_mergeable(pid);
     }
 
-    fn reconfigure(&mut self, filter: ProcessFilter, subregion_pages: u32) -> Result<(), String> {
-        if filter == self.filter && subregion_pages == self.subregion_pages {
+    fn regions_left_out(&self) -> usize {
+        self.src.left_out()
+    }
+
+    fn reconfigure(&mut self, filter: ProcessFilter, limits: RegionLimits) -> Result<(), String> {
+        if filter == self.filter && limits == self.limits {
             return Ok(());
         }
-        let src = open_source(&filter, subregion_pages)?;
+        let src = open_source(&filter, limits)?;
         // The old source's write tracker goes with it: unregister its
         // ranges first (and close its userfaultfds in the targets), or
         // they would stay registered in processes nobody tracks any more.
@@ -344,7 +365,7 @@ impl Target for LinuxTarget {
         // not "gone": forget them quietly.
         self.src = src;
         self.filter = filter;
-        self.subregion_pages = subregion_pages;
+        self.limits = limits;
         self.read_facts();
         Ok(())
     }

@@ -18,6 +18,16 @@
 //! forgets unmapped ones. The start time makes a reused pid a new process.
 //! Ids are never reused.
 //!
+//! ## How many regions
+//! Everything the daemon keeps grows with the regions it tracks (about
+//! 1.5 KiB of heap and 2.2 KiB of resident memory per region, measured
+//! with one-page VMAs; see docs/reliability.md), and a process can map
+//! tens of thousands of VMAs. So at most [`SourceConfig::max_regions`] are
+//! tracked: when a discovery finds more, the largest are kept (ties: the
+//! longest known first, then the lowest address), which loses the least
+//! memory to look at and keeps the choice stable from one refresh to the
+//! next; the number left out is [`LinuxSource::left_out`].
+//!
 //! ## Refreshes
 //! Reading `/proc/PID/smaps` makes the kernel walk every present page of
 //! the process (for RSS and PSS), which for a guest's QEMU costs
@@ -70,7 +80,8 @@ use crate::read::RemoteReader;
 use pagesift_core::ranges::RangeSet;
 use pagesift_core::source::{MemorySource, PageState, RegionInfo, SourceError};
 use pagesift_core::{PageRef, PageWords, RegionId};
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -88,6 +99,8 @@ pub struct SourceConfig {
     pub max_region_pages: u32,
     /// Keep private file mappings (only their COWed pages are candidates).
     pub private_file: bool,
+    /// Most regions tracked (see "How many regions" in the module header).
+    pub max_regions: usize,
 }
 
 impl Default for SourceConfig {
@@ -95,6 +108,7 @@ impl Default for SourceConfig {
         SourceConfig {
             max_region_pages: u32::MAX,
             private_file: true,
+            max_regions: usize::MAX,
         }
     }
 }
@@ -122,6 +136,42 @@ pub struct LinuxRegion {
     pub vma_start: u64,
     /// End address (exclusive) of that VMA.
     pub vma_end: u64,
+}
+
+/// A region found by a discovery, before the largest are kept.
+struct Found {
+    /// (pid, start time, first address): what its id is keyed by.
+    key: (u32, u64, u64),
+    /// It had an id before this discovery.
+    known: bool,
+    region: LinuxRegion,
+}
+
+/// Which region is kept over which: larger first, then one already known
+/// (it keeps its place from one refresh to the next), then the lower key.
+type Rank = (u32, bool, Reverse<(u32, u64, u64)>);
+
+impl Found {
+    fn rank(&self) -> Rank {
+        (self.region.pages, self.known, Reverse(self.key))
+    }
+}
+
+impl PartialEq for Found {
+    fn eq(&self, other: &Self) -> bool {
+        self.rank() == other.rank()
+    }
+}
+impl Eq for Found {}
+impl PartialOrd for Found {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Found {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.rank().cmp(&other.rank())
+    }
 }
 
 impl LinuxRegion {
@@ -170,6 +220,8 @@ pub struct LinuxSource {
     kpf: KPageFlags,
     /// Processes discovered through smaps, and through maps, since start.
     pub discovered_by: (u64, u64),
+    /// Regions left out at the last discovery (over `max_regions`).
+    left_out: usize,
     /// Write tracking of candidate ranges; answers `take_written`.
     #[cfg(target_arch = "x86_64")]
     writes: crate::uffd::WriteTracker,
@@ -205,6 +257,7 @@ impl LinuxSource {
             maps: MapsDiscovery::new(),
             kpf,
             discovered_by: (0, 0),
+            left_out: 0,
             #[cfg(target_arch = "x86_64")]
             writes: crate::uffd::WriteTracker::new(),
         };
@@ -229,6 +282,13 @@ impl LinuxSource {
     /// caller drains it after counting).
     pub fn take_gone(&mut self) -> Vec<u32> {
         std::mem::take(&mut self.gone)
+    }
+
+    /// Regions left out at the last discovery because more than
+    /// [`SourceConfig::max_regions`] were found (see "How many regions" in
+    /// the module header).
+    pub fn left_out(&self) -> usize {
+        self.left_out
     }
 
     /// Processes that were selected but could not be opened at the last
@@ -293,7 +353,11 @@ impl LinuxSource {
             }
             self.procs.remove(&pid);
         }
-        let mut seen: Vec<RegionId> = Vec::new();
+        // The regions found, the largest `max_regions` of them: a min-heap
+        // of that size, so that memory stays bounded however many VMAs
+        // the processes map (see "How many regions").
+        let mut found: BinaryHeap<Reverse<Found>> = BinaryHeap::new();
+        let mut found_all = 0usize;
         for info in listed {
             let pid = info.pid;
             match self.procs.entry(pid) {
@@ -362,14 +426,28 @@ impl LinuxSource {
                     let end = cut.min(r.end);
                     let pages = ((end - start) / crate::PAGE_SIZE) as u32;
                     let key = (pid, start_time, start);
-                    let id = *self.ids.entry(key).or_insert_with(|| {
-                        self.next_id += 1;
-                        RegionId(self.next_id)
-                    });
-                    self.regions.insert(
-                        id,
-                        LinuxRegion {
-                            id,
+                    found_all += 1;
+                    let known = self.ids.contains_key(&key);
+                    let rank = (pages, known, Reverse(key));
+                    let max = self.config.max_regions;
+                    if found.len() >= max {
+                        // Full: only a larger one gets in (the smallest
+                        // goes out).
+                        match found.peek() {
+                            Some(Reverse(least)) if least.rank() < rank => {
+                                found.pop();
+                            }
+                            _ => {
+                                start = end;
+                                continue;
+                            }
+                        }
+                    }
+                    found.push(Reverse(Found {
+                        key,
+                        known,
+                        region: LinuxRegion {
+                            id: RegionId(0),
                             pid,
                             start,
                             pages,
@@ -379,17 +457,28 @@ impl LinuxSource {
                             vma_start: r.start,
                             vma_end: r.end,
                         },
-                    );
-                    seen.push(id);
+                    }));
                     start = end;
                 }
             }
         }
-        // Forget regions that were not seen this time.
-        seen.sort_unstable();
-        self.regions.retain(|id, _| seen.binary_search(id).is_ok());
-        let live: std::collections::HashSet<RegionId> = seen.into_iter().collect();
-        self.ids.retain(|_, id| live.contains(id));
+        self.left_out = found_all - found.len();
+        // Ids: kept for regions still there, new for new ones; forgotten
+        // for regions not seen (or left out) this time.
+        // New ids in address order, as discovery meets them.
+        let mut found: Vec<Found> = found.into_iter().map(|Reverse(f)| f).collect();
+        found.sort_unstable_by_key(|f| f.key);
+        let mut ids = HashMap::with_capacity(found.len());
+        self.regions.clear();
+        for f in found {
+            let id = self.ids.get(&f.key).copied().unwrap_or_else(|| {
+                self.next_id += 1;
+                RegionId(self.next_id)
+            });
+            ids.insert(f.key, id);
+            self.regions.insert(id, LinuxRegion { id, ..f.region });
+        }
+        self.ids = ids;
         Ok(())
     }
 

@@ -420,6 +420,32 @@ impl AnonMapping {
         Ok(())
     }
 
+    /// Splits the mapping into VMAs of `pages` pages each (the last one
+    /// may be shorter) by giving every other run the opposite transparent
+    /// huge page advice: the kernel keeps a VMA boundary wherever
+    /// `VM_HUGEPAGE` / `VM_NOHUGEPAGE` changes. Contents and protection do
+    /// not change. Returns the number of VMAs the mapping now has.
+    pub fn split_vmas(&self, pages: usize) -> io::Result<usize> {
+        let page = crate::PAGE_SIZE as usize;
+        let run = pages.max(1) * page;
+        let mut count = 0;
+        let mut offset = 0;
+        while offset < self.len {
+            let len = run.min(self.len - offset);
+            let advice = if count % 2 == 0 {
+                rustix::mm::Advice::LinuxNoHugepage
+            } else {
+                rustix::mm::Advice::LinuxHugepage
+            };
+            // SAFETY: the range is inside our mapping; THP advice does not
+            // change its contents.
+            unsafe { rustix::mm::madvise(self.ptr.as_ptr().add(offset).cast(), len, advice) }?;
+            offset += len;
+            count += 1;
+        }
+        Ok(count)
+    }
+
     /// The mapping's bytes. Reading an untouched page faults it in as the
     /// shared zero page.
     pub fn as_slice(&self) -> &[u8] {

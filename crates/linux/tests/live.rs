@@ -1133,3 +1133,39 @@ fn a_refresh_follows_a_process_into_another_cgroup() {
     assert_eq!(cgroup, second);
     assert!(all.contains(&second) && !all.contains(&first), "{all:?}");
 }
+
+/// However many VMAs the processes map, at most `max_regions` are tracked:
+/// the largest, with the same ids from one refresh to the next, and the
+/// number left out is told.
+#[test]
+fn at_most_max_regions_are_tracked_the_largest_first() {
+    require_root();
+    let many = Workload::start(&["--die-with-parent", "vmas", "--count", "3000"]);
+    let big = Workload::start(&["--die-with-parent", "static-dup", "--mib", "1"]);
+    let (big_start, _) = big.region();
+    let all = source_for(&[many.pid(), big.pid()]);
+    let found = all.linux_regions().count();
+    assert!(found > 3000, "{found} regions without a limit");
+    drop(all);
+    let config = SourceConfig {
+        max_regions: 100,
+        ..SourceConfig::default()
+    };
+    let filter = ProcessFilter::pids([many.pid(), big.pid()]);
+    let mut src = LinuxSource::new(filter, config).expect("LinuxSource");
+    let ids: Vec<RegionId> = src.linux_regions().map(|r| r.id).collect();
+    assert_eq!(ids.len(), 100);
+    assert_eq!(src.left_out(), found - 100);
+    let kept_big = region_at(&src, big.pid(), big_start);
+    let smallest_kept = src.linux_regions().map(|r| r.pages).min().unwrap();
+    assert!(
+        src.linux_regions()
+            .any(|r| r.id == kept_big && r.pages == 256),
+        "the 256-page region is kept"
+    );
+    assert_eq!(smallest_kept, 1, "the rest are one-page VMAs");
+    src.refresh().unwrap();
+    let again: Vec<RegionId> = src.linux_regions().map(|r| r.id).collect();
+    assert_eq!(ids, again, "the same regions, the same ids");
+    assert_eq!(src.left_out(), found - 100);
+}

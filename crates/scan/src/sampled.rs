@@ -682,6 +682,7 @@ pub fn run_with_stats(opts: &SampledOptions) -> Result<(Report, ScanStats), Scan
         SourceConfig {
             max_region_pages: u32::MAX,
             private_file: true,
+            max_regions: usize::MAX,
         },
     )?;
     let mut stats = ScanStats {

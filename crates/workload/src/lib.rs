@@ -146,6 +146,23 @@ enum Workload {
         #[command(flatten)]
         common: Common,
     },
+    /// Many small VMAs: one region of `count` pages split into `count`
+    /// one-page VMAs (alternating huge page advice), every `touch_every`-th
+    /// page written with one of `contents` contents, the others untouched.
+    /// For the daemon's memory bound per VMA.
+    Vmas {
+        /// VMAs (pages of the region).
+        #[arg(long)]
+        count: usize,
+        /// Write every N-th page (the others stay untouched).
+        #[arg(long, default_value_t = 10)]
+        touch_every: usize,
+        /// Distinct contents of the written pages.
+        #[arg(long, default_value_t = 1)]
+        contents: u64,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Reads files into page-aligned buffers on the `read` command, beside
     /// private distinct memory.
     ReadFiles {
@@ -335,7 +352,8 @@ fn run(w: Workload) -> Result<(), String> {
         | Workload::Mixed { common, .. }
         | Workload::CowBroken { common, .. }
         | Workload::ShortLived { common, .. }
-        | Workload::ForkFamily { common, .. } => common.apply()?,
+        | Workload::ForkFamily { common, .. }
+        | Workload::Vmas { common, .. } => common.apply()?,
         Workload::ReadFiles { .. } => {}
     }
     match w {
@@ -364,6 +382,12 @@ fn run(w: Workload) -> Result<(), String> {
             interval_ms,
             common,
         } => cow_broken(mib, interval_ms, common, t0),
+        Workload::Vmas {
+            count,
+            touch_every,
+            contents,
+            common,
+        } => many_vmas(count, touch_every, contents, common, t0),
         Workload::ShortLived {
             mib,
             period_ms,
@@ -580,6 +604,36 @@ fn static_workload(
     let mut mem = Memory::map(slots, huge).map_err(|e| format!("mmap: {e}"))?;
     mem.fill(&maker);
     let r = report(name, common.seed, &mem, t0);
+    let shared: Shared = Arc::new(Mutex::new(Some(mem)));
+    serve_commands(shared.clone(), common.seed);
+    print_line(&r);
+    stay_alive(&common, Instant::now());
+    Ok(())
+}
+
+fn many_vmas(
+    count: usize,
+    touch_every: usize,
+    contents: u64,
+    common: Common,
+    t0: Instant,
+) -> Result<(), String> {
+    let every = touch_every.max(1);
+    let slots: Vec<Slot> = (0..count.max(1))
+        .map(|i| {
+            if i % every == 0 {
+                Slot::Data((i / every) as u64 % contents.max(1))
+            } else {
+                Slot::Untouched
+            }
+        })
+        .collect();
+    let maker = PageMaker::new(common.seed, contents.max(1));
+    let mut mem = Memory::map(slots, HugePages::Never).map_err(|e| format!("mmap: {e}"))?;
+    mem.fill(&maker);
+    mem.split_vmas(1)
+        .map_err(|e| format!("splitting into {count} VMAs: {e}"))?;
+    let r = report("vmas", common.seed, &mem, t0);
     let shared: Shared = Arc::new(Mutex::new(Some(mem)));
     serve_commands(shared.clone(), common.seed);
     print_line(&r);

@@ -32,6 +32,12 @@ impl Memory {
         self.map.addr()
     }
 
+    /// Splits the region into VMAs of `pages` pages (see
+    /// `AnonMapping::split_vmas`); returns how many it is now.
+    pub fn split_vmas(&self, pages: usize) -> std::io::Result<usize> {
+        self.map.split_vmas(pages)
+    }
+
     /// The slots.
     pub fn slots(&self) -> &[Slot] {
         &self.slots
