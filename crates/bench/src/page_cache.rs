@@ -46,7 +46,7 @@ use crate::sampler::metric;
 use crate::series::Series;
 use crate::system::{System, Tuning};
 use crate::{BenchError, Context};
-use pagesift_core::governor::Governor;
+use pagesift_core::pipeline::governor::Governor;
 use pagesift_linux::ksm::Run;
 use pagesift_linux::page_cache::ImageCache;
 use pagesift_linux::sys::DeathSignal;

@@ -35,7 +35,7 @@ use crate::sampler::{Sampler, metric};
 use crate::series::Series;
 use crate::system::System;
 use crate::{BenchError, Context};
-use pagesift_core::pacing::{KsmdTick, Pacer, PacingConfig, PacingDemand};
+use pagesift_core::pipeline::pacing::{KsmdTick, Pacer, PacingConfig, PacingDemand};
 use pagesift_linux::ksm::{AdvisorMode, GuardOptions, Knob, KsmError, KsmGuard, Run};
 use pagesift_linux::sys::DeathSignal;
 use std::process::{Command, Stdio};

@@ -16,7 +16,7 @@ mod common;
 use pagesift_bench::experiment::{Experiment, SavedBy};
 use pagesift_bench::system::System;
 use pagesift_bench::{BenchOptions, measure};
-use pagesift_core::governor::Governor;
+use pagesift_core::pipeline::governor::Governor;
 use pagesift_linux::ksm::KsmGuard;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};

@@ -36,7 +36,7 @@
 //! terminal reaches only the demo, which then stops them in that order.
 
 use clap::Args;
-use pagesift_core::governor::Governor;
+use pagesift_core::pipeline::governor::Governor;
 use pagesift_linux::kpageflags::{KPageFlags, KpfFlags};
 use pagesift_linux::ksm::{GuardOptions, KsmError, KsmGuard, KsmSnapshot, Ksmd, ProcessKsmStat};
 use pagesift_linux::pagemap::{Pagemap, PagemapEntry};

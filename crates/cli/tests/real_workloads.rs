@@ -8,7 +8,7 @@
 //! merging it would make it thrash: every write would be a COW fault. The
 //! daemon must merge the file block and leave the hot buffer alone, which
 //! it can only do by judging writes by where they land
-//! (`core::write_watch`).
+//! (`core::pipeline::write_watch`).
 //!
 //! Root is needed. Without `/usr/bin/python3` (`scripts/setup` installs it)
 //! the test passes with a "skipped" line, unless `PAGESIFT_REQUIRE_GUESTS=1`

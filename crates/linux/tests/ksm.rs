@@ -24,7 +24,7 @@
 mod common;
 
 use common::{require_root, workload_bin};
-use pagesift_core::pacing::{KsmdTick, PaceMode, Pacer, PacingConfig, PacingDemand};
+use pagesift_core::pipeline::pacing::{KsmdTick, PaceMode, Pacer, PacingConfig, PacingDemand};
 use pagesift_linux::ksm::{
     self, AdvisorMode, Knob, Ksm, KsmGuard, KsmSnapshot, KsmVmstat, Ksmd, ProcessKsmStat, Run,
     TerminationWatch,

@@ -40,7 +40,7 @@
 //! 5. **Hash and group** (`group`). XXH3-64 per page, then a table of
 //!    content groups with byte-exact verification against a bounded cache
 //!    of representative contents, or against representatives read again.
-//! 6. **Attribute** (`pagesift_core::census`). Duplicate categories and
+//! 6. **Attribute** (`crate::stats::census`). Duplicate categories and
 //!    savings per region (survivor: the first frame in scan order).
 //! 7. **Classify** (optional, `--rescan SECS`). After the wait, every frame
 //!    of a duplicated group is checked again (presence, then bytes via its
@@ -82,10 +82,10 @@ pub use group::{GroupStats, page_hash};
 use crate::report::{
     Class, Counts, Estimate, Mode, ProcessReport, RegionReport, Report, ScanError, sort_by_saving,
 };
+use crate::stats::census::{Census, RegionClass, RegionIx, classify};
 use group::{Grouper, Loc, PageRecord, RepSource};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use pagesift_core::census::{Census, RegionClass, RegionIx, classify};
-use pagesift_core::ladder::LadderConfig;
+use pagesift_core::pipeline::ladder::LadderConfig;
 use pagesift_core::{PAGE_SIZE, PageWords};
 use pagesift_linux::discover::{
     self, MapsDiscovery, ProcessFilter, ProcessInfo, RegionKind, RegionsFrom,
@@ -1303,7 +1303,7 @@ impl Scanner {
     fn report(
         &self,
         census: &Census,
-        attrs: &[pagesift_core::census::Attribution],
+        attrs: &[crate::stats::census::Attribution],
         classes: Option<&[Option<Class>]>,
         elapsed: Duration,
         pages_read: u64,

@@ -217,7 +217,10 @@ impl KsmGuard {
 
     /// Writes a pacer's output: `pages_to_scan`, then `sleep_millisecs`
     /// (whose write wakes ksmd, so the new batch size is used at once).
-    pub fn set_pace(&self, pace: pagesift_core::pacing::KsmdPace) -> Result<(), KsmError> {
+    pub fn set_pace(
+        &self,
+        pace: pagesift_core::pipeline::pacing::KsmdPace,
+    ) -> Result<(), KsmError> {
         self.set_pages_to_scan(pace.pages_to_scan)?;
         self.set_sleep_millisecs(pace.sleep_millisecs)
     }
