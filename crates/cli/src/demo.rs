@@ -37,6 +37,7 @@
 
 use clap::Args;
 use pagesift_core::pipeline::governor::Governor;
+use pagesift_linux::inspect::{self, PageClass};
 use pagesift_linux::kpageflags::{KPageFlags, KpfFlags};
 use pagesift_linux::ksm::{GuardOptions, KsmError, KsmGuard, KsmSnapshot, Ksmd, ProcessKsmStat};
 use pagesift_linux::pagemap::{Pagemap, PagemapEntry};
@@ -911,15 +912,20 @@ impl Drop for Daemon {
 /// Pages merged and frames saved in one region, from its page frames.
 ///
 /// pagemap gives each page's frame and whether this process is its only
-/// mapper; only frames mapped more than once can be KSM pages, so only
-/// those (a few hundred once merged) are looked up in kpageflags. A KSM
-/// frame left with one mapping is counted as not merged: it saves nothing.
+/// mapper; only frames mapped more than once can be KSM pages that save
+/// anything (a KSM frame left with one mapping saves nothing), so only
+/// those are looked up in kpageflags, each frame once: a few hundred once
+/// merged, where the region has tens of thousands of pages (what reading
+/// every page's flags would cost instead: the `skipping_kpageflags_reads`
+/// test of pagesift-linux). Whether a frame is a KSM page is
+/// `pagesift_linux::inspect::classify`'s answer, the same as everywhere.
 struct Meter {
     pagemap: Pagemap,
     kpageflags: KPageFlags,
     start: u64,
     entries: Vec<PagemapEntry>,
-    mappings: HashMap<u64, u64>,
+    /// Per shared frame: one of its pagemap entries, and its mappings here.
+    mappings: HashMap<u64, (PagemapEntry, u64)>,
     pfns: Vec<u64>,
     flags: Vec<KpfFlags>,
 }
@@ -948,7 +954,7 @@ impl Meter {
                 && !e.file_or_shared()
                 && let Some(pfn) = e.pfn()
             {
-                *self.mappings.entry(pfn).or_default() += 1;
+                self.mappings.entry(pfn).or_insert((*e, 0)).1 += 1;
             }
         }
         self.pfns.clear();
@@ -958,8 +964,9 @@ impl Meter {
         self.kpageflags.read_many(&self.pfns, &mut self.flags)?;
         let (mut merged, mut frames) = (0, 0);
         for (pfn, f) in self.pfns.iter().zip(&self.flags) {
-            if f.ksm() {
-                merged += self.mappings[pfn];
+            let (entry, count) = self.mappings[pfn];
+            if inspect::classify(entry, Some(*f)) == PageClass::Merged {
+                merged += count;
                 frames += 1;
             }
         }

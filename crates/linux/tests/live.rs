@@ -1133,3 +1133,78 @@ fn a_refresh_follows_a_process_into_another_cgroup() {
     assert_eq!(cgroup, second);
     assert!(all.contains(&second) && !all.contains(&first), "{all:?}");
 }
+
+/// Why the exact scan and the demo's meter read kpageflags only for the
+/// pages `inspect::flags_needed` names, instead of going through
+/// `PageInspector` (which reads every present page's flags, THP bit
+/// included): on a private anonymous region, reading the flags of every
+/// page costs a multiple of reading pagemap alone. Both paths must give
+/// every page the same class; the figures are printed, not asserted
+/// (run with `--nocapture`).
+#[test]
+fn skipping_kpageflags_reads() {
+    use pagesift_linux::inspect::{classify, flags_needed};
+    use pagesift_linux::kpageflags::KpfFlags;
+    use pagesift_linux::pagemap::PagemapEntry;
+    use std::time::Instant;
+
+    require_root();
+    let w = Workload::start(&["mixed", "--mib", "32", "--zero-every", "5", "--seed", "4"]);
+    let (start, pages) = w.region();
+    let n = pages as usize;
+
+    // Every present page's flags, through the inspector.
+    let mut inspector = PageInspector::open(w.pid()).unwrap();
+    let mut infos = vec![PageInfo::default(); n];
+    let mut all_ns = u128::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        inspector.inspect(start, &mut infos).unwrap();
+        all_ns = all_ns.min(t.elapsed().as_nanos());
+    }
+
+    // Only the flags `flags_needed` asks for (anonymous, not mergeable).
+    let pagemap = Pagemap::open(w.pid()).unwrap();
+    let mut kpf = KPageFlags::open().unwrap();
+    let mut entries = vec![PagemapEntry(0); n];
+    let (mut pfns, mut at, mut flags) = (Vec::new(), Vec::new(), Vec::new());
+    let mut needed_ns = u128::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        pagemap.read(start, &mut entries).unwrap();
+        pfns.clear();
+        at.clear();
+        for (i, e) in entries.iter().enumerate() {
+            if flags_needed(*e, true, false) {
+                pfns.push(e.pfn().unwrap());
+                at.push(i);
+            }
+        }
+        flags.clear();
+        flags.resize(pfns.len(), KpfFlags(0));
+        kpf.read_many(&pfns, &mut flags).unwrap();
+        needed_ns = needed_ns.min(t.elapsed().as_nanos());
+    }
+    let mut read = vec![None; n];
+    for (&i, &f) in at.iter().zip(&flags) {
+        read[i] = Some(f);
+    }
+    let mut zero = 0;
+    for (i, info) in infos.iter().enumerate() {
+        let class = classify(entries[i], read[i]);
+        assert_eq!(class, info.class(), "page {i}: {:?}", info);
+        zero += (class == PageClass::Zero) as usize;
+    }
+    assert!(
+        zero > 0,
+        "the zero-page mappings are found without reading every page's flags"
+    );
+    println!(
+        "{n} pages, {} with flags needed: every page's flags {:.1} ns/page, \
+         only the needed ones {:.1} ns/page ({:.1}x)",
+        pfns.len(),
+        all_ns as f64 / n as f64,
+        needed_ns as f64 / n as f64,
+        all_ns as f64 / needed_ns as f64
+    );
+}
