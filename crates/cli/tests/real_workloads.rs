@@ -14,12 +14,10 @@
 //! the test passes with a "skipped" line, unless `PAGESIFT_REQUIRE_GUESTS=1`
 //! (as `.ci/run` sets), when it fails.
 
-#[path = "../../linux/tests/common/mod.rs"]
-mod common;
 mod support;
 
-use common::require_root;
 use pagesift_linux::inspect::{PageClass, PageInfo, PageInspector};
+use pagesift_testkit::{require_root, serial, temp_dir};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -144,7 +142,8 @@ fn python_workers_duplicate_block_is_merged_and_their_hot_buffer_never() {
         return;
     }
     let _serial = serial();
-    let dir = tmpdir("real-python");
+    let tmp = temp_dir("real-python");
+    let dir = tmp.path();
     let script = dir.join("worker.py");
     std::fs::write(&script, WORKER).unwrap();
     // The shared file: distinct pages (nothing to merge within one worker).
@@ -167,7 +166,7 @@ fn python_workers_duplicate_block_is_merged_and_their_hot_buffer_never() {
         args.extend(["--pid".into(), w.pid().to_string()]);
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut d = Daemon::start(&dir, &args, false);
+    let mut d = start_daemon(dir, &args, false);
 
     let data_pages = DATA_MIB << 20 >> 12;
     let t0 = Instant::now();
@@ -225,5 +224,4 @@ fn python_workers_duplicate_block_is_merged_and_their_hot_buffer_never() {
     for (w, sum) in workers.iter_mut().zip(&sums) {
         assert_eq!(&w.checksum(), sum);
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,9 +7,6 @@
 //! (8–32 MiB) so the suite is quick; throughput is measured by
 //! `examples/read_throughput.rs`, not here.
 
-mod common;
-
-use common::*;
 use pagesift_core::source::{MemorySource, PageState, SourceError};
 use pagesift_core::{PageRef, PageWords, RegionId, WORDS_PER_PAGE};
 use pagesift_linux::discover::{self, ProcessFilter, RegionKind};
@@ -17,6 +14,7 @@ use pagesift_linux::inspect::{PageClass, PageInfo, PageInspector};
 use pagesift_linux::kpageflags::KPageFlags;
 use pagesift_linux::pagemap::{Pagemap, category};
 use pagesift_linux::{Capability, LinuxError, LinuxSource, RemoteReader, SourceConfig};
+use pagesift_testkit::*;
 use std::collections::{HashMap, HashSet};
 
 fn source_for(pids: &[u32]) -> LinuxSource {
@@ -904,15 +902,8 @@ fn vma_zoo_child() {
     const LEN: usize = 16 << 12;
     let mut anon = AnonMapping::new(LEN, HugePages::Never).unwrap();
     anon.as_mut_slice().fill(7);
-    let path = std::env::temp_dir().join(format!("pagesift-vma-zoo-{}", std::process::id()));
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
-    std::fs::remove_file(&path).unwrap();
+    // An unlinked file: private and shared file mappings of it.
+    let file = tempfile::tempfile().unwrap();
     file.set_len(LEN as u64).unwrap();
     let zero = std::fs::OpenOptions::new()
         .read(true)
@@ -1065,7 +1056,7 @@ fn maps_discovery_agrees_with_smaps() {
 /// against this image.
 #[test]
 fn a_process_that_execs_in_place_is_a_new_one_after_refresh() {
-    common::require_root();
+    pagesift_testkit::require_root();
     let mut child = std::process::Command::new("sh")
         .args(["-c", "read _; exec sleep 30"])
         .stdin(std::process::Stdio::piped())
