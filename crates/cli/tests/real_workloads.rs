@@ -17,10 +17,10 @@
 mod support;
 
 use pagesift_linux::inspect::{PageClass, PageInfo, PageInspector};
-use pagesift_testkit::{require_root, serial, temp_dir};
+use pagesift_testkit::{Reaped, require_root, serial, temp_dir};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 use support::*;
 
@@ -56,8 +56,9 @@ while True:
     m[i:i + 64] = pattern
 "#;
 
+/// A running worker; killed and reaped on drop (its `Reaped`).
 struct Worker {
-    child: Child,
+    child: Reaped,
     stdin: ChildStdin,
     out: BufReader<ChildStdout>,
     addr: u64,
@@ -83,7 +84,7 @@ impl Worker {
         let f: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(f.first(), Some(&"ready"), "worker said {line:?}");
         Worker {
-            child,
+            child: Reaped(child),
             stdin,
             out,
             addr: f[1].parse().unwrap(),
@@ -117,13 +118,6 @@ impl Worker {
             .iter()
             .filter(|i| i.class() == PageClass::Merged)
             .count() as u64
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
