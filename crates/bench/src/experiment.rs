@@ -30,7 +30,7 @@
 
 use crate::interpreters::InterpreterPlan;
 use crate::system::{System, Tuning};
-use pagesift_core::governor::Governor;
+use pagesift_core::pipeline::governor::Governor;
 
 /// How big and how long.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

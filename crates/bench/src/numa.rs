@@ -28,7 +28,7 @@
 
 use crate::guest::numa::{self as guest, Mode as GuestMode, NumaPlan, Scenario, ScenarioResult};
 use crate::{BenchError, BenchOptions, Summary, experiment::Mode};
-use pagesift_core::placement::local_share;
+use pagesift_core::pipeline::placement::local_share;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 

@@ -39,14 +39,14 @@
 use crate::experiment::{Goal, GoalSpec, Mode};
 use crate::guest::image::{PayloadFile, disk_init_with};
 use crate::guest::{Guest, GuestImage, GuestOptions, ImageOptions};
-use crate::procs::Spawned;
+use crate::procs::{self, Spawned};
 use crate::report::{self, Verdict};
 use crate::run::{RunResult, clean_slate};
 use crate::sampler::metric;
 use crate::series::Series;
 use crate::system::{System, Tuning};
 use crate::{BenchError, Context};
-use pagesift_core::governor::Governor;
+use pagesift_core::pipeline::governor::Governor;
 use pagesift_linux::ksm::Run;
 use pagesift_linux::page_cache::ImageCache;
 use pagesift_linux::sys::DeathSignal;
@@ -596,19 +596,18 @@ fn spawn_daemon(ctx: &Context, system: System, pids: &[u32]) -> Result<Spawned, 
         DeathSignal::Term,
         Duration::from_secs(20),
     )?;
-    let end = Instant::now() + ctx.ksm_wait + Duration::from_secs(30);
-    while !socket.exists() {
-        if ctx.term.requested() {
-            return Err(BenchError::Interrupted);
-        }
-        if !d.running() || Instant::now() > end {
-            return Err(BenchError::System(format!(
-                "pagesift run did not start (log {})",
-                log_path.display()
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    procs::wait_until_listening(
+        &mut d,
+        &socket,
+        ctx.ksm_wait + Duration::from_secs(30),
+        &log_path,
+        |_| {
+            if ctx.term.requested() {
+                return Err(BenchError::Interrupted);
+            }
+            Ok(())
+        },
+    )?;
     Ok(d)
 }
 

@@ -1,4 +1,7 @@
 //! Processes the harness starts, and the guarantee that none outlives it.
+//! `pagesift demo` starts its workloads and its daemon through this module
+//! too, so the bench and the demo share one way to start, talk to and stop
+//! a child.
 //!
 //! Every child (workload, daemon) is started
 //! 1. as the leader of **its own process group**, so a terminal's Ctrl-C
@@ -22,7 +25,7 @@ use pagesift_linux::sys::{DeathSignal, die_with_parent_before_exec};
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// A child process group, stopped when dropped.
@@ -81,22 +84,32 @@ impl Spawned {
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
+    /// The leader's exit status, if it has exited (reaped by this call).
+    pub fn exit_status(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut()?.try_wait().ok().flatten()
+    }
+
     /// Stops the group: SIGTERM, up to the grace period for the leader to
     /// exit, then SIGKILL to every member; reaps the leader. Returns whether
     /// the leader exited by itself within the grace (a daemon that did
     /// restored KSM).
     pub fn stop(&mut self) -> bool {
-        let Some(mut child) = self.child.take() else {
-            return true;
-        };
+        self.child.is_none() || self.stop_with_status().is_some()
+    }
+
+    /// [`stop`](Self::stop), returning the leader's exit status if it
+    /// exited by itself (before or within the grace), `None` if it had to
+    /// be killed or was already stopped.
+    pub fn stop_with_status(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
         let pgid = child.id();
-        let mut clean = matches!(child.try_wait(), Ok(Some(_)));
-        if !clean && !self.grace.is_zero() {
+        let mut status = child.try_wait().ok().flatten();
+        if status.is_none() && !self.grace.is_zero() {
             let _ = procstat::signal(pgid, GroupSignal::Term);
             let end = Instant::now() + self.grace;
             while Instant::now() < end {
-                if matches!(child.try_wait(), Ok(Some(_))) {
-                    clean = true;
+                if let Ok(Some(st)) = child.try_wait() {
+                    status = Some(st);
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -112,8 +125,36 @@ impl Spawned {
         {
             std::thread::sleep(Duration::from_millis(20));
         }
-        clean
+        status
     }
+}
+
+/// Waits until the daemon `d` listens on `socket`, which it opens right
+/// after taking KSM's lock (another KSM user may hold that lock for a
+/// while). `each_poll` runs every 20 ms with the time waited so far: it
+/// stops the wait with its error (an interrupt) or notes a long wait.
+/// Fails if the daemon exits or `limit` passes first (naming its `log`).
+/// Returns how long it waited.
+pub fn wait_until_listening(
+    d: &mut Spawned,
+    socket: &Path,
+    limit: Duration,
+    log: &Path,
+    mut each_poll: impl FnMut(Duration) -> Result<(), BenchError>,
+) -> Result<Duration, BenchError> {
+    let since = Instant::now();
+    while !socket.exists() {
+        each_poll(since.elapsed())?;
+        if !d.running() || since.elapsed() > limit {
+            return Err(BenchError::System(format!(
+                "{} did not start (log {})",
+                d.name(),
+                log.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(since.elapsed())
 }
 
 impl Drop for Spawned {
@@ -132,7 +173,8 @@ pub struct Workload {
     /// Seconds it took to fill its memory (start to report).
     pub fill_seconds: f64,
     stdout: BufReader<ChildStdout>,
-    /// Piped for workloads that take commands (`read-files`).
+    /// Piped for workloads that take commands (`read` for `read-files`,
+    /// `checksum` for the demo's).
     stdin: Option<ChildStdin>,
 }
 
@@ -147,6 +189,21 @@ impl Workload {
         Workload::start_named(&format!("pagesift-workload {kind}"), bin, args, merge_any)
     }
 
+    /// [`start`](Self::start) with its stdin piped whatever its kind, for
+    /// callers that ask it `checksum` (`pagesift demo`). Only `read-files`
+    /// gets a pipe otherwise: a workload's command thread then ends at once
+    /// on the closed stdin, so the bench's targets carry no extra thread for
+    /// the injector to choose from.
+    pub fn start_with_commands(
+        bin: &Path,
+        args: &[String],
+        merge_any: bool,
+    ) -> Result<Workload, BenchError> {
+        let kind = args.iter().find(|a| *a != "workload").map_or("", |s| s);
+        let name = format!("pagesift-workload {kind}");
+        Workload::spawn(&name, bin, args, merge_any, true)
+    }
+
     /// [`start`](Self::start) for any program that prints one JSON line
     /// when it is ready (the interpreter workers); `name` is for messages.
     pub fn start_named(
@@ -155,9 +212,19 @@ impl Workload {
         args: &[String],
         merge_any: bool,
     ) -> Result<Workload, BenchError> {
-        let mut cmd = Command::new(bin);
         // `read-files` reads on command; the others ignore stdin.
         let commands = args.iter().any(|a| a == "read-files");
+        Workload::spawn(name, bin, args, merge_any, commands)
+    }
+
+    fn spawn(
+        name: &str,
+        bin: &Path,
+        args: &[String],
+        merge_any: bool,
+        commands: bool,
+    ) -> Result<Workload, BenchError> {
+        let mut cmd = Command::new(bin);
         cmd.args(args)
             .stdin(if commands {
                 Stdio::piped()

@@ -829,7 +829,9 @@ mod tests {
         GoalSpec {
             source: "issue 10, goal 2",
             goal: Goal::ReachExact {
-                system: crate::system::System::pagesift(pagesift_core::governor::Governor::Full),
+                system: crate::system::System::pagesift(
+                    pagesift_core::pipeline::governor::Governor::Full,
+                ),
                 against: crate::system::System::Ksm {
                     pages_to_scan: 1000,
                 },
@@ -902,7 +904,9 @@ mod tests {
         let g = GoalSpec {
             source: "issue 10, goal 1",
             goal: Goal::SaveAsMuch {
-                system: crate::system::System::pagesift(pagesift_core::governor::Governor::Full),
+                system: crate::system::System::pagesift(
+                    pagesift_core::pipeline::governor::Governor::Full,
+                ),
                 against: crate::system::System::Ksm {
                     pages_to_scan: 1000,
                 },

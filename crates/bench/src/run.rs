@@ -30,12 +30,12 @@ use crate::experiment::{Experiment, SavedBy};
 use crate::guest::{Guest, GuestError, GuestOptions};
 use crate::interpreters;
 use crate::ksmtuned::{Ksmtuned, KsmtunedOptions};
-use crate::procs::{Spawned, Workload};
+use crate::procs::{self, Spawned, Workload};
 use crate::sampler::{Sampler, metric};
 use crate::series::Series;
 use crate::system::System;
 use crate::{BenchError, Context};
-use pagesift_core::pacing::{KsmdTick, Pacer, PacingConfig, PacingDemand};
+use pagesift_core::pipeline::pacing::{KsmdTick, Pacer, PacingConfig, PacingDemand};
 use pagesift_linux::ksm::{AdvisorMode, GuardOptions, Knob, KsmError, KsmGuard, Run};
 use pagesift_linux::sys::DeathSignal;
 use std::process::{Command, Stdio};
@@ -307,28 +307,26 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
             // right after taking KSM's lock, which another KSM user (a
             // test) may hold for a while; until then its counters are not
             // the daemon's.
-            let end = Instant::now() + ctx.ksm_wait + Duration::from_secs(30);
-            let waiting_since = Instant::now();
             let mut told = false;
-            while !socket.exists() {
-                if ctx.term.requested() {
-                    return Err(BenchError::Interrupted);
-                }
-                if !d.running() || Instant::now() > end {
-                    return Err(BenchError::System(format!(
-                        "pagesift run did not start (log {})",
-                        log_path.display()
-                    )));
-                }
-                if !told && waiting_since.elapsed() > Duration::from_secs(3) {
-                    ctx.progress.note(
-                        "waiting for pagesift run to take KSM's lock (another user holds it)",
-                    );
-                    told = true;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            ctx.add_lock_wait(waiting_since.elapsed());
+            let waited = procs::wait_until_listening(
+                &mut d,
+                &socket,
+                ctx.ksm_wait + Duration::from_secs(30),
+                &log_path,
+                |waited| {
+                    if ctx.term.requested() {
+                        return Err(BenchError::Interrupted);
+                    }
+                    if !told && waited > Duration::from_secs(3) {
+                        ctx.progress.note(
+                            "waiting for pagesift run to take KSM's lock (another user holds it)",
+                        );
+                        told = true;
+                    }
+                    Ok(())
+                },
+            )?;
+            ctx.add_lock_wait(waited);
             if exp.files.is_some() {
                 // The readers read at t = 0: the hint program must watch
                 // them by then (or the daemon must have said why not).

@@ -16,7 +16,7 @@
 //! - **ksmtuned**, Debian's tuning script, which starts, stops and paces
 //!   ksmd by itself from free memory.
 
-use pagesift_core::governor::Governor;
+use pagesift_core::pipeline::governor::Governor;
 
 /// pagesift's configuration variants.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -8,9 +8,6 @@
 //! `PAGESIFT_REQUIRE_GUESTS=1` (as `.ci/run` sets after `scripts/setup`),
 //! where a missing piece fails the test.
 
-#[path = "../../linux/tests/common/mod.rs"]
-mod common;
-
 use pagesift_bench::guest::image::select_payload;
 use pagesift_bench::guest::{
     Guest, GuestError, GuestImage, GuestOptions, ImageOptions, READY_MARKER,
@@ -34,7 +31,7 @@ fn image_or_skip() -> Option<(tempfile::TempDir, GuestImage)> {
 }
 
 fn image_with_or_skip(opts: &ImageOptions) -> Option<(tempfile::TempDir, GuestImage)> {
-    common::require_root();
+    pagesift_testkit::require_root();
     let dir = tempfile::tempdir().unwrap();
     match GuestImage::build_with(dir.path(), opts) {
         Ok(image) => Some((dir, image)),
@@ -180,7 +177,8 @@ fn one_guest_boots_reads_its_own_disk_and_stopping_leaves_no_qemu() {
     let rss = guest.rss_kib().unwrap();
     let ram = guest.ram().unwrap();
     assert_eq!(ram.end - ram.start, 512 << 20);
-    let ram_present_kib = common::present_count(pid, ram.start, (ram.end - ram.start) / 4096) * 4;
+    let ram_present_kib =
+        pagesift_testkit::present_count(pid, ram.start, (ram.end - ram.start) / 4096) * 4;
     let fields = ready_line(&guest);
     eprintln!(
         "guest: boot {:.1} s wall, {} ms CPU; RSS {} MiB (guest RAM present {} MiB of 512); \
@@ -305,7 +303,8 @@ fn interrupted_harness_leaves_no_guest() {
 
 /// PFNs of the present, KSM-merged pages of `range` in `pid`.
 fn ksm_pfns(pid: u32, range: &Range<u64>, flags: &mut KPageFlags) -> HashSet<u64> {
-    let entries = common::pagemap_entries(pid, range.start, (range.end - range.start) / 4096);
+    let entries =
+        pagesift_testkit::pagemap_entries(pid, range.start, (range.end - range.start) / 4096);
     let pfns: Vec<u64> = entries.iter().filter_map(|e| e.pfn()).collect();
     let mut kpf = vec![KpfFlags(0); pfns.len()];
     flags.read_many(&pfns, &mut kpf).unwrap();
@@ -389,7 +388,7 @@ fn two_guests_with_mem_merge_share_pages_under_ksm() {
 #[ignore = "measurement: cargo test -p pagesift-bench --test guest measure -- --ignored --nocapture"]
 fn measure_guests_started_ten_seconds_apart() {
     use pagesift_bench::guest::{QUICK_GUESTS, START_INTERVAL};
-    common::require_root();
+    pagesift_testkit::require_root();
     let dir = tempfile::tempdir().unwrap();
     let image = GuestImage::build(dir.path()).unwrap();
     let n: usize = std::env::var("PAGESIFT_GUESTS")

@@ -6,9 +6,6 @@
 //! scripts/setup" line, unless `PAGESIFT_REQUIRE_GUESTS=1` (as `.ci/run`
 //! sets after `scripts/setup`).
 
-#[path = "../../linux/tests/common/mod.rs"]
-mod common;
-
 use pagesift_bench::interpreters::{self, InterpreterPlan};
 
 const PAGE: u64 = 4096;
@@ -21,7 +18,7 @@ fn merge_any(pid: u32) -> bool {
 
 #[test]
 fn workers_share_the_data_file_and_nothing_else_and_ksm_runs_see_them_mergeable() {
-    common::require_root();
+    pagesift_testkit::require_root();
     if let Err(e) = interpreters::check_python() {
         if std::env::var("PAGESIFT_REQUIRE_GUESTS").is_ok_and(|v| v == "1") {
             panic!("PAGESIFT_REQUIRE_GUESTS=1 but {e}");
@@ -29,7 +26,7 @@ fn workers_share_the_data_file_and_nothing_else_and_ksm_runs_see_them_mergeable(
         eprintln!("skipped: {e}");
         return;
     }
-    let pagesift = common::bin("pagesift", "pagesift");
+    let pagesift = pagesift_testkit::pagesift_bin();
     let dir = tempfile::tempdir().unwrap();
     let plan = InterpreterPlan {
         count: 3,

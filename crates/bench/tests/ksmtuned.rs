@@ -7,12 +7,7 @@
 //! Skipped with a message when ksmtuned is not installed, unless
 //! PAGESIFT_REQUIRE_GUESTS=1 (then a missing ksmtuned fails the test).
 
-#[path = "../../linux/tests/common/mod.rs"]
-mod common;
-
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pagesift_bench::ksmtuned::{KSMTUNED, Ksmtuned, KsmtunedOptions, Threshold};
@@ -29,36 +24,6 @@ fn have_ksmtuned() -> bool {
     );
     eprintln!("skipping: {KSMTUNED} is missing (run scripts/setup)");
     false
-}
-
-/// `pagesift-workload static-dup` started with PR_SET_MEMORY_MERGE, as a
-/// KSM user starts its workload; killed on drop.
-struct MergeableWorkload(Child);
-
-impl MergeableWorkload {
-    fn start(mib: u32) -> MergeableWorkload {
-        let mut cmd = Command::new(common::workload_bin());
-        cmd.args(["static-dup", "--mib", &mib.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        ksm::with_memory_merge(&mut cmd);
-        let mut child = cmd.spawn().expect("spawning pagesift-workload");
-        let mut line = String::new();
-        let read = BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line);
-        let w = MergeableWorkload(child);
-        assert!(
-            matches!(read, Ok(n) if n > 0) && line.contains("pid"),
-            "no report: {line:?}"
-        );
-        w
-    }
-}
-
-impl Drop for MergeableWorkload {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Live (not zombie) processes of process group `pgid`.
@@ -98,7 +63,7 @@ fn ksmtuned_turns_ksm_on_merges_a_workload_and_leaves_nothing_behind() {
     if !have_ksmtuned() {
         return;
     }
-    common::require_root();
+    pagesift_testkit::require_root();
     let guard = KsmGuard::acquire().expect("taking KSM");
     let before = guard.snapshot().clone();
     // A state ksmtuned must change: KSM off, slow.
@@ -106,8 +71,8 @@ fn ksmtuned_turns_ksm_on_merges_a_workload_and_leaves_nothing_behind() {
     guard.set_pages_to_scan(100).unwrap();
     guard.set_sleep_millisecs(200).unwrap();
 
-    let workload = MergeableWorkload::start(64);
-    let wpid = workload.0.id();
+    let workload = pagesift_testkit::Workload::start_mergeable(&["static-dup", "--mib", "64"]);
+    let wpid = workload.pid();
     assert_eq!(
         ksm::merging_pages(wpid).unwrap(),
         0,
@@ -184,12 +149,12 @@ fn dropping_ksmtuned_in_a_panic_kills_its_group() {
     if !have_ksmtuned() {
         return;
     }
-    common::require_root();
+    pagesift_testkit::require_root();
     let guard = KsmGuard::acquire().expect("taking KSM");
     let before = guard.snapshot().clone();
     let pgid = std::sync::Mutex::new(0u32);
-    let log =
-        std::env::temp_dir().join(format!("pagesift-ksmtuned-test-{}.log", std::process::id()));
+    let tmp = pagesift_testkit::temp_dir("ksmtuned-test");
+    let log = tmp.path().join("ksmtuned.log");
     let result = std::panic::catch_unwind(|| {
         let tuned = Ksmtuned::start(KsmtunedOptions {
             monitor_interval_s: 1,
@@ -208,7 +173,6 @@ fn dropping_ksmtuned_in_a_panic_kills_its_group() {
     // Its debug log: the threshold it computed (thres = MemTotal here) and
     // at least one adjustment that started KSM.
     let text = std::fs::read_to_string(&log).unwrap_or_default();
-    let _ = std::fs::remove_file(&log);
     assert!(
         text.contains("thres") && text.contains("KSMCTL start"),
         "log: {text}"

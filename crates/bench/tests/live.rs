@@ -10,22 +10,16 @@
 //! Knob snapshots are taken under KSM's lock, so another KSM user (a test
 //! of another crate) cannot be caught half-way.
 
-#[path = "../../linux/tests/common/mod.rs"]
-mod common;
-
 use pagesift_bench::experiment::{Experiment, SavedBy};
 use pagesift_bench::system::System;
 use pagesift_bench::{BenchOptions, measure};
-use pagesift_core::governor::Governor;
+use pagesift_core::pipeline::governor::Governor;
 use pagesift_linux::ksm::KsmGuard;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// The two tests look for leftover children of this process: one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// KSM's writable knobs now, read under the lock.
 fn knobs() -> String {
@@ -48,20 +42,23 @@ fn children_of(ppid: u32) -> BTreeSet<u32> {
         .collect()
 }
 
-fn out_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pagesift-bench-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A fresh output directory for the bench (it makes it itself), inside a
+/// temporary directory removed when the guard drops.
+fn out_dir(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = pagesift_testkit::temp_dir(&format!("bench-test-{name}"));
+    let out = tmp.path().join("out");
+    (tmp, out)
 }
 
 #[test]
 fn a_short_run_measures_both_systems_and_leaves_nothing_behind() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    common::require_root();
-    let pagesift = common::bin("pagesift", "pagesift");
-    let workload = common::workload_bin();
+    // The tests look for leftover children of this process: one at a time.
+    let _serial = pagesift_testkit::serial();
+    pagesift_testkit::require_root();
+    let pagesift = pagesift_testkit::pagesift_bin();
+    let workload = pagesift_testkit::workload_bin();
     let before = knobs();
-    let out = out_dir("short");
+    let (_tmp, out) = out_dir("short");
     let pagesift_full = System::pagesift(Governor::Full);
     let ksm = System::Ksm {
         pages_to_scan: 10000,
@@ -152,12 +149,13 @@ fn a_short_run_measures_both_systems_and_leaves_nothing_behind() {
 
 #[test]
 fn sigint_stops_everything_and_restores_ksm() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    common::require_root();
-    let pagesift = common::bin("pagesift", "pagesift");
-    common::workload_bin();
+    // The tests look for leftover children of this process: one at a time.
+    let _serial = pagesift_testkit::serial();
+    pagesift_testkit::require_root();
+    let pagesift = pagesift_testkit::pagesift_bin();
+    pagesift_testkit::workload_bin();
     let before = knobs();
-    let out = out_dir("sigint");
+    let (_tmp, out) = out_dir("sigint");
     let mut bench = Command::new(&pagesift)
         .args([
             "bench",

@@ -9,23 +9,14 @@ use pagesift_bench::plot::{CHART_SIZE, LEGEND_WIDTH, line_chart, scatter_chart};
 use pagesift_bench::series::Series;
 
 /// A scratch directory of this test process, removed on drop.
-struct Scratch(PathBuf);
+struct Scratch(tempfile::TempDir);
 
 impl Scratch {
     fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("pagesift-plot-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
+        Scratch(pagesift_testkit::temp_dir(&format!("plot-{name}")))
     }
     fn file(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0.path().join(name)
     }
 }
 

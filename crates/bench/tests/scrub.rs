@@ -8,9 +8,6 @@
 //! Without QEMU, busybox-static or a kernel image the test passes with a
 //! "skipped" line unless `PAGESIFT_REQUIRE_GUESTS=1`.
 
-#[path = "../../linux/tests/common/mod.rs"]
-mod common;
-
 use pagesift_bench::guest::image::{PayloadFile, disk_init_with};
 use pagesift_bench::guest::{Guest, GuestError, GuestImage, GuestOptions, ImageOptions};
 use pagesift_daemon::config::ScrubSection;
@@ -124,7 +121,7 @@ fn field<'a>(line: &'a str, key: &str) -> &'a str {
 /// Builds the image (held.bin + cold.bin, the init above) in `dir`, or
 /// says why the test is skipped (`None`).
 fn image_or_skip(dir: &Path, verify_after_s: u64) -> Option<GuestImage> {
-    common::require_root();
+    pagesift_testkit::require_root();
     let held = dir.join("held.bin");
     let cold = dir.join("cold.bin");
     random_file(&held, HELD_MIB, 0x5eed);
@@ -329,8 +326,8 @@ fn the_daemon_scrubs_eligible_guests_only() {
     )
     .unwrap();
     let socket = dir.path().join("pagesift.sock");
-    let pagesift = common::bin("pagesift", "pagesift");
-    let mut daemon = common::Reaped(
+    let pagesift = pagesift_testkit::pagesift_bin();
+    let mut daemon = pagesift_testkit::Reaped(
         Command::new(&pagesift)
             .args(["run", "--for", "40", "--ksm-wait", "600"])
             .arg("--pid")

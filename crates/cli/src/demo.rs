@@ -36,19 +36,22 @@
 //! terminal reaches only the demo, which then stops them in that order.
 
 use clap::Args;
-use pagesift_core::governor::Governor;
+use pagesift_bench::procs::{self, Spawned};
+use pagesift_core::pipeline::governor::Governor;
+use pagesift_linux::inspect::{self, PageClass};
 use pagesift_linux::kpageflags::{KPageFlags, KpfFlags};
 use pagesift_linux::ksm::{GuardOptions, KsmError, KsmGuard, KsmSnapshot, Ksmd, ProcessKsmStat};
 use pagesift_linux::pagemap::{Pagemap, PagemapEntry};
+use pagesift_linux::sys::DeathSignal;
 use serde::Serialize;
 use std::collections::{HashMap, VecDeque};
-use std::io::{BufRead, BufReader, IsTerminal, Write};
-use std::os::unix::process::CommandExt;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use tempfile::TempDir;
 
 /// Options of `pagesift demo`.
 #[derive(Args, Debug)]
@@ -207,7 +210,10 @@ fn demo(args: &DemoArgs) -> Result<Summary, Failure> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
     }
-    let dir = TempDir::new()?;
+    // Named after the demo's pid, so that its test can check it is gone.
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("pagesift-demo-{}-", std::process::id()))
+        .tempdir()?;
     let mut out = Output::new(args.json);
     let ksm_wait = Duration::from_secs_f64(args.ksm_wait);
     let ksm_before = match ksm_settings(ksm_wait, &stop, &mut out)? {
@@ -279,7 +285,7 @@ fn demo(args: &DemoArgs) -> Result<Summary, Failure> {
         let now = Instant::now();
         if started.is_none() && now - last_status >= Duration::from_secs(1) {
             last_status = now;
-            if let Ok((_, st)) = pagesift_daemon::status::query(&dir.socket()) {
+            if let Ok((_, st)) = pagesift_daemon::status::query(&socket(&dir)) {
                 started = Some(now - Duration::from_secs_f64(st.daemon.uptime_s));
                 // The daemon measured ksmd from its start to this status.
                 ksmd_cpu0 = ksmd_cpu().saturating_sub((st.ksm.cpu_seconds * 1e9) as u64);
@@ -649,32 +655,17 @@ impl Output {
     }
 }
 
-/// A directory for the daemon's config, socket and log; removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> std::io::Result<TempDir> {
-        let d = std::env::temp_dir().join(format!("pagesift-demo-{}", std::process::id()));
-        std::fs::create_dir_all(&d)?;
-        Ok(TempDir(d))
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.0.join("status.sock")
-    }
+/// The socket the daemon answers `status` on, in the demo's directory.
+fn socket(dir: &TempDir) -> PathBuf {
+    dir.path().join("status.sock")
 }
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A workload process of this binary; SIGKILLed and reaped on drop.
+/// A workload process of this binary, started and stopped through the
+/// bench's process control (`pagesift_bench::procs`: its own process
+/// group, a parent-death SIGKILL, the whole group SIGKILLed and reaped on
+/// drop), and where its region is.
 struct Workload {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    proc: procs::Workload,
     pid: u32,
     start: u64,
     pages: u64,
@@ -683,45 +674,31 @@ struct Workload {
 
 impl Workload {
     fn start(exe: &Path, kind: &str, mib: u64, seed: u64) -> Result<Workload, Failure> {
-        let mut child = Command::new(exe)
-            .args(["workload", "--die-with-parent", kind, "--mib"])
-            .arg(mib.to_string())
-            .arg("--seed")
-            .arg(seed.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .process_group(0)
-            .spawn()
+        let args = [
+            "workload".to_string(),
+            kind.to_string(),
+            "--mib".to_string(),
+            mib.to_string(),
+            "--seed".to_string(),
+            seed.to_string(),
+        ];
+        let proc = procs::Workload::start_with_commands(exe, &args, false)
             .map_err(|e| format!("cannot start the {kind} workload: {e}"))?;
-        let stdin = child.stdin.take().expect("piped");
-        let stdout = BufReader::new(child.stdout.take().expect("piped"));
-        let mut w = Workload {
-            pid: child.id(),
-            child,
-            stdin,
-            stdout,
-            start: 0,
-            pages: 0,
-            checksum: String::new(),
-        };
-        // Its one JSON line says where its region is and what it holds;
-        // nothing means it failed (its reason is on stderr).
-        let report = w
-            .reply()
-            .ok_or_else(|| format!("the {kind} workload did not start"))?;
+        // Its one JSON line says where its region is and what it holds.
+        let report = &proc.report;
         let region = &report["regions"][0];
         match (
             region["start"].as_u64(),
             region["pages"].as_u64(),
             report["checksum"].as_str(),
         ) {
-            (Some(start), Some(pages), Some(sum)) => {
-                w.start = start;
-                w.pages = pages;
-                w.checksum = sum.to_string();
-                Ok(w)
-            }
+            (Some(start), Some(pages), Some(sum)) => Ok(Workload {
+                pid: proc.pgid(),
+                start,
+                pages,
+                checksum: sum.to_string(),
+                proc,
+            }),
             _ => Err(Failure(
                 1,
                 format!("the {kind} workload's report is not understood: {report}"),
@@ -729,25 +706,12 @@ impl Workload {
         }
     }
 
-    /// The next JSON line, or `None` if it exited.
-    fn reply(&mut self) -> Option<serde_json::Value> {
-        let mut line = String::new();
-        match self.stdout.read_line(&mut line) {
-            Ok(n) if n > 0 => serde_json::from_str(&line).ok(),
-            _ => None,
-        }
-    }
-
     /// Asks for the checksum of its memory now and compares it with the
     /// one it reported when filled.
     fn checksum_unchanged(&mut self) -> bool {
-        if writeln!(self.stdin, "checksum").is_err() {
-            return false;
-        }
-        let now = self.reply();
+        let now = self.proc.ask("checksum").ok();
         now.as_ref().and_then(|v| v["checksum"].as_str()) == Some(self.checksum.as_str())
     }
-
     /// Whether its region is mergeable now (any VMA overlapping it with
     /// `mg` in VmFlags), or the whole process is (PR_SET_MEMORY_MERGE).
     fn marked(&self) -> Result<bool, Failure> {
@@ -781,23 +745,18 @@ impl Workload {
         Ok(false)
     }
 
+    /// SIGKILLs it (and its group) and reaps it.
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.proc.proc.stop();
     }
 }
 
-impl Drop for Workload {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// `pagesift run` as a child; on drop (an error path) SIGTERMed, and
-/// SIGKILLed if it does not stop, after which KSM is restored here.
+/// `pagesift run` as a child (`pagesift_bench::procs::Spawned`: its own
+/// process group, SIGTERM should the demo die); on drop (an error path)
+/// SIGTERMed, and SIGKILLed if it does not stop within `STOP_WAIT`, after
+/// which KSM is restored here.
 struct Daemon {
-    child: Option<Child>,
-    pid: u32,
+    proc: Spawned,
     log: PathBuf,
 }
 
@@ -810,15 +769,15 @@ impl Daemon {
     ) -> Result<Daemon, Failure> {
         // An empty configuration: the built-in defaults, whatever
         // /etc/pagesift/pagesift.toml says.
-        let config = dir.0.join("demo.toml");
+        let config = dir.path().join("demo.toml");
         std::fs::write(&config, "# pagesift demo: built-in defaults\n")?;
-        let log = dir.0.join("daemon.log");
+        let log = dir.path().join("daemon.log");
         let mut cmd = Command::new(exe);
         cmd.arg("run")
             .arg("--config")
             .arg(&config)
             .arg("--socket")
-            .arg(dir.socket())
+            .arg(socket(dir))
             .args(["--governor", &args.governor.to_string()])
             .args(["--ksm-wait", &args.ksm_wait.to_string()])
             // A backstop should the demo itself be SIGKILLed.
@@ -829,29 +788,21 @@ impl Daemon {
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }
-        let child = cmd
-            .stdin(Stdio::null())
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
-            .process_group(0)
-            .spawn()
+            .stderr(std::fs::File::create(&log)?);
+        let proc = Spawned::spawn("pagesift run", &mut cmd, DeathSignal::Term, STOP_WAIT)
             .map_err(|e| format!("cannot start the daemon: {e}"))?;
-        Ok(Daemon {
-            pid: child.id(),
-            child: Some(child),
-            log,
-        })
+        Ok(Daemon { proc, log })
     }
 
     fn pid(&self) -> u32 {
-        self.pid
+        self.proc.pid()
     }
 
     /// Its exit status, if it has exited.
     fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
+        self.proc.exit_status()
     }
 
     /// The last lines of its log.
@@ -864,41 +815,33 @@ impl Daemon {
     /// SIGTERM, and wait: `Ok` if it stopped cleanly (it then restored
     /// KSM's settings itself).
     fn stop(&mut self) -> Result<(), String> {
-        let Some(mut child) = self.child.take() else {
-            return Ok(());
-        };
-        if let Some(pid) = rustix::process::Pid::from_raw(self.pid as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        if self.proc.pid() == 0 {
+            return Ok(()); // stopped already
         }
-        let t0 = Instant::now();
-        while t0.elapsed() < STOP_WAIT {
-            if let Ok(Some(st)) = child.try_wait() {
-                return if st.success() {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "the daemon stopped with {st}:\n{}",
-                        self.log_tail()
-                    ))
-                };
+        match self.proc.stop_with_status() {
+            Some(st) if st.success() => Ok(()),
+            Some(st) => Err(format!(
+                "the daemon stopped with {st}:\n{}",
+                self.log_tail()
+            )),
+            None => {
+                // Taking KSM's lock puts back what the killed owner still
+                // owed.
+                let restored = KsmGuard::acquire_with(GuardOptions {
+                    wait: Some(Duration::from_secs(10)),
+                    ..GuardOptions::default()
+                })
+                .map(|g| g.release());
+                Err(format!(
+                    "the daemon did not stop within {STOP_WAIT:?} and was killed; restoring KSM \
+                     here: {}",
+                    match restored {
+                        Ok(r) => r.to_string(),
+                        Err(e) => e.to_string(),
+                    }
+                ))
             }
-            std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = child.kill();
-        let _ = child.wait();
-        // Taking KSM's lock puts back what the killed owner still owed.
-        let restored = KsmGuard::acquire_with(GuardOptions {
-            wait: Some(Duration::from_secs(10)),
-            ..GuardOptions::default()
-        })
-        .map(|g| g.release());
-        Err(format!(
-            "the daemon did not stop within {STOP_WAIT:?} and was killed; restoring KSM here: {}",
-            match restored {
-                Ok(r) => r.to_string(),
-                Err(e) => e.to_string(),
-            }
-        ))
     }
 }
 
@@ -911,15 +854,20 @@ impl Drop for Daemon {
 /// Pages merged and frames saved in one region, from its page frames.
 ///
 /// pagemap gives each page's frame and whether this process is its only
-/// mapper; only frames mapped more than once can be KSM pages, so only
-/// those (a few hundred once merged) are looked up in kpageflags. A KSM
-/// frame left with one mapping is counted as not merged: it saves nothing.
+/// mapper; only frames mapped more than once can be KSM pages that save
+/// anything (a KSM frame left with one mapping saves nothing), so only
+/// those are looked up in kpageflags, each frame once: a few hundred once
+/// merged, where the region has tens of thousands of pages (what reading
+/// every page's flags would cost instead: the `skipping_kpageflags_reads`
+/// test of pagesift-linux). Whether a frame is a KSM page is
+/// `pagesift_linux::inspect::classify`'s answer, the same as everywhere.
 struct Meter {
     pagemap: Pagemap,
     kpageflags: KPageFlags,
     start: u64,
     entries: Vec<PagemapEntry>,
-    mappings: HashMap<u64, u64>,
+    /// Per shared frame: one of its pagemap entries, and its mappings here.
+    mappings: HashMap<u64, (PagemapEntry, u64)>,
     pfns: Vec<u64>,
     flags: Vec<KpfFlags>,
 }
@@ -948,7 +896,7 @@ impl Meter {
                 && !e.file_or_shared()
                 && let Some(pfn) = e.pfn()
             {
-                *self.mappings.entry(pfn).or_default() += 1;
+                self.mappings.entry(pfn).or_insert((*e, 0)).1 += 1;
             }
         }
         self.pfns.clear();
@@ -958,8 +906,9 @@ impl Meter {
         self.kpageflags.read_many(&self.pfns, &mut self.flags)?;
         let (mut merged, mut frames) = (0, 0);
         for (pfn, f) in self.pfns.iter().zip(&self.flags) {
-            if f.ksm() {
-                merged += self.mappings[pfn];
+            let (entry, count) = self.mappings[pfn];
+            if inspect::classify(entry, Some(*f)) == PageClass::Merged {
+                merged += count;
                 frames += 1;
             }
         }

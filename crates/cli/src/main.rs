@@ -5,8 +5,8 @@
 mod demo;
 
 use clap::{Args, Parser, Subcommand};
-use pagesift_core::governor::Governor;
-use pagesift_core::sim::{Kind, SimConfig, Simulation};
+use pagesift_core::pipeline::governor::Governor;
+use pagesift_core::research::sim::{Kind, SimConfig, Simulation};
 use pagesift_daemon::run::{RunError, RunOptions};
 use pagesift_linux::ProcessFilter;
 use pagesift_scan::exact::ExactOptions;

@@ -2,20 +2,15 @@
 //! real kernel KSM: static-mixed at full size, no harm to the processes the
 //! daemon touches, and the COW-broken workload of UKSM §8.1.2.
 //!
-//! Root is needed. Tests run one at a time (the lock in `support`; across
-//! binaries the daemon's KSM lock serializes every KSM user), and every
-//! one of them, pass or fail, leaves `/sys/kernel/mm/ksm` as it found it
-//! (`support::Daemon`'s drop checks the knobs). Workloads are killed by
-//! their guards. At most 4 GiB of workload memory is alive at a time.
+//! Root is needed. Tests run one at a time (`pagesift_testkit::serial`,
+//! within and across test binaries; the daemon's KSM lock serializes every
+//! KSM user besides), and every one of them, pass or fail, leaves
+//! `/sys/kernel/mm/ksm` as it found it (`pagesift_testkit::Daemon`'s drop
+//! checks the knobs). Workloads are killed by their guards. At most 4 GiB of workload memory is alive at a time.
 
-#[path = "../../linux/tests/common/mod.rs"]
-mod common;
-#[path = "../../linux/tests/common/inject_target.rs"]
-mod inject_target;
 mod support;
 
-use common::{Workload, require_root};
-use inject_target::Target;
+use pagesift_testkit::{Target, Workload, require_root, serial, temp_dir};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 use support::*;
@@ -65,7 +60,8 @@ fn states_of(st: &Value, pid: u32) -> Vec<String> {
 fn static_mixed_at_full_size_is_merged_within_10_s_and_the_random_half_never_marked() {
     require_root();
     let _serial = serial();
-    let dir = tmpdir("accept-mixed");
+    let tmp = temp_dir("accept-mixed");
+    let dir = tmp.path();
     let mut dup = Workload::start(&["static-dup", "--mib", "2048"]);
     let mut rnd = Workload::start(&["random", "--mib", "2048"]);
     let (dup_sum, rnd_sum) = (dup.checksum(), rnd.checksum());
@@ -73,8 +69,8 @@ fn static_mixed_at_full_size_is_merged_within_10_s_and_the_random_half_never_mar
     let (rnd_start, rnd_pages) = rnd.region();
     assert_eq!(dup_pages, 2048 * MIB_PAGES);
     let (dp, rp) = (dup.pid().to_string(), rnd.pid().to_string());
-    let mut d = Daemon::start(
-        &dir,
+    let mut d = start_daemon(
+        dir,
         &["--pid", &dp, "--pid", &rp, "--governor", "full"],
         false,
     );
@@ -122,7 +118,6 @@ fn static_mixed_at_full_size_is_merged_within_10_s_and_the_random_half_never_mar
     let stopped = d.stop();
     assert!(stopped.success(), "exit {stopped}:\n{}", d.log());
     drop(d);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// No harm, at daemon level: targets blocked in nanosleep, futex
@@ -134,7 +129,8 @@ fn static_mixed_at_full_size_is_merged_within_10_s_and_the_random_half_never_mar
 fn the_daemon_harms_no_target_through_merge_cow_break_and_unmerge() {
     require_root();
     let _serial = serial();
-    let dir = tmpdir("accept-noharm");
+    let tmp = temp_dir("accept-noharm");
+    let dir = tmp.path();
     // Every inject target maps the same 16 MiB: duplicates across them.
     let sleep = Target::start("sleep", &["--ms", "20"]);
     let futex = Target::start("futex", &["--ms", "20"]);
@@ -178,7 +174,7 @@ fn the_daemon_harms_no_target_through_merge_cow_break_and_unmerge() {
     args.extend(["--config".into(), config.display().to_string()]);
     args.push("--unmerge-on-exit".into());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut d = Daemon::start(&dir, &args, false);
+    let mut d = start_daemon(dir, &args, false);
 
     // Merged: every target's region and the workload's, by the kernel's
     // count; the read target keeps reading records meanwhile.
@@ -301,7 +297,6 @@ fn the_daemon_harms_no_target_through_merge_cow_break_and_unmerge() {
     );
     drop(st);
     drop(d);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// COW-broken (UKSM §8.1.2: one page of identical memory
@@ -316,7 +311,8 @@ fn the_daemon_harms_no_target_through_merge_cow_break_and_unmerge() {
 fn the_cow_broken_workload_is_never_marked_by_default_and_merged_with_v_cow_100() {
     require_root();
     let _serial = serial();
-    let dir = tmpdir("accept-cow");
+    let tmp = temp_dir("accept-cow");
+    let dir = tmp.path();
     let mut w = Workload::start(&["cow-broken", "--mib", "64"]);
     let (start, pages) = w.region();
     let p = w.pid().to_string();
@@ -325,8 +321,8 @@ fn the_cow_broken_workload_is_never_marked_by_default_and_merged_with_v_cow_100(
 
     // Defaults (V_cow = 50 %), settled regions re-checked every second.
     std::fs::write(&config, "governor = \"full\"\n[actuate]\nrecheck_s = 1\n").unwrap();
-    let mut d = Daemon::start(
-        &dir,
+    let mut d = start_daemon(
+        dir,
         &["--config", config.to_str().unwrap(), "--pid", &p],
         false,
     );
@@ -402,8 +398,8 @@ fn the_cow_broken_workload_is_never_marked_by_default_and_merged_with_v_cow_100(
         "governor = \"full\"\n[ladder]\nv_cow = 1.0\n[actuate]\nrecheck_s = 1\n",
     )
     .unwrap();
-    let mut d = Daemon::start(
-        &dir,
+    let mut d = start_daemon(
+        dir,
         &["--config", config.to_str().unwrap(), "--pid", &p],
         false,
     );
@@ -425,7 +421,6 @@ fn the_cow_broken_workload_is_never_marked_by_default_and_merged_with_v_cow_100(
     );
     assert!(alive(w.pid()));
     assert_eq!(w.checksum(), sum);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Descriptors of `pid` that are userfaultfds (their `/proc` links).

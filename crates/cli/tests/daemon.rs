@@ -2,19 +2,18 @@
 //! `pagesift-workload` processes (which never call madvise themselves), the
 //! real ptrace injection and the real kernel KSM.
 //!
-//! The daemon tests need root. They run one at a time (a lock in this
-//! binary; across test binaries the daemon's own KSM lock serializes them
-//! with every other KSM user), and every one of them, pass or fail, leaves
-//! `/sys/kernel/mm/ksm` as it found it: [`Daemon`]'s drop stops the daemon
+//! The daemon tests need root. They run one at a time
+//! (`pagesift_testkit::serial`, within and across test binaries; the
+//! daemon's own KSM lock serializes them with every other KSM user
+//! besides), and every one of them, pass or fail, leaves
+//! `/sys/kernel/mm/ksm` as it found it: `Daemon`'s drop stops the daemon
 //! (SIGTERM, then SIGKILL), then takes KSM's lock itself, which puts back
 //! whatever a killed daemon still owed, and compares the knobs with the
 //! snapshot taken before the daemon started.
 
-#[path = "../../linux/tests/common/mod.rs"]
-mod common;
 mod support;
 
-use common::{TestCgroups, Workload, require_root, workload_bin};
+use pagesift_testkit::{TestCgroups, Workload, require_root, serial, temp_dir, workload_bin};
 use serde_json::Value;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,15 +23,16 @@ use support::*;
 fn the_daemon_merges_the_identical_process_and_never_marks_the_random_one() {
     require_root();
     let _serial = serial();
-    let dir = tmpdir("mixed");
+    let tmp = temp_dir("mixed");
+    let dir = tmp.path();
     let mut dup = Workload::start(&["static-dup", "--mib", "256"]);
     let mut rnd = Workload::start(&["random", "--mib", "256"]);
     let (dup_sum, rnd_sum) = (dup.checksum(), rnd.checksum());
     let (dup_start, dup_pages) = dup.region();
     let (rnd_start, rnd_pages) = rnd.region();
     let (dp, rp) = (dup.pid().to_string(), rnd.pid().to_string());
-    let mut d = Daemon::start(
-        &dir,
+    let mut d = start_daemon(
+        dir,
         &["--pid", &dp, "--pid", &rp, "--governor", "full"],
         true,
     );
@@ -116,22 +116,22 @@ fn the_daemon_merges_the_identical_process_and_never_marks_the_random_one() {
     assert!(merging_pages(dup.pid()) >= want - 256);
     assert_eq!(dup.checksum(), dup_sum);
     drop(d); // checks KSM's knobs
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn sighup_reloads_and_unmerge_on_exit_gives_the_memory_back() {
     require_root();
     let _serial = serial();
-    let dir = tmpdir("reload");
+    let tmp = temp_dir("reload");
+    let dir = tmp.path();
     let mut dup = Workload::start(&["static-dup", "--mib", "64"]);
     let sum = dup.checksum();
     let (start, pages) = dup.region();
     let config = dir.join("pagesift.toml");
     std::fs::write(&config, "governor = \"full\"\n").unwrap();
     let p = dup.pid().to_string();
-    let mut d = Daemon::start(
-        &dir,
+    let mut d = start_daemon(
+        dir,
         &[
             "--config",
             config.to_str().unwrap(),
@@ -173,14 +173,14 @@ fn sighup_reloads_and_unmerge_on_exit_gives_the_memory_back() {
     assert_eq!(merging_pages(dup.pid()), 0);
     assert_eq!(dup.checksum(), sum);
     drop(d);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn targets_that_exit_or_come_and_go_do_not_upset_the_daemon() {
     require_root();
     let _serial = serial();
-    let dir = tmpdir("exit");
+    let tmp = temp_dir("exit");
+    let dir = tmp.path();
     let mut a = Workload::start(&["static-dup", "--mib", "32", "--seed", "3"]);
     let mut b = Workload::start(&["static-dup", "--mib", "32", "--seed", "4"]);
     let flicker = Workload::start(&["short-lived", "--mib", "16", "--period-ms", "200"]);
@@ -190,7 +190,7 @@ fn targets_that_exit_or_come_and_go_do_not_upset_the_daemon() {
         b.pid().to_string(),
         flicker.pid().to_string(),
     );
-    let mut d = Daemon::start(&dir, &["--pid", &pa, "--pid", &pb, "--pid", &pf], false);
+    let mut d = start_daemon(dir, &["--pid", &pa, "--pid", &pb, "--pid", &pf], false);
     d.wait_for(Duration::from_secs(90), "both merged", |s| {
         s["totals"]["merged_pages"].as_u64().unwrap_or(0) >= 2 * 8192 * 99 / 100
     });
@@ -214,14 +214,14 @@ fn targets_that_exit_or_come_and_go_do_not_upset_the_daemon() {
     assert!(st.success(), "exit {st}:\n{}", d.log());
     assert!(!d.log().contains("panicked"), "{}", d.log());
     drop(d);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_process_that_uses_ksm_itself_keeps_its_settings() {
     require_root();
     let _serial = serial();
-    let dir = tmpdir("selfmanaged");
+    let tmp = temp_dir("selfmanaged");
+    let dir = tmp.path();
     // Started through `pagesift exec`: merge-any, every VMA already `mg`.
     let mut own = pagesift()
         .arg("exec")
@@ -251,7 +251,7 @@ fn a_process_that_uses_ksm_itself_keeps_its_settings() {
     let pages = report["regions"][0]["pages"].as_u64().unwrap();
     let pid = own.id();
     let p = pid.to_string();
-    let mut d = Daemon::start(&dir, &["--pid", &p, "--unmerge-on-exit"], false);
+    let mut d = start_daemon(dir, &["--pid", &p, "--unmerge-on-exit"], false);
     let st = d.wait_for(Duration::from_secs(90), "its pages merged by ksmd", |s| {
         s["totals"]["merged_pages"].as_u64().unwrap_or(0) >= pages * 99 / 100
     });
@@ -277,12 +277,12 @@ fn a_process_that_uses_ksm_itself_keeps_its_settings() {
     let _ = own.kill();
     let _ = own.wait();
     drop(d);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_bad_config_names_the_key_and_nothing_starts() {
-    let dir = tmpdir("badcfg");
+    let tmp = temp_dir("badcfg");
+    let dir = tmp.path();
     let p = dir.join("bad.toml");
     std::fs::write(&p, "[ladder]\nv_dup = 1.5\n").unwrap();
     let out = run(&["run", "--config", p.to_str().unwrap()]);
@@ -303,7 +303,6 @@ fn a_bad_config_names_the_key_and_nothing_starts() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/pagesift.toml"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -456,12 +455,13 @@ fn uid_of(pid: u32) -> u32 {
 fn a_name_alone_does_not_let_another_users_process_in() {
     require_root();
     let _serial = serial();
-    let dir = tmpdir("trust");
+    let tmp = temp_dir("trust");
+    let dir = tmp.path();
     // A name no other test uses, so the daemon sees these two only.
     let name = format!("pstrust{}", std::process::id() % 100_000);
     let args = ["static-dup", "--mib", "32", "--seed", "11"];
-    let mut root = named_workload(&dir, &name, None, &args);
-    let mut nobody = named_workload(&dir, &name, Some(65534), &args);
+    let mut root = named_workload(dir, &name, None, &args);
+    let mut nobody = named_workload(dir, &name, Some(65534), &args);
     assert_eq!(uid_of(nobody.pid()), 65534);
     assert_eq!(uid_of(root.pid()), 0);
     let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
@@ -477,7 +477,7 @@ fn a_name_alone_does_not_let_another_users_process_in() {
         format!("governor = \"full\"\n[eligible]\ncomms = [\"{name}\"]\n"),
     )
     .unwrap();
-    let mut d = Daemon::start(&dir, &["--config", config.to_str().unwrap()], false);
+    let mut d = start_daemon(dir, &["--config", config.to_str().unwrap()], false);
     let want = pages * 99 / 100;
     let st = d.wait_for(Duration::from_secs(90), "root's process merged", |s| {
         s["totals"]["merged_pages"].as_u64().unwrap_or(0) >= want
@@ -512,7 +512,6 @@ fn a_name_alone_does_not_let_another_users_process_in() {
     let st = d.stop();
     assert!(st.success(), "exit {st}:\n{}", d.log());
     drop(d);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn userfaultfds(pid: u32) -> usize {
@@ -535,10 +534,11 @@ fn within(timeout: Duration, mut pred: impl FnMut() -> bool) -> Option<Duration>
 fn leaving_the_eligible_set_unmarks_and_a_new_source_unregisters_write_tracking() {
     require_root();
     let _serial = serial();
-    let dir = tmpdir("leave");
+    let tmp = temp_dir("leave");
+    let dir = tmp.path();
     let name = format!("psleave{}", std::process::id() % 100_000);
     let mut dup = named_workload(
-        &dir,
+        dir,
         &name,
         None,
         &["static-dup", "--mib", "32", "--seed", "12"],
@@ -549,8 +549,8 @@ fn leaving_the_eligible_set_unmarks_and_a_new_source_unregisters_write_tracking(
     let config = dir.join("pagesift.toml");
     std::fs::write(&config, "governor = \"full\"\n[actuate]\nrecheck_s = 1\n").unwrap();
     let (pd, pc) = (dup.pid().to_string(), cow.pid().to_string());
-    let mut d = Daemon::start(
-        &dir,
+    let mut d = start_daemon(
+        dir,
         &[
             "--config",
             config.to_str().unwrap(),
@@ -626,12 +626,12 @@ fn leaving_the_eligible_set_unmarks_and_a_new_source_unregisters_write_tracking(
     let st = d.stop();
     assert!(st.success(), "exit {st}:\n{}", d.log());
     drop(d);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_socket_path_that_is_not_a_socket_is_refused_and_kept() {
-    let dir = tmpdir("notsock");
+    let tmp = temp_dir("notsock");
+    let dir = tmp.path();
     let file = dir.join("notes.txt");
     std::fs::write(&file, "keep me").unwrap();
     let me = std::process::id().to_string();
@@ -645,14 +645,14 @@ fn a_socket_path_that_is_not_a_socket_is_refused_and_kept() {
         "{err}"
     );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn as_root_a_config_file_others_could_change_is_refused() {
     require_root();
     use std::os::unix::fs::PermissionsExt;
-    let dir = tmpdir("cfgmode");
+    let tmp = temp_dir("cfgmode");
+    let dir = tmp.path();
     let p = dir.join("pagesift.toml");
     std::fs::write(&p, "[eligible]\nall = true\n").unwrap();
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
@@ -675,7 +675,6 @@ fn as_root_a_config_file_others_could_change_is_refused() {
         std::fs::read_to_string(&p).unwrap(),
         "[eligible]\nall = true\n"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The line of cgroup `path` in a status's savings, if listed.
@@ -699,7 +698,8 @@ fn each_cgroup_shows_its_own_savings() {
     require_root();
     let _serial = serial();
     let begin = Instant::now();
-    let dir = tmpdir("cgroups");
+    let tmp = temp_dir("cgroups");
+    let dir = tmp.path();
     // Declared before the workloads: removed after they are killed, also
     // when the test fails.
     let mut cgroups = TestCgroups::new("pagesift-savings");
@@ -718,8 +718,8 @@ fn each_cgroup_shows_its_own_savings() {
     )
     .unwrap();
     let (pa, pb) = (wa.pid().to_string(), wb.pid().to_string());
-    let mut d = Daemon::start(
-        &dir,
+    let mut d = start_daemon(
+        dir,
         &[
             "--config",
             config.to_str().unwrap(),
@@ -830,5 +830,4 @@ fn each_cgroup_shows_its_own_savings() {
     assert!(st.success(), "exit {st}:\n{}", d.log());
     drop(d); // checks KSM's knobs
     eprintln!("done after {:.1} s", begin.elapsed().as_secs_f64());
-    let _ = std::fs::remove_dir_all(&dir);
 }

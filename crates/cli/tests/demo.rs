@@ -1,34 +1,22 @@
 //! `pagesift demo` as a new user meets it: the real binary, its own
 //! workload processes, the real daemon, ptrace injection and kernel KSM.
 //!
-//! The live tests need root. They run one at a time (a lock in this
-//! binary; across test binaries KSM's own lock serializes the demo's daemon
-//! with every other KSM user), and each checks that the demo left the
+//! The live tests need root. They run one at a time (`pagesift_testkit::
+//! serial`, across test binaries too; KSM's own lock serializes the demo's
+//! daemon with every other KSM user besides), and each checks that the demo left the
 //! machine as it found it: `/sys/kernel/mm/ksm` (read under KSM's lock, so
 //! never in the middle of another owner's session) and no process of the
 //! demo left running.
 
-#[path = "../../linux/tests/common/mod.rs"]
-mod common;
+mod support;
 
-use common::require_root;
 use pagesift_linux::ksm::{GuardOptions, KsmGuard, KsmSnapshot};
+use pagesift_testkit::{require_root, serial};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-fn pagesift() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_pagesift"))
-}
-
-/// One live demo at a time in this binary.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+use support::pagesift;
 
 /// KSM's settings, read while holding its lock.
 fn ksm_settings() -> KsmSnapshot {
@@ -203,12 +191,14 @@ fn an_interrupted_demo_cleans_up_the_same_way() {
         assert!(!alive(c), "process {c} of the demo is still running");
     }
     assert!(demo_processes(pid).is_empty(), "{:?}", demo_processes(pid));
-    assert!(
-        !std::env::temp_dir()
-            .join(format!("pagesift-demo-{pid}"))
-            .exists(),
-        "its directory is removed"
-    );
+    let prefix = format!("pagesift-demo-{pid}-");
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "its directory is removed: {left:?}");
     assert_eq!(ksm_settings(), before, "KSM's settings were not restored");
 }
 

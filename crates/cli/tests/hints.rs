@@ -6,11 +6,9 @@
 //! the configured path), the daemon says what is missing and merges
 //! without them. Root, real KSM, one at a time (see `daemon.rs`).
 
-#[path = "../../linux/tests/common/mod.rs"]
-mod common;
 mod support;
 
-use common::{Workload, require_root};
+use pagesift_testkit::{Workload, require_root, serial, temp_dir};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use support::*;
@@ -43,8 +41,9 @@ fn ksm_pages(pid: u32, start: u64, pages: u64) -> u64 {
 fn hinted_file_reads_are_merged_and_the_readers_see_nothing() {
     require_root();
     let _serial = serial();
-    let dir = tmpdir("hints");
-    let files = file_copies(&dir, 3);
+    let tmp = temp_dir("hints");
+    let dir = tmp.path();
+    let files = file_copies(dir, 3);
     let mut readers: Vec<Workload> = files
         .iter()
         .enumerate()
@@ -70,7 +69,7 @@ fn hinted_file_reads_are_merged_and_the_readers_see_nothing() {
     for p in &pids {
         args.extend(["--pid", p]);
     }
-    let mut d = Daemon::start(&dir, &args, true);
+    let mut d = start_daemon(dir, &args, true);
     d.wait_for(Duration::from_secs(60), "hints on", |s| {
         s["hints"]["state"] == "on" && s["totals"]["processes"].as_u64() == Some(3)
     });
@@ -131,22 +130,22 @@ fn hinted_file_reads_are_merged_and_the_readers_see_nothing() {
         assert_eq!(&w.checksum(), sum);
     }
     drop(d);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn without_kernel_btf_the_daemon_says_so_and_merges_without_hints() {
     require_root();
     let _serial = serial();
-    let dir = tmpdir("hints-nobtf");
+    let tmp = temp_dir("hints-nobtf");
+    let dir = tmp.path();
     let config = dir.join("pagesift.toml");
     std::fs::write(&config, "[hints]\nbtf = \"/nonexistent/vmlinux\"\n").unwrap();
     let mut dup = Workload::start(&["static-dup", "--mib", "64"]);
     let sum = dup.checksum();
     let (_, pages) = dup.region();
     let pid = dup.pid().to_string();
-    let mut d = Daemon::start(
-        &dir,
+    let mut d = start_daemon(
+        dir,
         &[
             "--config",
             config.to_str().unwrap(),
@@ -171,5 +170,4 @@ fn without_kernel_btf_the_daemon_says_so_and_merges_without_hints() {
     let st = d.stop();
     assert!(st.success(), "exit {st}:\n{}", d.log());
     drop(d);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -8,21 +8,19 @@
 //! merging it would make it thrash: every write would be a COW fault. The
 //! daemon must merge the file block and leave the hot buffer alone, which
 //! it can only do by judging writes by where they land
-//! (`core::write_watch`).
+//! (`core::pipeline::write_watch`).
 //!
 //! Root is needed. Without `/usr/bin/python3` (`scripts/setup` installs it)
 //! the test passes with a "skipped" line, unless `PAGESIFT_REQUIRE_GUESTS=1`
 //! (as `.ci/run` sets), when it fails.
 
-#[path = "../../linux/tests/common/mod.rs"]
-mod common;
 mod support;
 
-use common::require_root;
 use pagesift_linux::inspect::{PageClass, PageInfo, PageInspector};
+use pagesift_testkit::{Reaped, require_root, serial, temp_dir};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 use support::*;
 
@@ -58,8 +56,9 @@ while True:
     m[i:i + 64] = pattern
 "#;
 
+/// A running worker; killed and reaped on drop (its `Reaped`).
 struct Worker {
-    child: Child,
+    child: Reaped,
     stdin: ChildStdin,
     out: BufReader<ChildStdout>,
     addr: u64,
@@ -85,7 +84,7 @@ impl Worker {
         let f: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(f.first(), Some(&"ready"), "worker said {line:?}");
         Worker {
-            child,
+            child: Reaped(child),
             stdin,
             out,
             addr: f[1].parse().unwrap(),
@@ -122,13 +121,6 @@ impl Worker {
     }
 }
 
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The real-workloads goal: a mixed region (a duplicate block plus a hot
 /// buffer) of real python3 processes is merged without a single COW fault
 /// on its hot part, and the workers' memory is unchanged.
@@ -144,7 +136,8 @@ fn python_workers_duplicate_block_is_merged_and_their_hot_buffer_never() {
         return;
     }
     let _serial = serial();
-    let dir = tmpdir("real-python");
+    let tmp = temp_dir("real-python");
+    let dir = tmp.path();
     let script = dir.join("worker.py");
     std::fs::write(&script, WORKER).unwrap();
     // The shared file: distinct pages (nothing to merge within one worker).
@@ -167,7 +160,7 @@ fn python_workers_duplicate_block_is_merged_and_their_hot_buffer_never() {
         args.extend(["--pid".into(), w.pid().to_string()]);
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut d = Daemon::start(&dir, &args, false);
+    let mut d = start_daemon(dir, &args, false);
 
     let data_pages = DATA_MIB << 20 >> 12;
     let t0 = Instant::now();
@@ -225,5 +218,4 @@ fn python_workers_duplicate_block_is_merged_and_their_hot_buffer_never() {
     for (w, sum) in workers.iter_mut().zip(&sums) {
         assert_eq!(&w.checksum(), sum);
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -4,25 +4,24 @@
 //! self-checking targets, then the bad-input table. Nothing may be harmed.
 //! Root is needed; python3 runs the script (`scripts/setup` installs it).
 
-#[path = "../../linux/tests/common/mod.rs"]
-mod common;
-#[path = "../../linux/tests/common/inject_target.rs"]
-mod inject_target;
 mod support;
+
+use pagesift_testkit::{Daemon, Target, serial, temp_dir};
 
 use std::process::Command;
 
 #[test]
 fn daemon_killed_at_random_moments_harms_no_target() {
-    common::require_root();
-    let _serial = support::serial();
-    let target = common::cargo_artifact(
+    pagesift_testkit::require_root();
+    let _serial = serial();
+    let target = pagesift_testkit::cargo_artifact(
         &["-p", "pagesift-linux", "--example", "inject_target"],
         "examples/inject_target",
     );
-    let workload = common::workload_bin();
+    let workload = pagesift_testkit::workload_bin();
     // One directory with the binaries the script expects.
-    let dir = support::tmpdir("torture-bins");
+    let tmp = temp_dir("torture-bins");
+    let dir = tmp.path();
     std::fs::create_dir_all(dir.join("examples")).unwrap();
     let link = |from: &std::path::Path, to: std::path::PathBuf| {
         let _ = std::fs::remove_file(&to);
@@ -39,7 +38,7 @@ fn daemon_killed_at_random_moments_harms_no_target() {
     let out = Command::new("python3")
         .arg(script)
         .args(["--kills", "12", "--max-life", "2", "--bin-dir"])
-        .arg(&dir)
+        .arg(dir)
         .arg("--json")
         .arg(&report)
         .output()
@@ -64,13 +63,14 @@ fn daemon_killed_at_random_moments_harms_no_target() {
 /// read would wait forever), keeps waking, and its status says so.
 #[test]
 fn a_targets_own_missing_userfaultfd_never_wedges_the_daemon() {
-    common::require_root();
-    let _serial = support::serial();
-    let dir = support::tmpdir("own-uffd");
-    let t = inject_target::Target::start("uffd-missing", &["--ms", "5"]);
+    pagesift_testkit::require_root();
+    let _serial = serial();
+    let tmp = temp_dir("own-uffd");
+    let dir = tmp.path();
+    let t = Target::start("uffd-missing", &["--ms", "5"]);
     let pid = t.pid();
     let uffd_addr = t.ready["tids"]["uffd_addr"].as_u64().unwrap();
-    let mut d = support::Daemon::start(&dir, &["--pid", &pid.to_string()], false);
+    let mut d = support::start_daemon(dir, &["--pid", &pid.to_string()], false);
     let st = d.wait_for(
         std::time::Duration::from_secs(30),
         "the range reported as skipped",
@@ -121,14 +121,15 @@ fn userfaultfds(pid: u32) -> usize {
 /// no target holds a userfaultfd of ours or a range we marked.
 #[test]
 fn a_restarted_daemon_takes_away_what_its_killed_predecessor_left() {
-    common::require_root();
-    let _serial = support::serial();
-    let dir = support::tmpdir("recovery");
-    let a = inject_target::Target::start("sleep", &["--ms", "5"]);
-    let b = inject_target::Target::start("sleep", &["--ms", "5"]);
+    pagesift_testkit::require_root();
+    let _serial = serial();
+    let tmp = temp_dir("recovery");
+    let dir = tmp.path();
+    let a = Target::start("sleep", &["--ms", "5"]);
+    let b = Target::start("sleep", &["--ms", "5"]);
     let (pa, pb) = (a.pid().to_string(), b.pid().to_string());
     let args = ["--pid", pa.as_str(), "--pid", pb.as_str()];
-    let kill = |d: &mut support::Daemon| {
+    let kill = |d: &mut Daemon| {
         d.signal("KILL");
         d.child.take().unwrap().wait().unwrap();
     };
@@ -139,7 +140,7 @@ fn a_restarted_daemon_takes_away_what_its_killed_predecessor_left() {
     };
     let secs = std::time::Duration::from_secs;
 
-    let mut d = support::Daemon::start(&dir, &args, false);
+    let mut d = support::start_daemon(dir, &args, false);
     d.wait_for(secs(60), "write tracking", |s| {
         s["totals"]["write_tracked_ranges"].as_u64().unwrap_or(0) > 0
     });
@@ -148,7 +149,7 @@ fn a_restarted_daemon_takes_away_what_its_killed_predecessor_left() {
     assert!(std::path::Path::new("/run/pagesift/ledger").exists());
     drop(d);
 
-    let mut d = support::Daemon::start(&dir, &args, false);
+    let mut d = support::start_daemon(dir, &args, false);
     d.wait_for(secs(60), "marks", |s| {
         s["totals"]["marks"].as_u64().unwrap_or(0) > 0
     });
@@ -156,8 +157,8 @@ fn a_restarted_daemon_takes_away_what_its_killed_predecessor_left() {
     assert!(marked(), "the killed daemon left its marks");
     drop(d);
 
-    let mut d = support::Daemon::start(
-        &dir,
+    let mut d = support::start_daemon(
+        dir,
         &[args.as_slice(), &["--unmerge-on-exit"]].concat(),
         false,
     );

@@ -11,8 +11,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use pagesift_core::hash::{HASH_INIT, PartialHasher, STRENGTH_FULL, Shifts};
-use pagesift_core::superfasthash::super_fast_hash;
+use pagesift_core::pipeline::hash::{HASH_INIT, PartialHasher, STRENGTH_FULL, Shifts};
+use pagesift_core::research::superfasthash::super_fast_hash;
 use pagesift_core::{PAGE_SIZE, PageWords, WORDS_PER_PAGE};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -4,7 +4,7 @@
 //! For both candidate shift pairs, (19, 16) from the paper and (8, 12) from
 //! the released patch, and for SuperFastHash, the paper's baseline: the
 //! full 32768 x 32 bias matrix over random pages
-//! ([`pagesift_core::avalanche`]), with bad points, mean and max |bias|
+//! ([`pagesift_core::research::avalanche`]), with bad points, mean and max |bias|
 //! and how far from the end of the hashing order the bad points reach.
 //! Then the cost of a forward and an inverse step, measured with
 //! `std::time::Instant` (the fastest of many rounds, so that other load on
@@ -20,13 +20,13 @@ use std::hint::black_box;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use pagesift_core::avalanche::{
+use pagesift_core::pipeline::hash::{PartialHasher, STRENGTH_FULL, Shifts};
+use pagesift_core::research::avalanche::{
     AvalancheConfig, AvalancheReport, DEFAULT_TRIALS, PAPER_THRESHOLD, avalanche,
     avalanche_progressive, avalanche_words, ideal_exceed_probability, ideal_mean_abs_bias,
     sweep_shift_pairs, threshold_for_sigmas,
 };
-use pagesift_core::hash::{PartialHasher, STRENGTH_FULL, Shifts};
-use pagesift_core::superfasthash::{super_fast_hash, super_fast_hash_page};
+use pagesift_core::research::superfasthash::{super_fast_hash, super_fast_hash_page};
 use pagesift_core::{PAGE_SIZE, PageWords, WORDS_PER_PAGE};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -15,33 +15,50 @@
 //! second (short-lived). UKSM's observation is that a little sampling tells
 //! the kinds apart, so CPU goes where duplicates are.
 //!
-//! 1. **Ladder** ([`ladder`]). Regions sit on N levels (4 by default); new
-//!    regions enter the bottom. Each level is sampled as one flat page space
-//!    at an interval that the level's CPU share, its round time and the
-//!    per-page cost set, so higher levels are sampled more densely. Every
-//!    region walks its own offset permutation, so successive rounds sample
-//!    different pages. After a round a region climbs one level when its
-//!    sampled duplication ratio is above V_dup, its COW-broken ratio below
-//!    V_cow and its age above V_life; otherwise it drops one level.
-//! 2. **Governor** ([`governor`]). full, medium, low and quiet fix each
-//!    level's CPU share and round time, which become page budgets per
+//! 1. **Ladder** ([`pipeline::ladder`]). Regions sit on N levels (4 by
+//!    default); new regions enter the bottom. Each level is sampled as one
+//!    flat page space at an interval that the level's CPU share, its round
+//!    time and the per-page cost set, so higher levels are sampled more
+//!    densely. Every region walks its own offset permutation, so successive
+//!    rounds sample different pages. After a round a region climbs one level
+//!    when its sampled duplication ratio is above V_dup, its COW-broken ratio
+//!    below V_cow and its age above V_life; otherwise it drops one level.
+//! 2. **Governor** ([`pipeline::governor`]). full, medium, low and quiet fix
+//!    each level's CPU share and round time, which become page budgets per
 //!    wake-up.
-//! 3. **Partial hash** ([`hash`]). A sampled page is hashed over only
-//!    `strength` of its 1024 words, chosen by a seeded permutation. The hash
-//!    is progressive and reversible: it moves to another strength at the cost
-//!    of the difference.
-//! 4. **Strength controller** ([`strength`]). After each global round it
-//!    weighs hashing saved against full comparisons wasted on false
+//! 3. **Partial hash** ([`pipeline::hash`]). A sampled page is hashed over
+//!    only `strength` of its 1024 words, chosen by a seeded permutation. The
+//!    hash is progressive and reversible: it moves to another strength at
+//!    the cost of the difference.
+//! 4. **Strength controller** ([`pipeline::strength`]). After each global
+//!    round it weighs hashing saved against full comparisons wasted on false
 //!    collisions and probes the strength, TCP-slow-start fashion, towards
 //!    the best net benefit.
-//! 5. **Sample index** ([`index`]). Hash tables of merged ("stable") and
-//!    not-yet-merged ("unstable") sampled pages, sharded as memory grows
-//!    (nuKSM). A hash hit is only a candidate: a full comparison decides.
-//! 6. **Hints** ([`hints`]). XLH's bounded newest-first stack of pages that
-//!    just received file data, interleaved with the linear scan.
-//! 7. **Distiller** ([`distill`]). One wake-up: take each level's budget of
-//!    samples, hash, look up, verify, and feed the results back to the
-//!    ladder and the controller.
+//! 5. **Sample index** ([`pipeline::index`]). Hash tables of merged
+//!    ("stable") and not-yet-merged ("unstable") sampled pages, sharded as
+//!    memory grows (nuKSM). A hash hit is only a candidate: a full
+//!    comparison decides.
+//! 6. **Hints** ([`pipeline::hints`]). XLH's bounded newest-first stack of
+//!    pages that just received file data, interleaved with the linear scan.
+//! 7. **Distiller** ([`pipeline::distill`]). One wake-up: take each level's
+//!    budget of samples, hash, look up, verify, and feed the results back to
+//!    the ladder and the controller.
+//!
+//! ## Layout
+//!
+//! - [`pipeline`]: the algorithms above and the rest of the daemon's loop
+//!   (sweep, write watch, ksmd pacing, NUMA placement, savings, Singleton
+//!   scrubbing), one module per stage, in the order a page meets them.
+//! - [`source`] (the [`source::MemorySource`] trait every stage reads
+//!   through, and an in-memory machine), [`ranges`] (disjoint address
+//!   ranges) and [`text`] (escaping names that processes chose): shared
+//!   ground.
+//! - `research` (cargo feature `research`, off by default): the seeded
+//!   simulation and the papers' hash baselines, for `pagesift simulate`,
+//!   benchmarks and examples; nothing in the daemon uses them.
+//!
+//! The scan's statistics (exact census, sampled estimator) live in
+//! `pagesift-scan`, their only user.
 //!
 //! The Linux side (reading /proc, ptrace, KSM's sysfs) lives in
 //! `pagesift-linux`; it implements [`source::MemorySource`] and turns the
@@ -49,27 +66,12 @@
 
 #![forbid(unsafe_code)]
 
-pub mod avalanche;
-pub mod census;
-pub mod distill;
-pub mod estimate;
-pub mod governor;
-pub mod hash;
-pub mod hints;
-pub mod index;
-pub mod ladder;
-pub mod pacing;
-pub mod placement;
+pub mod pipeline;
 pub mod ranges;
-pub mod savings;
-pub mod scrub;
-pub mod sim;
+#[cfg(feature = "research")]
+pub mod research;
 pub mod source;
-pub mod strength;
-pub mod superfasthash;
-pub mod sweep;
 pub mod text;
-pub mod write_watch;
 
 /// Bytes in a page. pagesift works on 4 KiB base pages, as KSM does.
 pub const PAGE_SIZE: usize = 4096;

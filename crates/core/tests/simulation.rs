@@ -1,8 +1,8 @@
 //! End-to-end: the four region kinds of UKSM §5.1 through ladder + hash +
 //! index, on the in-memory machine, deterministic for a seed.
 
-use pagesift_core::ladder::Move;
-use pagesift_core::sim::{Kind, SimConfig, Simulation, Step};
+use pagesift_core::pipeline::ladder::Move;
+use pagesift_core::research::sim::{Kind, SimConfig, Simulation, Step};
 
 const SECOND: u64 = 1_000_000_000;
 

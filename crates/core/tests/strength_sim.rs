@@ -9,9 +9,11 @@
 //! the whole population are kept at the current strength and moved with
 //! `rehash` when the strength changes, as the index will do.
 
-use pagesift_core::hash::{PartialHasher, STRENGTH_FULL, Shifts};
+use pagesift_core::pipeline::hash::{PartialHasher, STRENGTH_FULL, Shifts};
+use pagesift_core::pipeline::strength::{
+    ControllerState, StrengthConfig, StrengthController, Trigger,
+};
 use pagesift_core::source::{InMemorySource, MemorySource};
-use pagesift_core::strength::{ControllerState, StrengthConfig, StrengthController, Trigger};
 use pagesift_core::{PageRef, PageWords, WORDS_PER_PAGE};
 use rand::SeedableRng;
 use rand::seq::index::sample;

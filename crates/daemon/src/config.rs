@@ -23,9 +23,9 @@
 //! lists what never is, and pagesift never merges itself.
 
 use pagesift_core::Nanos;
-use pagesift_core::governor::{Governor, GovernorParams, MAX_SLEEP};
-use pagesift_core::ladder::LadderConfig;
-use pagesift_core::pacing::PacingConfig;
+use pagesift_core::pipeline::governor::{Governor, GovernorParams, MAX_SLEEP};
+use pagesift_core::pipeline::ladder::LadderConfig;
+use pagesift_core::pipeline::pacing::PacingConfig;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -175,7 +175,7 @@ pub struct ScanSection {
     /// the paper says it "can be configured in the range of 2 - 20s").
     pub round_time_ms: Option<u64>,
     /// Most CPU the daemon's sampling may use, as a fraction of one core.
-    /// Unset: the governor's cap (95, 50, 20, 1 %; `core::governor`).
+    /// Unset: the governor's cap (95, 50, 20, 1 %; `core::pipeline::governor`).
     pub cpu_cap: Option<f64>,
     /// VMAs larger than this (MiB) are tracked as sub-regions of this size,
     /// aligned to multiples of it, so that a VM's guest RAM or a big heap is
@@ -298,7 +298,7 @@ impl Default for ActuateSection {
 #[serde(deny_unknown_fields, default)]
 pub struct KsmSection {
     /// ksmd's CPU share while promoted memory is unmerged. Unset: the
-    /// governor's top-level share (95, 50, 20, 0.75 %; `core::governor`).
+    /// governor's top-level share (95, 50, 20, 0.75 %; `core::pipeline::governor`).
     pub merge_share: Option<f64>,
     /// ksmd's CPU share when nothing promoted is unmerged (it still
     /// revisits merged pages). Unset: 0.1 %, half of the bottom level's
@@ -427,9 +427,9 @@ impl Default for SavingsSection {
 }
 
 impl SavingsSection {
-    /// The limits of the breakdown (`core::savings`).
-    pub fn limits(&self) -> pagesift_core::savings::Limits {
-        pagesift_core::savings::Limits {
+    /// The limits of the breakdown (`core::pipeline::savings`).
+    pub fn limits(&self) -> pagesift_core::pipeline::savings::Limits {
+        pagesift_core::pipeline::savings::Limits {
             cgroup_depth: self.cgroup_depth,
             top_cgroups: self.top_cgroups,
             top_processes: self.top_processes,
@@ -586,7 +586,7 @@ pub struct ScrubSection {
 
 impl Default for ScrubSection {
     fn default() -> Self {
-        let f = pagesift_core::scrub::FrequencyParams::default();
+        let f = pagesift_core::pipeline::scrub::FrequencyParams::default();
         ScrubSection {
             enabled: false,
             discover_images: true,
@@ -605,9 +605,9 @@ impl Default for ScrubSection {
 
 impl ScrubSection {
     /// Algorithm 2's parameters.
-    pub fn frequency(&self) -> pagesift_core::scrub::FrequencyParams {
+    pub fn frequency(&self) -> pagesift_core::pipeline::scrub::FrequencyParams {
         let ns = |s: f64| (s * 1e9) as u64;
-        pagesift_core::scrub::FrequencyParams {
+        pagesift_core::pipeline::scrub::FrequencyParams {
             period_min: ns(self.period_min_s),
             period_max: ns(self.period_max_s),
             period_initial: ns(self.period_initial_s),
@@ -900,13 +900,13 @@ impl Config {
             );
         }
         if let Some(c) = h.capacity
-            && c > pagesift_core::hints::MAX_CAPACITY
+            && c > pagesift_core::pipeline::hints::MAX_CAPACITY
         {
             return bad(
                 "hints.capacity",
                 format!(
                     "must be at most {} hints, got {c}",
-                    pagesift_core::hints::MAX_CAPACITY
+                    pagesift_core::pipeline::hints::MAX_CAPACITY
                 ),
             );
         }
@@ -992,7 +992,7 @@ impl Config {
             .unwrap_or(PacingConfig::default().trickle_share)
     }
 
-    /// The ksmd pacer's configuration: its defaults (`pagesift_core::pacing`),
+    /// The ksmd pacer's configuration: its defaults (`pagesift_core::pipeline::pacing`),
     /// with the trickle share and the highest share from this config.
     pub fn pacing(&self) -> PacingConfig {
         let d = PacingConfig::default();
@@ -1175,7 +1175,7 @@ address = "9100"
         .unwrap();
         assert_eq!(
             c.savings.limits(),
-            pagesift_core::savings::Limits {
+            pagesift_core::pipeline::savings::Limits {
                 cgroup_depth: 3,
                 top_cgroups: 5,
                 top_processes: 0

@@ -40,7 +40,7 @@
 //! 3. **Promote and demote**: every sampling region on the top level is
 //!    marked `MADV_MERGEABLE` in its owner. So is every run of at least
 //!    `actuate.run_min_pages` verified duplicates that the wake followed
-//!    inside a region too poor to climb (`DupRun`, see `core::distill`),
+//!    inside a region too poor to climb (`DupRun`, see `core::pipeline::distill`),
 //!    together with its twin run: padded by `actuate.run_pad_pages` on
 //!    each side, widened to [`RUN_ALIGN_PAGES`], clamped to its region,
 //!    overlapping runs of one region joined, and only while the process
@@ -90,7 +90,7 @@
 //! 5. **Pace**: while any promoted or foreign region is unsettled, ksmd gets
 //!    the governor's top-level share (the CPU UKSM would spend merging the
 //!    region itself), but no more than four full scans a second of the
-//!    promoted and foreign regions cost (`core::pacing`: three settle a
+//!    promoted and foreign regions cost (`core::pipeline::pacing`: three settle a
 //!    region; more would only re-scan merged memory); otherwise a trickle (`ksm.trickle_share`, 0.1 %: half
 //!    of UKSM's bottom level, the daemon's own bottom-level sampling using
 //!    the other half).
@@ -114,12 +114,12 @@ use crate::status::{
 use crate::sweep::Sweeper;
 use crate::target::{Span, Target, View};
 use crate::watchdog::WakeWatch;
-use pagesift_core::distill::{Distiller, DistillerConfig, DupRun};
-use pagesift_core::governor::{MAX_SLEEP, sleep_for_share};
-use pagesift_core::savings::{Breakdown, ProcessSavings, Savings, breakdown};
+use pagesift_core::pipeline::distill::{Distiller, DistillerConfig, DupRun};
+use pagesift_core::pipeline::governor::{MAX_SLEEP, sleep_for_share};
+use pagesift_core::pipeline::savings::{Breakdown, ProcessSavings, Savings, breakdown};
+use pagesift_core::pipeline::write_watch::{WriteRules, WriteVerdict, WriteWatch};
 use pagesift_core::source::{PageState, SourceError};
 use pagesift_core::text::printable;
-use pagesift_core::write_watch::{WriteRules, WriteVerdict, WriteWatch};
 use pagesift_core::{Nanos, RegionId};
 use pagesift_linux::host;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -352,7 +352,7 @@ struct Book {
     watch: Option<WriteWatch>,
     /// The zones (page ranges) its watch found written when it was judged
     /// markable around them: marking leaves them out, however long the
-    /// marking waits (core::write_watch, ColdExcept).
+    /// marking waits (core::pipeline::write_watch, ColdExcept).
     exclude: Option<Vec<(u32, u32)>>,
     /// When the exact sweep raised it to the top level (see
     /// [`Book::awaits_watch`]).
@@ -798,7 +798,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
 
     /// One slice of the exact sweep over the sampling regions of eligible
     /// processes; when it finishes an epoch, its findings steer the ladder
-    /// (`core::sweep`): a region with at least V_dup duplicates among its
+    /// (`core::pipeline::sweep`): a region with at least V_dup duplicates among its
     /// present pages is raised to the top level, where the write watch
     /// and marking take over; in a poorer region each long enough run of
     /// duplicates joins this wake's runs, marked like sampled ones (each
@@ -940,7 +940,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         if !quiet {
             return base;
         }
-        // At most one bottom round per wake-up (see `core::distill`): a
+        // At most one bottom round per wake-up (see `core::pipeline::distill`): a
         // longer sleep than the round would sample less per second.
         let bottom_round = self.distiller.params().levels[0].round_time;
         IDLE_SLEEP.min(bottom_round).max(base)
@@ -1488,7 +1488,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             // Written in places only: mark the rest, in pieces long enough
             // to be worth a VMA of their own; the written zones stay
             // unmarked and become regions of their own (see
-            // core::write_watch).
+            // core::pipeline::write_watch).
             let min = (self.config.actuate.run_min_pages as u64).max(RUN_ALIGN_PAGES);
             let mut from = 0u64;
             let mut pieces = 0;
@@ -2277,7 +2277,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     }
 
     /// What each eligible process saves, grouped by cgroup and bounded by
-    /// `[savings]` (`core::savings`). Merged pages and bytes saved are the
+    /// `[savings]` (`core::pipeline::savings`). Merged pages and bytes saved are the
     /// kernel's (`/proc/PID/ksm_stat`), read only for processes with
     /// memory KSM may merge (promoted or foreign regions: nothing else of
     /// theirs can be merged); where it cannot be read, the regions' last
@@ -2329,7 +2329,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
 }
 
 /// The rules of the write verdict under `config` (see
-/// `core::write_watch`): a pass is `actuate.recheck_s`, the floor the one
+/// `core::pipeline::write_watch`): a pass is `actuate.recheck_s`, the floor the one
 /// accounting uses to unmark.
 fn write_rules(config: &Config) -> WriteRules {
     WriteRules {
@@ -2343,7 +2343,7 @@ fn write_rules(config: &Config) -> WriteRules {
 }
 
 /// Whether a region's watched writes would make it thrash once merged, and
-/// where (`core::write_watch`). Not watched, or V_cow = 100 % (writes
+/// where (`core::pipeline::write_watch`). Not watched, or V_cow = 100 % (writes
 /// cannot stop a promotion): cold.
 fn write_verdict(b: &Book, dup: f64, config: &Config, now: Nanos) -> WriteVerdict {
     match &b.watch {
@@ -2354,7 +2354,7 @@ fn write_verdict(b: &Book, dup: f64, config: &Config, now: Nanos) -> WriteVerdic
 
 /// The share of a region's pages that are duplicates, as its last
 /// judgement estimated it (1 before any: assume the worst).
-fn dup_share(ladder: &pagesift_core::ladder::Ladder, id: RegionId) -> f64 {
+fn dup_share(ladder: &pagesift_core::pipeline::ladder::Ladder, id: RegionId) -> f64 {
     match ladder.region_stats(id) {
         Some(s) if s.judged > 0 => s.last_dup_ratio,
         _ => 1.0,

@@ -11,7 +11,9 @@
 //! implementation's job.
 
 use pagesift_core::Nanos;
-use pagesift_core::pacing::{KsmdPace, KsmdTick, PaceMode, Pacer, PacingConfig, PacingDemand};
+use pagesift_core::pipeline::pacing::{
+    KsmdPace, KsmdTick, PaceMode, Pacer, PacingConfig, PacingDemand,
+};
 use pagesift_linux::ksm::{AdvisorMode, GuardOptions, KsmGuard, Ksmd, Run};
 
 /// ksmd's counters at one moment (`/sys/kernel/mm/ksm`) and its CPU time.
@@ -47,7 +49,7 @@ pub trait KsmControl {
     /// loop on ksmd's measured CPU and may act less often): towards
     /// `target_share` of one core while `unmerged_pages` promoted pages
     /// wait for ksmd (no more than a few full scans of `scan_pages` pages
-    /// a second need, see `core::pacing`), at a trickle when there are
+    /// a second need, see `core::pipeline::pacing`), at a trickle when there are
     /// none.
     fn pace(
         &mut self,
@@ -64,7 +66,7 @@ pub trait KsmControl {
 /// The real KSM: a [`KsmGuard`] (lock + snapshot, restored on drop, on
 /// SIGTERM through `TerminationWatch`, and after a SIGKILL by the next
 /// owner), ksmd's CPU time, and the closed-loop [`Pacer`] of
-/// `pagesift_core::pacing`.
+/// `pagesift_core::pipeline::pacing`.
 ///
 /// On the first [`KsmControl::pace`] it turns the scan-time advisor off (it
 /// would overwrite `pages_to_scan`), writes the pacer's first pace and

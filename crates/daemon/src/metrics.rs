@@ -100,7 +100,7 @@ pub fn escape_label(value: &str) -> String {
 
 /// The figures of a savings line, in [`CGROUP_GAUGES`] order (the first
 /// three are [`PROCESS_GAUGES`]'s).
-fn savings_values(s: &pagesift_core::savings::Savings, processes: u64) -> [f64; 4] {
+fn savings_values(s: &pagesift_core::pipeline::savings::Savings, processes: u64) -> [f64; 4] {
     [
         s.saved_bytes as f64,
         s.merged_pages as f64,
@@ -496,7 +496,7 @@ impl Metrics {
 
     /// The savings lines of a snapshot, replacing the previous ones (a
     /// cgroup or process that left the top N leaves the scrape).
-    fn update_savings(&mut self, b: &pagesift_core::savings::Breakdown) {
+    fn update_savings(&mut self, b: &pagesift_core::pipeline::savings::Breakdown) {
         for f in self.cgroup_savings.iter().chain(&self.process_savings) {
             f.clear();
         }
@@ -666,7 +666,7 @@ mod tests {
 
     #[test]
     fn savings_lines_are_labelled_bounded_and_escaped() {
-        use pagesift_core::savings::{Limits, ProcessSavings, Savings, breakdown};
+        use pagesift_core::pipeline::savings::{Limits, ProcessSavings, Savings, breakdown};
         let proc_ = |pid: u32, comm: &str, cgroup: &str, merged: u64, cow: u64| ProcessSavings {
             pid,
             comm: comm.into(),

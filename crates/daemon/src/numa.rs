@@ -1,7 +1,7 @@
 //! NUMA placement of merged pages (nuKSM on a stock kernel).
 //!
 //! ksmd picks which copy of a page survives a merge; pagesift then moves
-//! the surviving frame to the node `pagesift_core::placement` chooses
+//! the surviving frame to the node `pagesift_core::pipeline::placement` chooses
 //! (fair: the active copy, ties spread evenly; priority: nuShare from
 //! nice). Only on a host with more than one node, and only if
 //! `[numa] policy` is not `off`; otherwise nothing here runs at all.
@@ -51,7 +51,7 @@
 
 use crate::actuate::ProcKey;
 use pagesift_core::Nanos;
-use pagesift_core::placement::{Copy, MigrationBudget, Node, Placer, Policy, TieRule};
+use pagesift_core::pipeline::placement::{Copy, MigrationBudget, Node, Placer, Policy, TieRule};
 use pagesift_linux::LinuxError;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -306,7 +306,7 @@ pub struct Watched {
 pub fn watched(
     marks: &crate::actuate::Marks,
     eligible: &HashMap<u32, ProcKey>,
-    ladder: &pagesift_core::ladder::Ladder,
+    ladder: &pagesift_core::pipeline::ladder::Ladder,
     span: impl Fn(pagesift_core::RegionId) -> Option<crate::target::Span>,
 ) -> Vec<Watched> {
     let mut all: Vec<Watched> = Vec::new();

@@ -28,7 +28,7 @@ use crate::ksmd::SysKsm;
 use crate::metrics::{Metrics, MetricsServer};
 use crate::status::{Shared, StatusServer};
 use crate::target::LinuxTarget;
-use pagesift_core::governor::Governor;
+use pagesift_core::pipeline::governor::Governor;
 use pagesift_linux::ksm::TerminationWatch;
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd};

@@ -11,7 +11,7 @@
 //!    files named in `scrub.images` that it has open. `O_DIRECT` files are
 //!    skipped (no page cache).
 //! 2. **Index the guest** ([`pagesift_linux::guest_ram`],
-//!    [`pagesift_core::scrub::GuestIndex`]): every present page of its
+//!    [`pagesift_core::pipeline::scrub::GuestIndex`]): every present page of its
 //!    guest RAM is hashed (xxh3-64) into the hash table, which also counts
 //!    the guest's evictions (§3.3).
 //! 3. **Match the host cache** ([`pagesift_linux::page_cache`]): the
@@ -20,7 +20,7 @@
 //!    it names (read again just now). Only an equal page is `Verified`.
 //! 4. **Folios and state** ([`pagesift_linux::folio`]): for verified pages,
 //!    their folio and its dirty/writeback bits.
-//! 5. **Plan and drop** ([`pagesift_core::scrub::plan_drops`]): whole
+//! 5. **Plan and drop** ([`pagesift_core::pipeline::scrub::plan_drops`]): whole
 //!    folios of verified, clean pages, `DONTNEED`ed; each range's
 //!    `cachestat` is checked right before, and a range with a dirty or
 //!    writeback page is left alone.
@@ -38,7 +38,7 @@
 //! that guest and is reported, never stops the daemon.
 
 use crate::config::ScrubSection;
-use pagesift_core::scrub::{
+use pagesift_core::pipeline::scrub::{
     CachedPage, DropRange, FrequencyControl, GuestIndex, Held, MemoryStats, Trigger, plan_drops,
 };
 use pagesift_core::{Nanos, PAGE_SIZE, PageWords, WORDS_PER_PAGE};
@@ -307,7 +307,7 @@ impl Drop for Scrubber {
 }
 
 /// The memory the guests `pids` compete for (see
-/// [`pagesift_core::scrub::FrequencyControl::due`]): the host's, and each
+/// [`pagesift_core::pipeline::scrub::FrequencyControl::due`]): the host's, and each
 /// distinct memory cgroup limit they live under. A domain that cannot be
 /// read is left out (the guest may have just exited).
 fn memory_domains(pids: &[u32]) -> Vec<MemoryStats> {

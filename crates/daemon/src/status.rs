@@ -11,7 +11,7 @@
 //! [`render`] turns a snapshot into the human table; `--json` prints the
 //! document as received.
 
-use pagesift_core::savings::{Breakdown, Savings};
+use pagesift_core::pipeline::savings::{Breakdown, Savings};
 use pagesift_core::text::printable;
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
@@ -780,7 +780,7 @@ mod tests {
     }
 
     fn sample_savings() -> Breakdown {
-        use pagesift_core::savings::{CgroupSavings, ProcessSavings, Ranked, Rest};
+        use pagesift_core::pipeline::savings::{CgroupSavings, ProcessSavings, Ranked, Rest};
         let vm = Savings {
             merged_pages: 16000,
             saved_bytes: 65_000_000,

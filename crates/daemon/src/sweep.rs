@@ -1,4 +1,4 @@
-//! [`Sweeper`]: runs the exact sweep (`pagesift_core::sweep`) over the
+//! [`Sweeper`]: runs the exact sweep (`pagesift_core::pipeline::sweep`) over the
 //! sampling regions, a slice per wake-up, within its CPU share.
 //!
 //! ## Pacing
@@ -23,8 +23,8 @@
 //! pages never pinned), as for sampling.
 
 use crate::target::Target;
+use pagesift_core::pipeline::sweep::{RegionFinding, Sweep};
 use pagesift_core::source::PageState;
-use pagesift_core::sweep::{RegionFinding, Sweep};
 use pagesift_core::{Nanos, PageRef, PageWords, RegionId};
 use pagesift_linux::host;
 use std::collections::{HashMap, VecDeque};

@@ -18,7 +18,7 @@
 //! - the panels the operator needs are there: saved memory per cgroup over
 //!   time, the CPU of the daemon and of ksmd, COW breaks, regions per level.
 
-use pagesift_core::savings::{Limits, ProcessSavings, Savings, breakdown};
+use pagesift_core::pipeline::savings::{Limits, ProcessSavings, Savings, breakdown};
 use pagesift_daemon::metrics::Metrics;
 use pagesift_daemon::status::{LevelStatus, Status};
 use promql_parser::parser::{Expr, LabelModifier};

@@ -36,7 +36,7 @@ use crate::kpageflags::{KPageFlags, KpfFlags};
 use crate::page_cache::{CHUNK_BYTES, ImageCache};
 use crate::pagemap::PagemapEntry;
 use crate::sys::FileMapping;
-use pagesift_core::scrub::Folio;
+use pagesift_core::pipeline::scrub::Folio;
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;

@@ -42,12 +42,12 @@ pub fn thread_cpu_ns() -> u64 {
 
 /// `MemTotal`, `Cached` and `MemFree` of `/proc/meminfo`, KiB, as the
 /// scrubber's frequency control reads them.
-pub fn memory_kib() -> Result<pagesift_core::scrub::MemoryStats, LinuxError> {
+pub fn memory_kib() -> Result<pagesift_core::pipeline::scrub::MemoryStats, LinuxError> {
     use procfs::Current;
     // procfs gives bytes.
     let m = procfs::Meminfo::current()
         .map_err(|e| LinuxError::io("reading /proc/meminfo", std::io::Error::other(e)))?;
-    Ok(pagesift_core::scrub::MemoryStats {
+    Ok(pagesift_core::pipeline::scrub::MemoryStats {
         total: m.mem_total / 1024,
         cached: m.cached / 1024,
         free: m.mem_free / 1024,

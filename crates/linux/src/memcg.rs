@@ -25,7 +25,7 @@
 //! Nothing here writes.
 
 use crate::error::LinuxError;
-use pagesift_core::scrub::MemoryStats;
+use pagesift_core::pipeline::scrub::MemoryStats;
 use std::io;
 use std::path::{Path, PathBuf};
 

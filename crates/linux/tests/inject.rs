@@ -10,31 +10,24 @@
 //! unless `run = 1`, which these tests leave as they find it.
 //!
 //! Root is needed (ptrace of other processes, /proc/PID/syscall). The
-//! tests run one at a time (a lock), so that timing-sensitive checks of
+//! tests run one at a time (`pagesift_testkit::serial`), so that timing-sensitive checks of
 //! the targets do not compete for the machine's two cores.
 
-mod common;
-#[path = "common/inject_target.rs"]
-mod inject_target;
-
-use inject_target::Target;
 use pagesift_linux::discover;
 use pagesift_linux::inject::{
     Advice, InjectConfig, Injector, Outcome, SkipReason, Syscall, ThreadRank, choose_thread,
 };
+use pagesift_testkit::Target;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::mpsc::channel;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    assert!(
-        rustix::process::geteuid().is_root(),
-        "the injection tests need root (ptrace of other processes)"
-    );
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+/// One test at a time (pagesift_testkit::serial), as root: the injection
+/// tests ptrace other processes.
+fn serial() -> pagesift_testkit::Serial {
+    pagesift_testkit::require_root();
+    pagesift_testkit::serial()
 }
 
 /// `VmFlags` `mg` of the VMA containing `addr`, and how many VMAs
@@ -373,7 +366,7 @@ fn epoll_only_target_is_skipped_unless_allowed() {
         flagged += i.app_sees_eintr as u64;
         std::thread::sleep(Duration::from_millis(3));
     }
-    drop(t.stdin_close_and_report(flagged));
+    drop(stdin_close_and_report(t, flagged));
 }
 
 /// A process whose only user thread sleeps in `epoll_wait` also has the
@@ -416,29 +409,27 @@ fn an_io_uring_worker_is_never_chosen() {
         flagged += i.app_sees_eintr as u64;
         std::thread::sleep(Duration::from_millis(3));
     }
-    drop(t.stdin_close_and_report(flagged));
+    drop(stdin_close_and_report(t, flagged));
 }
 
-impl Target {
-    /// For the epoll test: the target counts its EINTRs as errors, so check
-    /// the count instead of an empty error list.
-    fn stdin_close_and_report(mut self, flagged: u64) -> Value {
-        drop(self.stdin.take());
-        let report = loop {
-            let v = self.line(Duration::from_secs(10)).expect("final report");
-            if v["final"] == true {
-                break v;
-            }
-        };
-        assert!(self.child.wait().unwrap().success());
-        assert_eq!(report["checksum"], self.ready["checksum"]);
-        let eintr = report["eintr"].as_u64().unwrap_or(0);
-        assert!(flagged > 0, "some stops caught epoll_wait");
-        assert_eq!(eintr, flagged, "EINTRs seen by the target: {report}");
-        let errors = report["errors"].as_array().unwrap();
-        assert!(errors.iter().all(|e| e == "epoll_wait: EINTR"), "{report}");
-        report
-    }
+/// For the epoll test: the target counts its EINTRs as errors, so this
+/// checks the count instead of an empty error list (`Target::finish`).
+fn stdin_close_and_report(mut t: Target, flagged: u64) -> Value {
+    drop(t.stdin.take());
+    let report = loop {
+        let v = t.line(Duration::from_secs(10)).expect("final report");
+        if v["final"] == true {
+            break v;
+        }
+    };
+    assert!(t.child.wait().unwrap().success());
+    assert_eq!(report["checksum"], t.ready["checksum"]);
+    let eintr = report["eintr"].as_u64().unwrap_or(0);
+    assert!(flagged > 0, "some stops caught epoll_wait");
+    assert_eq!(eintr, flagged, "EINTRs seen by the target: {report}");
+    let errors = report["errors"].as_array().unwrap();
+    assert!(errors.iter().all(|e| e == "epoll_wait: EINTR"), "{report}");
+    report
 }
 
 #[test]
@@ -589,10 +580,8 @@ fn group_stopped_target_stays_stopped() {
 #[test]
 fn a_thread_that_does_not_stop_is_released() {
     let _g = serial();
-    let dir = std::env::temp_dir().join(format!("pagesift-inject-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let fifo = dir.join("fifo");
-    let _ = std::fs::remove_file(&fifo);
+    let dir = pagesift_testkit::temp_dir("inject");
+    let fifo = dir.path().join("fifo");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
     let t = Target::start("spawn-blocked", &["--fifo", fifo.to_str().unwrap()]);
     let pid = t.pid();
@@ -810,7 +799,7 @@ fn frozen_target_is_skipped_and_a_call_that_cannot_start_is_abandoned() {
 fn inject_once_bin() -> PathBuf {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BIN.get_or_init(|| {
-        common::cargo_artifact(
+        pagesift_testkit::cargo_artifact(
             &["-p", "pagesift-linux", "--example", "inject_once"],
             "examples/inject_once",
         )

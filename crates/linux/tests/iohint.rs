@@ -4,12 +4,10 @@
 //! each call filled, for the watched processes only. Needs root (CAP_BPF,
 //! CAP_PERFMON) and kernel BTF, as the daemon does.
 
-mod common;
-
-use common::*;
 use pagesift_linux::Capability;
 use pagesift_linux::caps;
 use pagesift_linux::iohint::{HintSource, HintSourceConfig, Hook, IoHint, Syscall, Unavailable};
+use pagesift_testkit::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

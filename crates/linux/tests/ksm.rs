@@ -21,28 +21,15 @@
 //!   is merged by ksmd paced by [`Pacer`], and ksmd's measured CPU share
 //!   over the run is within tolerance of the target.
 
-mod common;
-
-use common::{require_root, workload_bin};
-use pagesift_core::pacing::{KsmdTick, PaceMode, Pacer, PacingConfig, PacingDemand};
+use pagesift_core::pipeline::pacing::{KsmdTick, PaceMode, Pacer, PacingConfig, PacingDemand};
 use pagesift_linux::ksm::{
     self, AdvisorMode, Knob, Ksm, KsmGuard, KsmSnapshot, KsmVmstat, Ksmd, ProcessKsmStat, Run,
     TerminationWatch,
 };
-use serde_json::Value;
+use pagesift_testkit::{Workload, require_root, serial};
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::Mutex;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// The tests of this binary run one at a time (they would anyway, on the
-/// KSM lock); holding this also keeps a sibling thread from taking the KSM
-/// lock in the middle of a test that hands it to a child process.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The settings on this machine when nobody owns KSM: acquire, read,
 /// release.
@@ -99,71 +86,9 @@ fn drain_exited(g: &KsmGuard, limit: Duration) -> bool {
     idle(g.ksm())
 }
 
-/// A `pagesift-workload` started with PR_SET_MEMORY_MERGE: it never calls
-/// madvise, its memory is mergeable because it asked (via the flag set
-/// between fork and exec). Killed on drop.
-struct MergeableWorkload {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    report: Value,
-}
-
-impl MergeableWorkload {
-    fn start(args: &[&str]) -> MergeableWorkload {
-        let mut cmd = Command::new(workload_bin());
-        cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped());
-        ksm::with_memory_merge(&mut cmd);
-        let mut child = cmd.spawn().expect("spawning pagesift-workload");
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("workload report");
-        let report: Value = serde_json::from_str(&line).unwrap_or_else(|_| {
-            let _ = child.kill();
-            panic!("workload printed no report: {line:?}")
-        });
-        MergeableWorkload {
-            child,
-            stdin,
-            stdout,
-            report,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Pages of its (single) data region.
-    fn pages(&self) -> u64 {
-        self.report["regions"][0]["pages"].as_u64().unwrap()
-    }
-
-    fn checksum(&mut self) -> String {
-        writeln!(self.stdin, "checksum").unwrap();
-        self.stdin.flush().unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        let v: Value = serde_json::from_str(&line).unwrap();
-        v["checksum"].as_str().unwrap().to_string()
-    }
-
-    fn stat(&self) -> ProcessKsmStat {
-        ProcessKsmStat::of(self.pid()).expect("ksm_stat")
-    }
-
-    /// Whether it is still running.
-    fn alive(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-}
-
-impl Drop for MergeableWorkload {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Its KSM figures (`/proc/PID/ksm_stat`).
+fn ksm_stat(w: &Workload) -> ProcessKsmStat {
+    ProcessKsmStat::of(w.pid()).expect("ksm_stat")
 }
 
 // ---------------------------------------------------------------------------
@@ -392,14 +317,14 @@ fn busy_knobs_are_reported_and_restored_once_unmerging_is_allowed() {
     let mps = g.ksm().max_page_sharing().unwrap();
     g.set_number(Knob::MaxPageSharing, mps as u64 + 44).unwrap();
     // 8 MiB of identical pages, merged quickly.
-    let mut w = MergeableWorkload::start(&["static-dup", "--mib", "8"]);
+    let mut w = Workload::start_mergeable(&["static-dup", "--mib", "8"]);
     let sum = w.checksum();
     g.set_advisor_mode(AdvisorMode::None).unwrap();
     g.set_pages_to_scan(5_000).unwrap();
     g.set_sleep_millisecs(10).unwrap();
     g.set_run(Run::Run).unwrap();
     let start = Instant::now();
-    while w.stat().merging_pages.unwrap_or(0) < w.pages() {
+    while ksm_stat(&w).merging_pages.unwrap_or(0) < w.pages() {
         assert!(start.elapsed() < Duration::from_secs(60), "not merged");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -412,7 +337,7 @@ fn busy_knobs_are_reported_and_restored_once_unmerging_is_allowed() {
     assert!(u.reason.contains("EBUSY"), "{}", u.reason);
     // Everything else is back, ksmd is stopped, the pages stay merged.
     assert_eq!(g.ksm().run().unwrap(), before.settings().run.unwrap());
-    assert!(w.stat().merging_pages.unwrap() >= w.pages());
+    assert!(ksm_stat(&w).merging_pages.unwrap() >= w.pages());
     // The lock file says what is owed.
     let owed = KsmSnapshot::from_text(&std::fs::read_to_string(ksm::LOCK_PATH).unwrap()).unwrap();
     assert_eq!(
@@ -426,7 +351,7 @@ fn busy_knobs_are_reported_and_restored_once_unmerging_is_allowed() {
     assert!(r.is_complete(), "{r}");
     assert_eq!(r.written.first().map(|w| w.1.as_str()), Some("2"));
     assert_eq!(g.ksm().max_page_sharing().unwrap(), mps);
-    assert_eq!(w.stat().merging_pages, Some(0));
+    assert_eq!(ksm_stat(&w).merging_pages, Some(0));
     assert!(w.alive());
     assert_eq!(
         w.checksum(),
@@ -467,10 +392,10 @@ fn paced_ksmd_merges_256_mib_at_the_target_share() {
     );
     let cow0 = KsmVmstat::read().unwrap().cow_ksm.unwrap();
 
-    let mut w = MergeableWorkload::start(&["static-dup", "--mib", "256"]);
+    let mut w = Workload::start_mergeable(&["static-dup", "--mib", "256"]);
     let pages = w.pages();
     assert_eq!(pages, 65_536);
-    let st = w.stat();
+    let st = ksm_stat(&w);
     assert_eq!(
         st.merge_any,
         Some(true),
@@ -512,7 +437,7 @@ fn paced_ksmd_merges_256_mib_at_the_target_share() {
             cpu_ns: cpu - cpu_prev,
             wall_ns: (now - t_prev).as_nanos() as u64,
         };
-        merged = w.stat().merging_pages.unwrap();
+        merged = ksm_stat(&w).merging_pages.unwrap();
         let pace = pacer.tick(tick, demand(merged));
         g.set_pace(pace).unwrap();
         log.push(TickLog {
@@ -541,7 +466,7 @@ fn paced_ksmd_merges_256_mib_at_the_target_share() {
             cpu_ns: cpu - prev.0,
             wall_ns: (now - prev.1).as_nanos() as u64,
         };
-        g.set_pace(pacer.tick(tick, demand(w.stat().merging_pages.unwrap())))
+        g.set_pace(pacer.tick(tick, demand(ksm_stat(&w).merging_pages.unwrap())))
             .unwrap();
         prev = (cpu, now);
     }
@@ -575,7 +500,7 @@ fn paced_ksmd_merges_256_mib_at_the_target_share() {
     // No harm, no COW: the workload never wrote.
     assert_eq!(w.checksum(), sum);
     assert_eq!(KsmVmstat::read().unwrap().cow_ksm.unwrap(), cow0);
-    let st = w.stat();
+    let st = ksm_stat(&w);
     assert!(st.merging_pages.unwrap() >= pages);
     assert_eq!(
         ksm::merging_pages(w.pid()).unwrap(),

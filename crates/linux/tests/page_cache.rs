@@ -7,19 +7,12 @@
 
 use pagesift_linux::folio::FolioFinder;
 use pagesift_linux::page_cache::{DropOutcome, ImageCache};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 const PAGE: u64 = 4096;
 const PAGES: u64 = 4096; // 16 MiB
-
-struct TempFile(PathBuf);
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = fs::remove_file(&self.0);
-    }
-}
 
 fn content(i: u64) -> Vec<u8> {
     // Distinct pages: the index and a simple generator.
@@ -34,30 +27,29 @@ fn content(i: u64) -> Vec<u8> {
         .collect()
 }
 
-fn make_file(name: &str) -> (TempFile, File) {
+/// A file of `PAGES` distinct pages in the temporary directory, not cached;
+/// removed when the `TempPath` drops.
+fn make_file(name: &str) -> (tempfile::TempPath, File) {
     assert!(
         rustix::process::geteuid().is_root(),
         "the page-cache tests need root (kpageflags)"
     );
-    let path = std::env::temp_dir().join(format!("pagesift-{name}-{}", std::process::id()));
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
+    let (f, path) = tempfile::Builder::new()
+        .prefix(&format!("pagesift-{name}-"))
+        .tempfile()
+        .unwrap()
+        .into_parts();
     let all: Vec<u8> = (0..PAGES).flat_map(content).collect();
     f.write_all_at(&all, 0).unwrap();
     f.sync_all().unwrap();
     rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
-    (TempFile(path), f)
+    (path, f)
 }
 
 #[test]
 fn cached_pages_are_found_read_and_foliated_without_io() {
     let (tmp, f) = make_file("cache");
-    let cache = ImageCache::open(&tmp.0).unwrap();
+    let cache = ImageCache::open(&tmp).unwrap();
     assert_eq!(cache.stat(0, 0).unwrap().cache, 0, "dropped after writing");
     // Scattered single-page reads with FADV_RANDOM: order-0 folios.
     rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::Random).unwrap();
@@ -68,7 +60,7 @@ fn cached_pages_are_found_read_and_foliated_without_io() {
     }
     // A sequential read of the second half with normal read-ahead: large
     // folios (ext4 here).
-    let seq = File::open(&tmp.0).unwrap();
+    let seq = File::open(&tmp).unwrap();
     let mut big = vec![0u8; ((PAGES / 2) * PAGE) as usize];
     seq.read_exact_at(&mut big, PAGES / 2 * PAGE).unwrap();
 
@@ -164,7 +156,7 @@ fn cached_pages_are_found_read_and_foliated_without_io() {
 #[test]
 fn a_dirty_page_is_seen_dirty_and_never_dropped() {
     let (tmp, f) = make_file("dirty");
-    let cache = ImageCache::open(&tmp.0).unwrap();
+    let cache = ImageCache::open(&tmp).unwrap();
     let i = 100;
     // Rewrite page i with its own content: dirty, same bytes.
     f.write_all_at(&content(i), i * PAGE).unwrap();

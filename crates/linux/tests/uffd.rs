@@ -9,26 +9,19 @@
 //! mode, which is the harder case for `UFFD_USER_MODE_ONLY`) while its
 //! content, and so the target's checksum, stays the same. Root is needed.
 
-mod common;
-#[path = "common/inject_target.rs"]
-mod inject_target;
-
-use inject_target::Target;
 use pagesift_linux::inject::{InjectConfig, Injector, Outcome};
 use pagesift_linux::uffd::{TrackOutcome, WriteTracker, count_userfaultfds};
+use pagesift_testkit::Target;
 use std::io::{IoSlice, IoSliceMut};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 const PAGE: u64 = 4096;
 
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    assert!(
-        rustix::process::geteuid().is_root(),
-        "the write-tracking tests need root (ptrace of other processes)"
-    );
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+/// One test at a time (pagesift_testkit::serial), as root: the
+/// write-tracking tests ptrace other processes.
+fn serial() -> pagesift_testkit::Serial {
+    pagesift_testkit::require_root();
+    pagesift_testkit::serial()
 }
 
 /// Writes page `addr` of `pid` with the bytes it already holds.
@@ -225,7 +218,7 @@ fn linux_source_answers_take_written_for_tracked_ranges_only() {
 #[test]
 fn a_targets_own_writes_are_counted_and_it_keeps_running() {
     let _g = serial();
-    let mut w = common::Workload::start(&["static-dup", "--mib", "8"]);
+    let mut w = pagesift_testkit::Workload::start(&["static-dup", "--mib", "8"]);
     let (pid, (start, pages)) = (w.pid(), w.region());
     let end = start + pages * PAGE;
     let mut inj = Injector::new(InjectConfig::default());

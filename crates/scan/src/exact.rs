@@ -40,7 +40,7 @@
 //! 5. **Hash and group** (`group`). XXH3-64 per page, then a table of
 //!    content groups with byte-exact verification against a bounded cache
 //!    of representative contents, or against representatives read again.
-//! 6. **Attribute** (`pagesift_core::census`). Duplicate categories and
+//! 6. **Attribute** (`crate::stats::census`). Duplicate categories and
 //!    savings per region (survivor: the first frame in scan order).
 //! 7. **Classify** (optional, `--rescan SECS`). After the wait, every frame
 //!    of a duplicated group is checked again (presence, then bytes via its
@@ -82,14 +82,15 @@ pub use group::{GroupStats, page_hash};
 use crate::report::{
     Class, Counts, Estimate, Mode, ProcessReport, RegionReport, Report, ScanError, sort_by_saving,
 };
+use crate::stats::census::{Census, RegionClass, RegionIx, classify};
 use group::{Grouper, Loc, PageRecord, RepSource};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use pagesift_core::census::{Census, RegionClass, RegionIx, classify};
-use pagesift_core::ladder::LadderConfig;
+use pagesift_core::pipeline::ladder::LadderConfig;
 use pagesift_core::{PAGE_SIZE, PageWords};
 use pagesift_linux::discover::{
     self, MapsDiscovery, ProcessFilter, ProcessInfo, RegionKind, RegionsFrom,
 };
+use pagesift_linux::inspect::{self, PageClass};
 use pagesift_linux::kpageflags::{KPageFlags, KpfFlags};
 use pagesift_linux::pagemap::{Pagemap, PagemapEntry};
 use pagesift_linux::{LinuxError, PageBuffer, RemoteReader};
@@ -842,10 +843,11 @@ fn read_all(
     Ok(())
 }
 
-/// What the scan does with one page, from its pagemap entry and, when
-/// [`needs_flags`] asked for them, its frame's kpageflags.
+/// What the scan does with one page: its class
+/// (`pagesift_linux::inspect::classify`, the one classification of pages)
+/// turned into counting, skipping or reading, and how to read it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum PageKind {
+enum PageAction {
     /// Not present, swapped, or not something KSM merges (page cache of a
     /// private file mapping, shared memory).
     NotCandidate,
@@ -858,47 +860,21 @@ enum PageKind {
     Frame { pinned: bool, shared: bool },
 }
 
-/// Whether a present page's frame flags must be read: it may be the zero
-/// page or a KSM page only if it is not exclusively mapped, lies in a
-/// `VM_MERGEABLE` VMA, or shows pagemap's file/shared bit in an anonymous
-/// VMA (the huge zero page does). Page cache of private file mappings is
-/// never a candidate, so its flags are not needed.
-fn needs_flags(e: PagemapEntry, anon: bool, mergeable: bool) -> bool {
-    let file = e.file_or_shared();
-    if file && !anon {
-        return false;
-    }
-    !e.exclusive() || mergeable || file
-}
-
-/// The scan's decision for one page (see [`PageKind`]). `flags` must be
-/// given when [`needs_flags`] says so.
-fn page_kind(e: PagemapEntry, flags: Option<KpfFlags>, anon: bool, mergeable: bool) -> PageKind {
-    if !e.present() || e.swapped() {
-        return PageKind::NotCandidate;
-    }
-    let file = e.file_or_shared();
-    if file && !anon {
-        return PageKind::NotCandidate; // page cache of a private file mapping
-    }
-    if let Some(f) = flags {
-        if f.zero_page() {
-            return PageKind::Zero;
-        }
-        if f.ksm() {
-            return PageKind::Merged;
-        }
-    }
-    if file {
-        return PageKind::NotCandidate; // shared memory in a private VMA: not KSM's
-    }
-    debug_assert!(flags.is_some() || (e.exclusive() && !mergeable));
-    PageKind::Frame {
-        // Pinning copies a page that is shared or may be a KSM page in the
-        // target (pagesift_linux::read): only exclusive pages outside
-        // mergeable VMAs, where no KSM page can be, take the fast path.
-        pinned: e.exclusive() && !mergeable,
-        shared: !e.exclusive(),
+/// The scan's decision for one page (see [`PageAction`]). `flags` must be
+/// given when `inspect::flags_needed` says so.
+fn page_action(e: PagemapEntry, flags: Option<KpfFlags>, mergeable: bool) -> PageAction {
+    match inspect::classify(e, flags) {
+        PageClass::NotPresent | PageClass::Swapped | PageClass::File => PageAction::NotCandidate,
+        PageClass::Zero => PageAction::Zero,
+        PageClass::Merged => PageAction::Merged,
+        PageClass::Anon => PageAction::Frame {
+            // Pinning copies a page that is shared or may be a KSM page in
+            // the target (pagesift_linux::read): only exclusive pages
+            // outside mergeable VMAs, where no KSM page can be, take the
+            // fast path.
+            pinned: e.exclusive() && !mergeable,
+            shared: !e.exclusive(),
+        },
     }
 }
 
@@ -1151,7 +1127,10 @@ impl Scanner {
         self.entries.clear();
         self.entries.resize(n, PagemapEntry(0));
         h.pagemap.read(a, &mut self.entries)?;
-        // Which pages need their frame's flags (zero page, KSM)?
+        // Which pages need their frame's flags (zero page, KSM)? Only
+        // those: not `PageInspector`, which reads every present page's flags
+        // and costs ~46x more per page on a private anonymous region
+        // (pagesift_linux::inspect's header has the measurement).
         self.pfns.clear();
         self.pfn_at.clear();
         let mut present_entries = 0;
@@ -1160,7 +1139,7 @@ impl Scanner {
                 continue;
             }
             present_entries += 1;
-            if needs_flags(*e, anon, mergeable) {
+            if inspect::flags_needed(*e, anon, mergeable) {
                 match e.pfn() {
                     Some(pfn) if pfn != 0 => {
                         self.pfns.push(pfn);
@@ -1200,17 +1179,17 @@ impl Scanner {
                 None
             };
             let addr = a + i as u64 * PAGE;
-            match page_kind(*e, flags, anon, mergeable) {
-                PageKind::NotCandidate => {}
-                PageKind::Zero => {
+            match page_action(*e, flags, mergeable) {
+                PageAction::NotCandidate => {}
+                PageAction::Zero => {
                     zero += 1;
                     present += 1;
                 }
-                PageKind::Merged => {
+                PageAction::Merged => {
                     merged += 1;
                     present += 1;
                 }
-                PageKind::Frame { pinned, shared } => {
+                PageAction::Frame { pinned, shared } => {
                     if shared && !self.seen.insert(self.pfns[k - 1]) {
                         // A frame already counted in an earlier process.
                         present += 1;
@@ -1303,7 +1282,7 @@ impl Scanner {
     fn report(
         &self,
         census: &Census,
-        attrs: &[pagesift_core::census::Attribution],
+        attrs: &[crate::stats::census::Attribution],
         classes: Option<&[Option<Class>]>,
         elapsed: Duration,
         pages_read: u64,
@@ -1372,19 +1351,19 @@ mod tests {
     const KPF_ZERO: u64 = 1 << 24;
     const KPF_ANON: u64 = 1 << 12;
 
-    fn kind(entry: u64, flags: Option<u64>, anon: bool, mergeable: bool) -> PageKind {
+    fn kind(entry: u64, flags: Option<u64>, anon: bool, mergeable: bool) -> PageAction {
         let e = PagemapEntry(entry | 0x1234);
         assert_eq!(
-            needs_flags(e, anon, mergeable) && e.present(),
+            inspect::flags_needed(e, anon, mergeable),
             flags.is_some(),
             "flags are read exactly when needed: {entry:#x} anon {anon} mergeable {mergeable}"
         );
-        page_kind(e, flags.map(KpfFlags), anon, mergeable)
+        page_action(e, flags.map(KpfFlags), mergeable)
     }
 
     #[test]
     fn each_page_is_read_counted_or_left_alone_by_the_rules() {
-        use PageKind::*;
+        use PageAction::*;
         let frame = |pinned, shared| Frame { pinned, shared };
         // Not there: never read.
         assert_eq!(kind(0, None, true, false), NotCandidate);

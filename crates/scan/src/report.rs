@@ -80,7 +80,7 @@ impl Estimate {
 }
 
 /// The class of a region, where the scan window allows telling it (UKSM
-/// §5.2, see `pagesift_core::census::classify`).
+/// §5.2, see `crate::stats::census::classify`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Class {
     /// Many duplicates, and they stayed the same.

@@ -17,7 +17,7 @@
 //!    processes (shared after fork, or a KSM page) is one *unit*, owned by
 //!    its first mapper in (pid, address) order; every other present page is
 //!    a unit of its own. Units are the population the sample is drawn from.
-//! 3. **Sample with the ladder** ([`pagesift_core::estimate::Sampler`]):
+//! 3. **Sample with the ladder** ([`crate::stats::estimate::Sampler`]):
 //!    cells are 16 MiB chunks of a VMA; chunks of VMAs with the same start
 //!    and length in different processes (a fork family) form one stratum.
 //!    A pilot round reads every stratum lightly, the ladder moves strata
@@ -56,13 +56,13 @@
 use crate::report::{
     Class, Counts, Estimate, Mode, ProcessReport, RegionReport, Report, ScanError,
 };
-use pagesift_core::estimate::{
+use crate::stats::estimate::{
     CellSpec, DomainEstimate, Estimates, Interval, Outcome, RoundKind, Sampler, SamplerConfig, Unit,
 };
-use pagesift_core::hash::{PartialHasher, Shifts};
-use pagesift_core::index::{IndexConfig, SampleIndex};
+use pagesift_core::pipeline::hash::{PartialHasher, Shifts};
+use pagesift_core::pipeline::index::{IndexConfig, SampleIndex};
+use pagesift_core::pipeline::strength::StrengthConfig;
 use pagesift_core::source::MemorySource;
-use pagesift_core::strength::StrengthConfig;
 use pagesift_core::{PageRef, PageWords, RegionId, WORDS_PER_PAGE};
 use pagesift_linux::kpageflags::{KPageFlags, KpfFlags};
 use pagesift_linux::pagemap::{Pagemap, PagemapEntry, category};

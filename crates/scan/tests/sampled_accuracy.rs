@@ -106,7 +106,7 @@ fn both_budgets(what: &str, pids: &[u32], parts: &[(u32, u64)], exact: u64, fram
 #[test]
 fn static_mixed_2_gib_is_within_3_points() {
     require_root();
-    let _big = big_test_lock();
+    let _serial = serial();
     // UKSM §8.1.1's static-mixed: identical pages beside random ones.
     let dup = Workload::start(&["static-dup", "--mib", "1024"]);
     let rnd = Workload::start(&["random", "--mib", "1024", "--seed", "2"]);
@@ -126,7 +126,7 @@ fn static_mixed_2_gib_is_within_3_points() {
 #[test]
 fn fork_family_1_gib_is_within_3_points() {
     require_root();
-    let _big = big_test_lock();
+    let _serial = serial();
     // Parent: 1 GiB, 30 % duplicated runs; 3 children each rewrite 25 %,
     // the same new content per page in every child (pairs and triples
     // across processes, at the same address).

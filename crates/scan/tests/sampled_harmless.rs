@@ -80,7 +80,7 @@ fn assert_unchanged(before: &Snapshot, after: &Snapshot, what: &str) {
 #[test]
 fn scans_leave_memory_rss_and_page_tables_unchanged() {
     require_root();
-    let _big = big_test_lock();
+    let _serial = serial();
     // Holes (never touched), zero-page mappings and an untouched tail
     // without page tables: a stray read would fault pages in.
     let mut a = Workload::start(&[
@@ -115,7 +115,7 @@ fn scans_leave_memory_rss_and_page_tables_unchanged() {
 #[test]
 fn a_fork_family_keeps_its_shared_pages_shared() {
     require_root();
-    let _big = big_test_lock();
+    let _serial = serial();
     let mut w = Workload::start(&[
         "fork-family",
         "--mib",
@@ -153,7 +153,7 @@ fn a_fork_family_keeps_its_shared_pages_shared() {
 #[test]
 fn a_budget_covering_everything_is_exact() {
     require_root();
-    let _big = big_test_lock();
+    let _serial = serial();
     let w = Workload::start(&[
         "mixed",
         "--mib",
@@ -207,7 +207,7 @@ fn a_budget_covering_everything_is_exact() {
 #[test]
 fn a_process_that_exits_mid_scan_is_counted_as_gone() {
     require_root();
-    let _big = big_test_lock();
+    let _serial = serial();
     let stays = Workload::start(&["static-dup", "--mib", "64"]);
     // 1 GiB of distinct pages that exits 0.3 s after it is ready: long
     // before a 4 s scan has read it.
@@ -251,7 +251,7 @@ fn a_bad_budget_names_the_option() {
 #[test]
 fn a_cpu_share_budget_paces_the_scan() {
     require_root();
-    let _big = big_test_lock();
+    let _serial = serial();
     let w = Workload::start(&["random", "--mib", "512", "--seed", "7"]);
     let cpu = || Duration::from_nanos(pagesift_linux::host::thread_cpu_ns());
     let (share, window) = (0.25, Duration::from_millis(1600));

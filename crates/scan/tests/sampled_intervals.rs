@@ -27,7 +27,7 @@ const TRIALS: u64 = 200;
 #[test]
 fn mixed_intervals_cover_the_exact_value_in_90_percent_of_trials() {
     require_root();
-    let _big = big_test_lock();
+    let _serial = serial();
     let w = Workload::start(&["mixed", "--mib", "256", "--dup-ratio", "0.3", "--seed", "4"]);
     let pid = w.pid();
     let start = w.region().0;

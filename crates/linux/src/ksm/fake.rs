@@ -4,7 +4,7 @@
 
 use super::GuardOptions;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 /// A fake KSM directory with the files of this machine's 6.18 kernel
@@ -44,15 +44,13 @@ pub(super) fn fake_ksm(dir: &Path) {
     }
 }
 
-pub(super) fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "pagesift-ksm-{tag}-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A scratch directory for one test's fake sysfs and lock file, removed
+/// when the guard drops.
+pub(super) fn tmpdir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("pagesift-ksm-{tag}-"))
+        .tempdir()
+        .unwrap()
 }
 
 pub(super) fn opts(d: &Path) -> GuardOptions {

@@ -217,7 +217,10 @@ impl KsmGuard {
 
     /// Writes a pacer's output: `pages_to_scan`, then `sleep_millisecs`
     /// (whose write wakes ksmd, so the new batch size is used at once).
-    pub fn set_pace(&self, pace: pagesift_core::pacing::KsmdPace) -> Result<(), KsmError> {
+    pub fn set_pace(
+        &self,
+        pace: pagesift_core::pipeline::pacing::KsmdPace,
+    ) -> Result<(), KsmError> {
         self.set_pages_to_scan(pace.pages_to_scan)?;
         self.set_sleep_millisecs(pace.sleep_millisecs)
     }
@@ -258,11 +261,12 @@ mod tests {
 
     #[test]
     fn guard_restores_every_knob_on_drop_and_on_panic() {
-        let d = tmpdir("guard");
+        let tmp = tmpdir("guard");
+        let d = tmp.path();
         fake_ksm(&d.join("ksm"));
         let before = Ksm::at(d.join("ksm")).unwrap().snapshot().unwrap();
         {
-            let g = KsmGuard::acquire_with(opts(&d)).unwrap();
+            let g = KsmGuard::acquire_with(opts(d)).unwrap();
             g.set_run(Run::Run).unwrap();
             g.set_pages_to_scan(5000).unwrap();
             g.set_name("future_knob", "9").unwrap();
@@ -276,7 +280,7 @@ mod tests {
         assert_eq!(Ksm::at(d.join("ksm")).unwrap().snapshot().unwrap(), before);
         assert_eq!(std::fs::read_to_string(d.join("lock")).unwrap(), "");
 
-        let o = opts(&d);
+        let o = opts(d);
         let r = std::panic::catch_unwind(move || {
             let g = KsmGuard::acquire_with(o).unwrap();
             g.set_sleep_millisecs(1).unwrap();
@@ -289,7 +293,8 @@ mod tests {
 
     #[test]
     fn a_dead_owners_settings_are_put_back_at_acquire() {
-        let d = tmpdir("stale");
+        let tmp = tmpdir("stale");
+        let d = tmp.path();
         fake_ksm(&d.join("ksm"));
         let ksm = Ksm::at(d.join("ksm")).unwrap();
         let before = ksm.snapshot().unwrap();
@@ -302,7 +307,7 @@ mod tests {
         .unwrap();
         std::fs::write(d.join("ksm/run"), "1\n").unwrap();
         std::fs::write(d.join("ksm/pages_to_scan"), "9999\n").unwrap();
-        let g = KsmGuard::acquire_with(opts(&d)).unwrap();
+        let g = KsmGuard::acquire_with(opts(d)).unwrap();
         let rec = g.recovered().expect("recovery happened");
         assert!(rec.is_complete(), "{rec}");
         assert!(
@@ -317,9 +322,10 @@ mod tests {
 
     #[test]
     fn writes_after_release_are_refused() {
-        let d = tmpdir("closed");
+        let tmp = tmpdir("closed");
+        let d = tmp.path();
         fake_ksm(&d.join("ksm"));
-        let g = KsmGuard::acquire_with(opts(&d)).unwrap();
+        let g = KsmGuard::acquire_with(opts(d)).unwrap();
         lock_owner(&g.owner).release();
         assert!(matches!(g.set_run(Run::Run), Err(KsmError::Closed)));
     }

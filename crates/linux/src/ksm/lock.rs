@@ -133,7 +133,8 @@ mod tests {
     #[test]
     fn a_lock_file_another_user_could_write_is_not_trusted() {
         use std::os::unix::fs::PermissionsExt;
-        let d = tmpdir("untrusted");
+        let tmp = tmpdir("untrusted");
+        let d = tmp.path();
         fake_ksm(&d.join("ksm"));
         let ksm = Ksm::at(d.join("ksm")).unwrap();
         // "Owed" values someone planted: run=1 and a huge pages_to_scan.
@@ -141,7 +142,7 @@ mod tests {
         let target = d.join("planted");
         std::fs::write(&target, planted).unwrap();
         let expect_refused = |what: &str, reason: &str| {
-            let e = KsmGuard::acquire_with(opts(&d)).expect_err(what);
+            let e = KsmGuard::acquire_with(opts(d)).expect_err(what);
             let msg = e.to_string();
             assert!(matches!(e, KsmError::UntrustedLock { .. }), "{what}: {e}");
             assert!(msg.contains(&d.join("lock").display().to_string()), "{msg}");
@@ -173,12 +174,12 @@ mod tests {
         // Not a file at all.
         std::fs::remove_file(d.join("lock")).unwrap();
         std::fs::create_dir(d.join("lock")).unwrap();
-        let e = KsmGuard::acquire_with(opts(&d)).expect_err("a directory");
+        let e = KsmGuard::acquire_with(opts(d)).expect_err("a directory");
         assert!(!e.to_string().is_empty());
         assert_eq!(ksm.run().unwrap(), Run::Stop);
         std::fs::remove_dir(d.join("lock")).unwrap();
         // A missing lock is created 0600, and a trusted one is used.
-        let g = KsmGuard::acquire_with(opts(&d)).unwrap();
+        let g = KsmGuard::acquire_with(opts(d)).unwrap();
         let mode = std::fs::metadata(d.join("lock"))
             .unwrap()
             .permissions()
@@ -186,17 +187,18 @@ mod tests {
             & 0o777;
         assert_eq!(mode, 0o600);
         assert!(g.release().is_complete());
-        let _ = std::fs::remove_dir_all(&d);
+        let _ = std::fs::remove_dir_all(d);
     }
 
     #[test]
     fn the_lock_excludes_a_second_owner_until_released() {
-        let d = tmpdir("excl");
+        let tmp = tmpdir("excl");
+        let d = tmp.path();
         fake_ksm(&d.join("ksm"));
-        let g = KsmGuard::acquire_with(opts(&d)).unwrap();
+        let g = KsmGuard::acquire_with(opts(d)).unwrap();
         let o = GuardOptions {
             wait: Some(Duration::from_millis(100)),
-            ..opts(&d)
+            ..opts(d)
         };
         // flock is per open file: a second open in the same process is
         // excluded too, so threads of one test binary take turns.

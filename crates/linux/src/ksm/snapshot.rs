@@ -186,7 +186,8 @@ mod tests {
 
     #[test]
     fn snapshot_text_round_trips_and_rejects_paths() {
-        let d = tmpdir("text");
+        let tmp = tmpdir("text");
+        let d = tmp.path();
         fake_ksm(&d.join("ksm"));
         let snap = Ksm::at(d.join("ksm")).unwrap().snapshot().unwrap();
         let back = KsmSnapshot::from_text(&format!("# header\n{}", snap.to_text())).unwrap();

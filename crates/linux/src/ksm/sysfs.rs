@@ -277,7 +277,8 @@ mod tests {
 
     #[test]
     fn reads_knobs_counters_and_unknown_writable_files() {
-        let d = tmpdir("read");
+        let tmp = tmpdir("read");
+        let d = tmp.path();
         fake_ksm(&d.join("ksm"));
         let ksm = Ksm::at(d.join("ksm")).unwrap();
         assert_eq!(ksm.run().unwrap(), Run::Stop);

@@ -38,8 +38,8 @@
 //! batch first, with independent loads the CPU overlaps, so that the
 //! in-order placement that follows finds them in cache.
 
+use crate::stats::census::{Census, GroupIx, RegionIx};
 use pagesift_core::PageWords;
-use pagesift_core::census::{Census, GroupIx, RegionIx};
 use std::collections::HashMap;
 
 const NONE: u32 = u32::MAX;

@@ -1,31 +1,13 @@
-//! Shared helpers of the exact-scan tests: run the `pagesift` binary,
-//! find processes and regions in a report, and serialize the tests (they
-//! use GiBs of memory and both cores). Workloads and the readers that look
-//! at them come from pagesift-linux's `tests/common`.
+//! Shared helpers of the exact-scan tests: find processes and regions in a
+//! report. Workloads, the readers that look at them, the `pagesift` binary
+//! and the lock that serializes the tests (they use GiBs of memory and both
+//! cores) come from pagesift-testkit.
 
 #![allow(dead_code)]
 
 use pagesift_scan::report::{ProcessReport, RegionReport, Report};
-use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard};
 
-// Workloads, root check, binaries, RSS/VmPTE and pagemap readers: shared
-// with pagesift-linux's live tests.
-#[path = "../../../linux/tests/common/mod.rs"]
-mod common;
-pub use common::*;
-
-/// One test at a time in this binary: the workloads are large and the
-/// machine has two cores.
-pub fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The `pagesift` binary.
-pub fn pagesift_bin() -> PathBuf {
-    bin("pagesift", "pagesift")
-}
+pub use pagesift_testkit::*;
 
 /// The process `pid` in a report.
 pub fn process(r: &Report, pid: u32) -> &ProcessReport {

@@ -1,45 +1,13 @@
-//! Shared helpers of the sampled-scan live tests: read reports and
-//! serialize the big tests. Workloads (always killed, also when a test
-//! panics) and the RSS, page-table and pagemap readers come from
-//! pagesift-linux's `tests/common`.
-//!
-//! Big tests hold [`big_test_lock`]: a process-wide mutex and an `flock` on
-//! a file in the temp directory, so that two test binaries (or two
-//! checkouts on this shared machine) never hold several GiB of workloads
-//! at once.
+//! Shared helpers of the sampled-scan live tests: read reports.
+//! Workloads (always killed, also when a test panics), the RSS, page-table
+//! and pagemap readers, and the lock that keeps two big tests (of any test
+//! binary or checkout on this shared machine) from holding several GiB of
+//! workloads at once (`serial`) come from pagesift-testkit.
 
 #![allow(dead_code)]
 
-use std::fs::File;
-use std::sync::{Mutex, MutexGuard};
-
-// Workloads, root check, binaries, RSS/VmPTE and pagemap readers: shared
-// with pagesift-linux's live tests.
-#[path = "../../../linux/tests/common/mod.rs"]
-mod common;
-pub use common::*;
 use pagesift_scan::report::{Estimate, Mode, Report};
-
-/// Held while a big test runs.
-pub struct BigTest {
-    _guard: MutexGuard<'static, ()>,
-    _file: File,
-}
-
-/// Serializes big tests within this process and across processes.
-pub fn big_test_lock() -> BigTest {
-    static LOCK: Mutex<()> = Mutex::new(());
-    let guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let path = std::env::temp_dir().join("pagesift-big-tests.lock");
-    let file = File::create(&path).expect("creating the big-test lock file");
-    // std's lock is flock(LOCK_EX) on Linux: the scan's test binaries
-    // exclude each other through it.
-    file.lock().expect("flock");
-    BigTest {
-        _guard: guard,
-        _file: file,
-    }
-}
+pub use pagesift_testkit::*;
 
 /// The sampled pages and the exhaustive flag of a sampled report.
 pub fn sampled_pages(r: &Report) -> (u64, bool) {

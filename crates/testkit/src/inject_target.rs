@@ -2,14 +2,12 @@
 //! (`examples/inject_target.rs`) as a guard: started with a mode, its
 //! ready line parsed, its later lines collected, and [`Target::finish`]
 //! checking that it was not harmed (no failed self-check, the same
-//! checksum, a clean exit). Used by `tests/inject.rs` and by the daemon's
-//! acceptance tests (`crates/cli/tests/acceptance.rs`) through `#[path]`;
-//! every includer also includes `common` (for [`target_bin`]'s build).
+//! checksum, a clean exit). Used by pagesift-linux's `tests/inject.rs` and
+//! `tests/uffd.rs`, and by the daemon's acceptance and torture tests
+//! (`crates/cli/tests`).
 //!
 //! Every target maps its memory with the same pseudo-random fill, so two
 //! targets hold the same pages: a daemon finds them duplicated.
-
-#![allow(dead_code)]
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
@@ -23,7 +21,7 @@ use std::time::{Duration, Instant};
 pub fn target_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        crate::common::cargo_artifact(
+        crate::binaries::cargo_artifact(
             &["-p", "pagesift-linux", "--example", "inject_target"],
             "examples/inject_target",
         )
@@ -88,6 +86,8 @@ impl Target {
         self.ready["addr"].as_u64().unwrap()
     }
 
+    /// Bytes of its mapping (never empty, so no `is_empty`).
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> u64 {
         self.ready["len"].as_u64().unwrap()
     }

@@ -20,7 +20,7 @@
 //! about `pages / interval` samples per round, successive rounds pick
 //! different pages, and every page of a region that lives long enough is
 //! visited once per pass (§5.3, Figure 2). The caller sets each level's
-//! interval from its governor ([`crate::governor::sampling_interval`]):
+//! interval from its governor ([`crate::pipeline::governor::sampling_interval`]):
 //! higher levels get more CPU and so smaller intervals.
 //!
 //! **Coordinated sampling.** Permutations are not drawn per region but

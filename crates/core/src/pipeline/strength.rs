@@ -5,7 +5,7 @@
 //! # Cost model
 //!
 //! Everything is counted in one unit: the cost of one word-hash step of
-//! [`crate::hash::PartialHasher`]. A page hashed at strength `s` costs `s`
+//! [`crate::pipeline::hash::PartialHasher`]. A page hashed at strength `s` costs `s`
 //! units, a full-strength hash [`STRENGTH_FULL`] = 1024.
 //!
 //! * **Profit** (UKSM's `rshash_pos`, `page_hash` L1431-1452): each page
@@ -101,7 +101,7 @@
 //! * No loop-back above 1024 words (the code's `HASH_STRENGTH_MAX = 1034`):
 //!   the full-strength key is the hash at 1024.
 
-use crate::hash::STRENGTH_FULL;
+use crate::pipeline::hash::STRENGTH_FULL;
 
 /// Largest probing step, in words (paper: "doubled each time till the max
 /// value 32"; code: `HASH_STRENGTH_DELTA_MAX = 5`, a shift).
@@ -148,7 +148,7 @@ impl Default for StrengthConfig {
     ///   pay for hundreds of words per page.
     /// * `memcmp_cost = 1088`. Measured on the development machine (AMD
     ///   EPYC, 2 vCPUs, 2026-11-21, release build): a full-strength
-    ///   [`crate::hash::PartialHasher::hash`] takes 1.4-1.9 µs, comparing two
+    ///   [`crate::pipeline::hash::PartialHasher::hash`] takes 1.4-1.9 µs, comparing two
     ///   4 KiB pages that differ in the last byte (UKSM's calibration pair)
     ///   88-123 ns, i.e. 53-83 units, and fetching the partner page with
     ///   `process_vm_readv` 1.3-1.6 µs, about one full hash (1024 units).

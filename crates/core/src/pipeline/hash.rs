@@ -80,7 +80,7 @@ const fn inverse_mod_2_32(a: u32) -> u32 {
 /// The progressive hash: a seeded offset permutation and a shift pair.
 ///
 /// ```
-/// use pagesift_core::hash::{PartialHasher, Shifts};
+/// use pagesift_core::pipeline::hash::{PartialHasher, Shifts};
 ///
 /// let hasher = PartialHasher::new(42, Shifts::DEFAULT);
 /// let mut page = [0u32; 1024];

@@ -45,7 +45,7 @@
 //! (§5.2): a region whose duplicates changed by more than V_cow between the
 //! reads is changing; otherwise one whose duplication ratio, net of
 //! changes, is at least V_dup is statically duplicated; anything else is
-//! sparse. The thresholds are the ladder's ([`crate::ladder::LadderConfig`]).
+//! sparse. The thresholds are the ladder's ([`pagesift_core::pipeline::ladder::LadderConfig`]).
 
 use std::collections::HashMap;
 

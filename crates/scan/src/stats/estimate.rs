@@ -33,7 +33,7 @@
 //!    Cells of VMAs with the same start and length in different processes
 //!    (a fork family) form one *stratum* and share its rate, so for them
 //!    the partner of a sampled page is always sampled.
-//! 2. **The ladder sets the rates** ([`crate::ladder`], UKSM §5.2). A pilot
+//! 2. **The ladder sets the rates** ([`pagesift_core::pipeline::ladder`], UKSM §5.2). A pilot
 //!    samples every stratum at a low rate `t_0`; after each round the
 //!    ladder judges each stratum on its sampled duplication ratio,
 //!    *corrected for the chance of finding a partner* (a page whose only
@@ -97,9 +97,9 @@
 //! The core has no clock: callers convert their time budget into pages
 //! ([`Sampler::plan_round`]) and read the units it hands out.
 
-use crate::RegionId;
-use crate::ladder::{Ladder, LadderConfig, Sample};
-use crate::{Nanos, PageRef};
+use pagesift_core::RegionId;
+use pagesift_core::pipeline::ladder::{Ladder, LadderConfig, Sample};
+use pagesift_core::{Nanos, PageRef};
 
 /// Two-sided 95 % quantile of the standard normal distribution.
 pub const Z_95: f64 = 1.959_963_984_540_054;

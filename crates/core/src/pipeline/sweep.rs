@@ -5,7 +5,7 @@
 //! Sampling finds a duplicate only when both copies are sampled in the
 //! same epoch, or one of them already sits in the stable index. Twins at
 //! the same offset of equally sized regions meet through coordinated
-//! sampling ([`crate::ladder`]), but twins at unrelated offsets (a file in
+//! sampling ([`crate::pipeline::ladder`]), but twins at unrelated offsets (a file in
 //! one guest's page cache and in another's, or twice in one guest: page
 //! cache and a tmpfs copy) meet with probability about k²/n per round for
 //! k samples of an n-page region: at the bottom level's density, never.
@@ -15,7 +15,7 @@
 //! run at a small CPU share, and its findings steer the ladder:
 //!
 //! - a region whose present pages are at least V_dup duplicates is raised
-//!   to the top level at once ([`crate::ladder::Ladder::raise`]), where the
+//!   to the top level at once ([`crate::pipeline::ladder::Ladder::raise`]), where the
 //!   usual rules (write watch, then marking whole or around its written
 //!   zones) take over;
 //! - in a poorer region, each run of duplicate pages long enough to be

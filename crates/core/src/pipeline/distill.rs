@@ -75,13 +75,15 @@
 //! progressively if the strength changed, and the unstable set is rebuilt
 //! (UKSM §5.3; XLH rebuilds its hash table the same way).
 
-use crate::governor::{CostEma, Governor, GovernorParams, pages_per_wakeup, sampling_interval};
-use crate::hash::{PartialHasher, Shifts};
-use crate::hints::{HintStack, Interleave, Next};
-use crate::index::{IndexConfig, IndexSet, SampleIndex};
-use crate::ladder::{Ladder, LadderConfig, Move, Sample};
+use crate::pipeline::governor::{
+    CostEma, Governor, GovernorParams, pages_per_wakeup, sampling_interval,
+};
+use crate::pipeline::hash::{PartialHasher, Shifts};
+use crate::pipeline::hints::{HintStack, Interleave, Next};
+use crate::pipeline::index::{IndexConfig, IndexSet, SampleIndex};
+use crate::pipeline::ladder::{Ladder, LadderConfig, Move, Sample};
+use crate::pipeline::strength::{StrengthConfig, StrengthController};
 use crate::source::{MemorySource, PageState, SourceError};
-use crate::strength::{StrengthConfig, StrengthController};
 use crate::{Nanos, PageRef, PageWords, RegionId, WORDS_PER_PAGE};
 use std::collections::{HashMap, VecDeque};
 
@@ -1138,7 +1140,7 @@ mod tests {
     /// the same wake-up without hints finds nothing.
     #[test]
     fn hints_find_a_shared_run_in_the_first_wake() {
-        use crate::hints::{Hint, HintStack, Interleave};
+        use crate::pipeline::hints::{Hint, HintStack, Interleave};
         let setup = || {
             let mut src = InMemorySource::new();
             let mut a_contents: Vec<u64> = (10_000..14_096).collect();
@@ -1159,7 +1161,7 @@ mod tests {
         assert_eq!((a, b), (a2, b2));
         let mut d = distiller();
         d.sync_regions(&src, 0);
-        let mut stack = HintStack::new(64, crate::hints::DEFAULT_MAX_AGE);
+        let mut stack = HintStack::new(64, crate::pipeline::hints::DEFAULT_MAX_AGE);
         // b's read came first, a's last: a's hint is popped first, enters
         // the unstable set; b's finds it.
         stack.push(Hint {

@@ -15,7 +15,7 @@
 //! ```
 //!
 //! the same active/sleep equation as the governor's pages per wake-up
-//! (UKSM §5.3, see [`crate::governor`]). For a target share `s` and a
+//! (UKSM §5.3, see [`crate::pipeline::governor`]). For a target share `s` and a
 //! known cost this gives `P = S · s / ((1 − s) · c)`.
 //!
 //! ## Why a closed loop

@@ -18,8 +18,8 @@
 //! actuation: regions on the top level are "mergeable", and at each step
 //! their present pages whose content occurs twice or more are merged.
 
-use crate::distill::{Distiller, DistillerConfig, WakeReport};
-use crate::ladder::Move;
+use crate::pipeline::distill::{Distiller, DistillerConfig, WakeReport};
+use crate::pipeline::ladder::Move;
 use crate::source::{InMemorySource, MemorySource, PageState};
 use crate::{Nanos, PageRef, RegionId};
 use rand::{RngExt, SeedableRng};

@@ -4,7 +4,7 @@
 //! it should be about as fast (the paper measured 2% slower) and avalanche
 //! about as well (Figure 6). pagesift does not use SuperFastHash to index
 //! pages; it is public here only as that baseline, for the benchmarks
-//! (`benches/hash.rs`) and the avalanche analysis ([`crate::avalanche`]).
+//! (`benches/hash.rs`) and the avalanche analysis ([`crate::research::avalanche`]).
 //!
 //! Written from the public description (azillionmonkeys.com/qed/hash.html,
 //! the paper's reference 19). The hash starts from the key length. Each

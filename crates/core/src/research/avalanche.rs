@@ -41,7 +41,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::hash::{PartialHasher, STRENGTH_FULL, Shifts};
+use crate::pipeline::hash::{PartialHasher, STRENGTH_FULL, Shifts};
 use crate::{PageWords, WORDS_PER_PAGE};
 
 /// Bits in a key (one page).

@@ -1,0 +1,34 @@
+//! # The daemon's algorithms, one module per stage of the pipeline
+//!
+//! `pagesift run` repeats one wake-up: discover → sample → index → ladder →
+//! actuate → account (docs/ARCHITECTURE.md). Discovery is the operating
+//! system's job (`pagesift-linux`, behind [`crate::source::MemorySource`]);
+//! every decision after it is here, in the order a page meets them:
+//!
+//! | stage | modules |
+//! |---|---|
+//! | **sample** | [`governor`] (CPU share → page budget per level), [`hints`] (XLH's stack of pages that just received file data, interleaved with the walk), [`ladder`] (levels, per-region permutations, judgement) |
+//! | **index** | [`hash`] (progressive partial hash), [`strength`] (how many words it reads), [`index`] (sharded stable/unstable tables) |
+//! | **one wake-up** | [`distill`] (sample → index → ladder, with the budgets above) |
+//! | **sweep** | [`sweep`] (every present page hashed once per epoch: duplicates wherever their twins live) |
+//! | **actuate** | [`write_watch`] (mark a region, around its written zones, or not at all), [`pacing`] (ksmd's closed loop), [`placement`] (nuKSM: which NUMA node a merged page lives on) |
+//! | **account** | [`savings`] (per-process figures grouped by cgroup, top N) |
+//! | **beside the loop** | [`scrub`] (Singleton: drop the host's page-cache copy of what a guest holds) |
+//!
+//! Invariant (the crate's): no `unsafe`, no I/O, no syscalls, no clock.
+//! Time and measured costs come in as arguments, so the same code runs the
+//! live daemon, the read-only sampled scan and the seeded simulation.
+
+pub mod distill;
+pub mod governor;
+pub mod hash;
+pub mod hints;
+pub mod index;
+pub mod ladder;
+pub mod pacing;
+pub mod placement;
+pub mod savings;
+pub mod scrub;
+pub mod strength;
+pub mod sweep;
+pub mod write_watch;
