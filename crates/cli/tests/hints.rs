@@ -98,7 +98,12 @@ fn hinted_file_reads_are_merged_and_the_readers_see_nothing() {
         }
         std::thread::sleep(Duration::from_millis(250));
     }
-    let st = d.status().expect("status");
+    // The status is published about once a second: wait for one that
+    // counts the hints (a snapshot from before the reads shows none).
+    let counted = 3 * file_pages;
+    let st = d.wait_for(Duration::from_secs(10), "hints counted", |s| {
+        s["hints"]["received"].as_u64().unwrap_or(0) >= counted
+    });
     eprintln!(
         "{merged} of {} buffer pages merged {:.1} s after the reads; hints {}",
         3 * file_pages,
