@@ -10,7 +10,7 @@
 //! | `short-lived` | map N MiB of one content, keep it T, unmap, wait T; T = 2, 1, 0.5, 0.2 s | §8.1.3 |
 //! | `sparse-only` | random memory only: nothing to merge, every CPU-second is idle cost | idle-cost control |
 //! | `fork-family` | a parent and 3 children sharing frames after fork, each child rewriting a quarter of the pages | — |
-//! | `interpreter-workers` | real `python3` processes holding the same data file beside a private buffer they rewrite (4 × 24 + 8 MiB quick, 6 × 48 + 16 MiB full) | issue 10 |
+//! | `interpreter-workers` | real `python3` processes holding the same data file beside a private buffer they rewrite (4 × 24 + 8 MiB quick, 6 × 48 + 16 MiB full) | pagesift's real-workload goals |
 //! | `vm-boot` | QEMU/TCG guests started 10 s apart (3 quick, 10 full, 512 MiB each) that read the same files from their own copy of a disk | §8.2.1, Fig. 10a |
 //!
 //! Whole MiB are always multiples of max_page_sharing × 4 KiB = 1 MiB, so
@@ -166,7 +166,7 @@ pub enum Goal {
     },
 }
 
-/// A goal and where it was set (`issue 10, goal 2`).
+/// A goal and where it was set (`UKSM §8.2.1`, `real-workload goal 2`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GoalSpec {
     /// Where the goal comes from.
@@ -428,7 +428,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         reference: pagesift,
         goals: Vec::new(),
     });
-    // Issue 10: six python3 interpreters, each holding the same 48 MiB
+    // Real workloads: six python3 interpreters, each holding the same 48 MiB
     // file and 16 MiB of private data rewritten every 5 ms; quick: 4 × (24
     // + 8) MiB, which KSM at 1000 pages merges well inside the window.
     let workers = InterpreterPlan {
@@ -442,7 +442,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
     v.push(Experiment {
         name: "interpreter-workers".into(),
         group: "interpreter-workers",
-        paper: "issue 10",
+        paper: "pagesift's real-workload goals",
         about: format!(
             "{} python3 processes ({}) each read the same {} MiB file of random bytes into a \
              bytes object and keep a private bytearray of {} MiB, {} bytes of which they rewrite \
@@ -470,7 +470,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         window_s: window(40.0),
         reference: pagesift,
         goals: vec![GoalSpec {
-            source: "issue 10, goal 2",
+            source: "real-workload goal 2",
             goal: Goal::ReachExact {
                 system: pagesift,
                 against: ksm1000,
@@ -522,7 +522,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         reference: pagesift,
         goals: vec![
             GoalSpec {
-                source: "issue 10, goal 1",
+                source: "real-workload goal 1",
                 goal: Goal::SaveAsMuch {
                     system: pagesift,
                     against: ksm1000,
@@ -531,7 +531,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
                 },
             },
             GoalSpec {
-                source: "issue 10, goal 1 (UKSM §8.2.1's 3×: twice)",
+                source: "real-workload goal 1 (UKSM §8.2.1's 3×: twice)",
                 goal: Goal::SaveAsMuch {
                     system: pagesift,
                     against: ksm1000,

@@ -153,15 +153,7 @@ pub fn markdown(costs: &Costs, guest_line: &str) -> String {
             }
         }
     }
-    let _ = writeln!(s, "\nGoals:\n");
-    for (goal, met, evidence) in goals(costs) {
-        let verdict = match met {
-            Some(true) => "met",
-            Some(false) => "**not met**",
-            None => "not judged",
-        };
-        let _ = writeln!(s, "- {goal}: {verdict} ({evidence}).");
-    }
+    s.push_str(&crate::goal_list(&goals(costs)));
     let _ = writeln!(
         s,
         "\nLimits: TCG emulates the guest's CPU, so the times are many times the host's and \

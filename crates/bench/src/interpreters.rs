@@ -1,4 +1,4 @@
-//! The interpreter-workers experiment's workload (issue 10): real `python3`
+//! The interpreter-workers experiment's workload (pagesift's real-workload goals): real `python3`
 //! processes, not our workload binary, holding a large block of the same
 //! bytes beside private memory they keep rewriting.
 //!

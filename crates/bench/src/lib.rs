@@ -479,16 +479,11 @@ fn run_page_cache(ctx: &Context, opts: &BenchOptions) -> Result<Summary, BenchEr
     };
     let json = serde_json::to_string_pretty(&summary).expect("a summary serializes");
     write_file(&opts.out.join("results.json"), &json)?;
-    if let Some(doc) = &opts.write_docs {
-        let old = std::fs::read_to_string(doc)
-            .map_err(|e| BenchError::Output(format!("{}: {e}", doc.display())))?;
-        let key = docs_key(opts);
-        let text = format!(
-            "## pagesift bench ({}): Singleton §4's page-cache experiment\n\n{head}\n{section}",
-            key.trim_start_matches("bench-"),
-        );
-        write_file(doc, &report::splice_docs(&old, &key, &text))?;
-    }
+    write_docs_section(
+        opts,
+        "Singleton §4's page-cache experiment",
+        &format!("{head}\n{section}"),
+    )?;
     ctx.progress.note(&format!(
         "done in {:.0} s: {}",
         t0.elapsed().as_secs_f64(),
@@ -525,16 +520,7 @@ pub(crate) fn finish_own_report(
     );
     let text = format!("# pagesift bench report\n\n{first}\n{body}");
     write_file(&opts.out.join("report.md"), &text)?;
-    if let Some(doc) = &opts.write_docs {
-        let old = std::fs::read_to_string(doc)
-            .map_err(|e| BenchError::Output(format!("{}: {e}", doc.display())))?;
-        let key = docs_key(opts);
-        let section = format!(
-            "## pagesift bench ({}): {title}\n\n{first}\n{body}",
-            key.trim_start_matches("bench-"),
-        );
-        write_file(doc, &report::splice_docs(&old, &key, &section))?;
-    }
+    write_docs_section(opts, title, &format!("{first}\n{body}"))?;
     progress.note(&format!(
         "done in {:.0} s: {}",
         t0.elapsed().as_secs_f64(),
@@ -545,6 +531,38 @@ pub(crate) fn finish_own_report(
         experiments: Vec::new(),
         out: opts.out.clone(),
     })
+}
+
+/// "Goals:" and one line a goal, judged: (goal, met, evidence), `None`
+/// for not judged (the guest experiments' reports).
+pub(crate) fn goal_list(goals: &[(String, Option<bool>, String)]) -> String {
+    let mut s = String::from("\nGoals:\n\n");
+    for (goal, met, evidence) in goals {
+        let verdict = match met {
+            Some(true) => "met",
+            Some(false) => "**not met**",
+            None => "not judged",
+        };
+        s.push_str(&format!("- {goal}: {verdict} ({evidence}).\n"));
+    }
+    s
+}
+
+/// With `--write-docs`, puts `text` into the docs file as this
+/// invocation's section (between its markers, [`docs_key`]), headed
+/// "pagesift bench (KEY): `title`".
+fn write_docs_section(opts: &BenchOptions, title: &str, text: &str) -> Result<(), BenchError> {
+    let Some(doc) = &opts.write_docs else {
+        return Ok(());
+    };
+    let old = std::fs::read_to_string(doc)
+        .map_err(|e| BenchError::Output(format!("{}: {e}", doc.display())))?;
+    let key = docs_key(opts);
+    let section = format!(
+        "## pagesift bench ({}): {title}\n\n{text}",
+        key.trim_start_matches("bench-"),
+    );
+    write_file(doc, &report::splice_docs(&old, &key, &section))
 }
 
 /// The docs section an invocation writes: `bench-quick`, `bench-full`,
@@ -665,17 +683,11 @@ fn run_all(
         .collect();
     let json = serde_json::to_string_pretty(&summary).expect("a summary serializes");
     write_file(&opts.out.join("results.json"), &json)?;
-    if let Some(doc) = &opts.write_docs {
-        let old = std::fs::read_to_string(doc)
-            .map_err(|e| BenchError::Output(format!("{}: {e}", doc.display())))?;
-        let key = docs_key(opts);
-        let section = format!(
-            "## pagesift bench ({}): UKSM §8.1–8.2's experiments against the kernel's KSM\n\n{}",
-            key.trim_start_matches("bench-"),
-            report::markdown(&summary.header, &results, false)
-        );
-        write_file(doc, &report::splice_docs(&old, &key, &section))?;
-    }
+    write_docs_section(
+        opts,
+        "UKSM §8.1–8.2's experiments against the kernel's KSM",
+        &report::markdown(&summary.header, &results, false),
+    )?;
     ctx.progress.note(&format!(
         "done in {:.0} s ({:.0} s of it waiting for other KSM users): {}",
         t0.elapsed().as_secs_f64(),

@@ -15,7 +15,7 @@
 //! - **Efficiency**: MiB saved at `t99` / CPU-seconds to `t99` (the paper's
 //!   memory_saving / deduplication_CPU_consumption).
 //! - **CPU-seconds over the window**: cumulative CPU at the end of the
-//!   fixed window (issue 5: some KSM settings keep burning CPU after
+//!   fixed window (some KSM settings keep burning CPU after
 //!   merging, e.g. on full stable chains).
 //! - **Mean saved**: the time-weighted mean of a series over an interval
 //!   (trapezoids), for workloads that never settle (COW-broken,

@@ -274,15 +274,7 @@ pub fn markdown(plan: &NumaPlan, results: &[ScenarioResult], guest_line: &str) -
             }
         );
     }
-    let _ = writeln!(s, "\nGoals:\n");
-    for (goal, met, evidence) in goals(results) {
-        let verdict = match met {
-            Some(true) => "met",
-            Some(false) => "**not met**",
-            None => "not judged",
-        };
-        let _ = writeln!(s, "- {goal}: {verdict} ({evidence}).");
-    }
+    s.push_str(&crate::goal_list(&goals(results)));
     let _ = writeln!(
         s,
         "\nLimits: QEMU's TCG emulates no remote-memory latency (a guest's two nodes are one host \

@@ -39,7 +39,7 @@
 use crate::experiment::{Goal, GoalSpec, Mode};
 use crate::guest::image::{PayloadFile, disk_init_with};
 use crate::guest::{Guest, GuestImage, GuestOptions, ImageOptions};
-use crate::procs::{self, Spawned};
+use crate::procs::Spawned;
 use crate::report::{self, Verdict};
 use crate::run::{RunResult, clean_slate};
 use crate::sampler::metric;
@@ -49,10 +49,9 @@ use crate::{BenchError, Context};
 use pagesift_core::pipeline::governor::Governor;
 use pagesift_linux::ksm::Run;
 use pagesift_linux::page_cache::ImageCache;
-use pagesift_linux::sys::DeathSignal;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Sizes and times of one invocation.
@@ -566,48 +565,10 @@ fn run_system(
 /// `pagesift run` for `system` on the guests `pids`, once its status
 /// socket is up (it has KSM's lock then).
 fn spawn_daemon(ctx: &Context, system: System, pids: &[u32]) -> Result<Spawned, BenchError> {
-    let name = system.name();
-    let stem = format!("page-cache-{}", crate::run::sanitize(&name));
-    let config = ctx.work_dir.join(format!("{stem}.toml"));
-    std::fs::write(&config, system.config_toml().unwrap_or_default())
-        .map_err(|e| BenchError::Output(format!("{}: {e}", config.display())))?;
-    let socket = ctx
-        .work_dir
-        .join(format!("pagesift-bench-{}.sock", std::process::id()));
-    let log_path = ctx.log_dir.join(format!("{stem}.log"));
-    let log = std::fs::File::create(&log_path)
-        .map_err(|e| BenchError::Output(format!("{}: {e}", log_path.display())))?;
-    let mut cmd = Command::new(&ctx.pagesift_bin);
-    cmd.arg("run")
-        .arg("--config")
-        .arg(&config)
-        .arg("--socket")
-        .arg(&socket)
-        .arg("--ksm-wait")
-        .arg(ctx.ksm_wait.as_secs().to_string());
-    for pid in pids {
-        cmd.arg("--pid").arg(pid.to_string());
-    }
-    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
-    let _ = std::fs::remove_file(&socket);
-    let mut d = Spawned::spawn(
-        "pagesift run",
-        &mut cmd,
-        DeathSignal::Term,
-        Duration::from_secs(20),
-    )?;
-    procs::wait_until_listening(
-        &mut d,
-        &socket,
-        ctx.ksm_wait + Duration::from_secs(30),
-        &log_path,
-        |_| {
-            if ctx.term.requested() {
-                return Err(BenchError::Interrupted);
-            }
-            Ok(())
-        },
-    )?;
+    let stem = format!("page-cache-{}", crate::run::sanitize(&system.name()));
+    let config = system.config_toml().unwrap_or_default();
+    let (d, _, _, waited) = crate::run::start_daemon(ctx, &stem, &config, &[], pids)?;
+    ctx.add_lock_wait(waited);
     Ok(d)
 }
 

@@ -194,7 +194,7 @@ pub fn table(rows: &[Row], window_s: f64) -> String {
 /// A goal judged from the runs of one experiment.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Verdict {
-    /// Where the goal was set (`issue 10, goal 2`).
+    /// Where the goal was set (`UKSM §8.2.1`, `real-workload goal 2`).
     pub source: String,
     /// The goal in words.
     pub goal: String,
@@ -827,7 +827,7 @@ mod tests {
 
     fn reach_goal() -> GoalSpec {
         GoalSpec {
-            source: "issue 10, goal 2",
+            source: "real-workload goal 2",
             goal: Goal::ReachExact {
                 system: crate::system::System::pagesift(
                     pagesift_core::pipeline::governor::Governor::Full,
@@ -893,7 +893,7 @@ mod tests {
         assert!(md.contains("| pagesift-full | 100.0 | 20.00 |"), "{md}");
         assert!(md.contains("| ksm-1000 | 100.0 | 5.00 |"), "{md}");
         assert!(
-            md.contains("**Goal (issue 10, goal 2): pagesift-full reaches 90 %"),
+            md.contains("**Goal (real-workload goal 2): pagesift-full reaches 90 %"),
             "{md}"
         );
         assert!(md.contains(": not met.**"), "{md}");
@@ -902,7 +902,7 @@ mod tests {
     #[test]
     fn save_as_much_goal_compares_saving_and_cpu() {
         let g = GoalSpec {
-            source: "issue 10, goal 1",
+            source: "real-workload goal 1",
             goal: Goal::SaveAsMuch {
                 system: crate::system::System::pagesift(
                     pagesift_core::pipeline::governor::Governor::Full,

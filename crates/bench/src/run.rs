@@ -38,6 +38,7 @@ use crate::{BenchError, Context};
 use pagesift_core::pipeline::pacing::{KsmdTick, Pacer, PacingConfig, PacingDemand};
 use pagesift_linux::ksm::{AdvisorMode, GuardOptions, Knob, KsmError, KsmGuard, Run};
 use pagesift_linux::sys::DeathSignal;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -266,7 +267,6 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
     match system {
         System::Pagesift { governor, .. } => {
             let stem = format!("{}-{}", exp.name, sanitize(&name));
-            let config = ctx.work_dir.join(format!("{stem}.toml"));
             let mut text = system.config_toml().unwrap_or_default();
             if exp.guests.is_some() {
                 // Guests start after the daemon: eligible by executable.
@@ -277,55 +277,10 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
                     qemu.display().to_string()
                 ));
             }
-            std::fs::write(&config, text)
-                .map_err(|e| BenchError::Output(format!("{}: {e}", config.display())))?;
-            let socket = ctx
-                .work_dir
-                .join(format!("pagesift-bench-{}.sock", std::process::id()));
-            let log_path = ctx.log_dir.join(format!("{stem}.log"));
-            let log = std::fs::File::create(&log_path)
-                .map_err(|e| BenchError::Output(format!("{}: {e}", log_path.display())))?;
-            let mut cmd = Command::new(&ctx.pagesift_bin);
-            cmd.arg("run")
-                .arg("--governor")
-                .arg(governor.to_string())
-                .arg("--config")
-                .arg(&config)
-                .arg("--socket")
-                .arg(&socket)
-                .arg("--ksm-wait")
-                .arg(ctx.ksm_wait.as_secs().to_string());
-            for w in &loads {
-                for pid in w.pids() {
-                    cmd.arg("--pid").arg(pid.to_string());
-                }
-            }
-            cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
-            let _ = std::fs::remove_file(&socket);
-            let mut d = Spawned::spawn("pagesift run", &mut cmd, DeathSignal::Term, DAEMON_GRACE)?;
-            // t = 0 is when the daemon owns KSM: it opens its status socket
-            // right after taking KSM's lock, which another KSM user (a
-            // test) may hold for a while; until then its counters are not
-            // the daemon's.
-            let mut told = false;
-            let waited = procs::wait_until_listening(
-                &mut d,
-                &socket,
-                ctx.ksm_wait + Duration::from_secs(30),
-                &log_path,
-                |waited| {
-                    if ctx.term.requested() {
-                        return Err(BenchError::Interrupted);
-                    }
-                    if !told && waited > Duration::from_secs(3) {
-                        ctx.progress.note(
-                            "waiting for pagesift run to take KSM's lock (another user holds it)",
-                        );
-                        told = true;
-                    }
-                    Ok(())
-                },
-            )?;
+            let pids: Vec<u32> = loads.iter().flat_map(|w| w.pids()).collect();
+            let governor = governor.to_string();
+            let (d, socket, log_path, waited) =
+                start_daemon(ctx, &stem, &text, &["--governor", &governor], &pids)?;
             ctx.add_lock_wait(waited);
             if exp.files.is_some() {
                 // The readers read at t = 0: the hint program must watch
@@ -534,7 +489,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
     })
 }
 
-/// What a page looked at cost, in this run (issue 10's goal 6): ksmd's
+/// What a page looked at cost, in this run (the real-workload goal 6): ksmd's
 /// CPU per page it scanned, and, under pagesift, the daemon's sampling CPU
 /// (its distil phase) per page it sampled, from its status at the end of
 /// the window.
@@ -564,6 +519,64 @@ fn scan_cost(
         }
     }
     Ok(notes)
+}
+
+/// `pagesift run ARGS --pid PID...` as the bench runs it: its config
+/// (`config`) in `work_dir/STEM.toml`, its log in `log_dir/STEM.log`.
+/// Returns once its status socket listens, which it opens right after
+/// taking KSM's lock (another KSM user, a test, may hold that for a while;
+/// until then the counters are not the daemon's): the daemon, its socket,
+/// its log, and how long it waited for the lock.
+pub(crate) fn start_daemon(
+    ctx: &Context,
+    stem: &str,
+    config: &str,
+    args: &[&str],
+    pids: &[u32],
+) -> Result<(Spawned, PathBuf, PathBuf, Duration), BenchError> {
+    let config_path = ctx.work_dir.join(format!("{stem}.toml"));
+    std::fs::write(&config_path, config)
+        .map_err(|e| BenchError::Output(format!("{}: {e}", config_path.display())))?;
+    let socket = ctx
+        .work_dir
+        .join(format!("pagesift-bench-{}.sock", std::process::id()));
+    let log_path = ctx.log_dir.join(format!("{stem}.log"));
+    let log = std::fs::File::create(&log_path)
+        .map_err(|e| BenchError::Output(format!("{}: {e}", log_path.display())))?;
+    let mut cmd = Command::new(&ctx.pagesift_bin);
+    cmd.arg("run")
+        .args(args)
+        .arg("--config")
+        .arg(&config_path)
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--ksm-wait")
+        .arg(ctx.ksm_wait.as_secs().to_string());
+    for pid in pids {
+        cmd.arg("--pid").arg(pid.to_string());
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+    let _ = std::fs::remove_file(&socket);
+    let mut d = Spawned::spawn("pagesift run", &mut cmd, DeathSignal::Term, DAEMON_GRACE)?;
+    let mut told = false;
+    let waited = procs::wait_until_listening(
+        &mut d,
+        &socket,
+        ctx.ksm_wait + Duration::from_secs(30),
+        &log_path,
+        |waited| {
+            if ctx.term.requested() {
+                return Err(BenchError::Interrupted);
+            }
+            if !told && waited > Duration::from_secs(3) {
+                ctx.progress
+                    .note("waiting for pagesift run to take KSM's lock (another user holds it)");
+                told = true;
+            }
+            Ok(())
+        },
+    )?;
+    Ok((d, socket, log_path, waited))
 }
 
 /// `pagesift status --json` of the daemon on `socket`, if it answers.

@@ -1,4 +1,4 @@
-//! The loop: distil, promote, pace, account, demote (issue 4).
+//! The loop: distil, promote, pace, account, demote.
 //!
 //! ## One wake-up
 //! 1. **Refresh** (not every wake-up: see [`crate::target`]): re-read
@@ -363,6 +363,16 @@ struct Book {
 }
 
 impl Book {
+    /// Holds it out of promotion for its next hold time: `base_s`
+    /// seconds, doubled with every hold before ([`hold_time`]). The caller
+    /// takes it out of the ladder while held (see `release_holds`).
+    fn hold(&mut self, now: Nanos, base_s: u64) {
+        self.holds += 1;
+        self.mode = Mode::Held {
+            until: now + hold_time(base_s, self.holds),
+        };
+    }
+
     /// A region the sweep raised straight to the top level has not been
     /// watched on the way up, as a climbing one is from level 1: with write
     /// watching on, it waits up to [`RAISED_WATCH_WAIT`] for a watch (and
@@ -1258,10 +1268,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     );
                     self.marks
                         .remove(book.span.proc, book.span.start, book.span.end());
-                    book.holds += 1;
-                    book.mode = Mode::Held {
-                        until: now + hold_time(self.config.actuate.demote_hold_s, book.holds),
-                    };
+                    book.hold(now, self.config.actuate.demote_hold_s);
                     // Out of the ladder while held (see `release_holds`).
                     self.hidden.insert(r.id);
                     self.need_sync = true;
@@ -1309,7 +1316,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     }
 
     /// Unmarks what pagesift marked in processes that left the eligible
-    /// set ("ineligible always wins", issue 11 item 4): an `[ineligible]`
+    /// set ("ineligible always wins"): an `[ineligible]`
     /// entry after a reload, a uid or cgroup change, an exec (a new
     /// identity, see [`ProcKey`]). Their ledger ranges move to `departed`
     /// and get `MADV_UNMERGEABLE` in one batch per process, through the
@@ -1446,10 +1453,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             };
             let exclude = match verdict {
                 WriteVerdict::Hot => {
-                    b.holds += 1;
-                    b.mode = Mode::Held {
-                        until: now + hold_time(self.config.actuate.write_hold_s, b.holds),
-                    };
+                    b.hold(now, self.config.actuate.write_hold_s);
                     info!(
                         pid = b.span.proc.pid,
                         start = b.span.start,
@@ -1807,11 +1811,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                             self.counters.unmarks += 1;
                             for id in covered {
                                 if let Some(b) = self.books.get_mut(&id) {
-                                    b.holds += 1;
-                                    b.mode = Mode::Held {
-                                        until: now
-                                            + hold_time(self.config.actuate.demote_hold_s, b.holds),
-                                    };
+                                    b.hold(now, self.config.actuate.demote_hold_s);
                                     // Out of the ladder while held (see
                                     // `release_holds`).
                                     self.hidden.insert(id);
@@ -1838,11 +1838,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                                 if let Some(b) = self.books.get_mut(&id)
                                     && call.mergeable
                                 {
-                                    b.holds += 1;
-                                    b.mode = Mode::Held {
-                                        until: now
-                                            + hold_time(self.config.actuate.demote_hold_s, b.holds),
-                                    };
+                                    b.hold(now, self.config.actuate.demote_hold_s);
                                     self.hidden.insert(id);
                                     self.need_sync = true;
                                 }

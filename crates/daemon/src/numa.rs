@@ -434,19 +434,19 @@ pub struct NumaStatus {
 pub fn render(n: &NumaStatus) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();
-    let per_node: Vec<String> = n
-        .merged_per_node
-        .iter()
-        .enumerate()
-        .map(|(node, p)| format!("node {node}: {p}"))
-        .collect();
+    let per_node = |counts: &[u64]| -> String {
+        let v: Vec<String> = (counts.iter().enumerate())
+            .map(|(node, c)| format!("node {node}: {c}"))
+            .collect();
+        v.join(", ")
+    };
     let _ = writeln!(
         o,
         "\nNUMA placement: {} ({}), {} nodes; merged pages {}; {} moved, {} failed, {} left for a sharer not seen (not eligible, or merged mid-pass)",
         n.policy,
         n.tie,
         n.nodes,
-        per_node.join(", "),
+        per_node(&n.merged_per_node),
         n.migrations,
         n.migration_failures,
         n.foreign_sharers
@@ -467,16 +467,10 @@ pub fn render(n: &NumaStatus) -> String {
         );
     }
     if !n.decided_per_node.is_empty() {
-        let d: Vec<String> = n
-            .decided_per_node
-            .iter()
-            .enumerate()
-            .map(|(node, c)| format!("node {node}: {c}"))
-            .collect();
         let _ = writeln!(
             o,
             "  decided: {}; {} with every copy on one node, {} with a copy never seen unmerged",
-            d.join(", "),
+            per_node(&n.decided_per_node),
             n.unanimous,
             n.without_memo
         );
