@@ -359,6 +359,20 @@ struct Probe {
     below: u32,
 }
 
+impl Probe {
+    /// A probe starting at strength `s`, whose benefit there is `cur`.
+    fn at(s: u32, cur: f64) -> Probe {
+        Probe {
+            start: s,
+            reference: cur,
+            best_down: (s, cur),
+            best_up: (s, cur),
+            window: 0,
+            below: 0,
+        }
+    }
+}
+
 /// The adaptive hash-strength controller (see the module header).
 #[derive(Clone, Debug)]
 pub struct StrengthController {
@@ -561,14 +575,7 @@ impl StrengthController {
     /// and take the first step down by 1.
     fn start_probe(&mut self, cur: f64, cause: Trigger) -> ControllerState {
         let s = self.strength;
-        self.probe = Probe {
-            start: s,
-            reference: cur,
-            best_down: (s, cur),
-            best_up: (s, cur),
-            window: 0,
-            below: 0,
-        };
+        self.probe = Probe::at(s, cur);
         self.step_down(1);
         ControllerState::Probing {
             direction: Direction::Down,
@@ -581,14 +588,7 @@ impl StrengthController {
     /// and the reference of a new probe that begins with a step up by 1.
     fn start_probe_up(&mut self, cur: f64) -> ControllerState {
         let s = self.strength;
-        self.probe = Probe {
-            start: s,
-            reference: cur,
-            best_down: (s, cur),
-            best_up: (s, cur),
-            window: 0,
-            below: 0,
-        };
+        self.probe = Probe::at(s, cur);
         self.strength = s.saturating_add(1).min(self.config.max);
         ControllerState::Probing {
             direction: Direction::Up,

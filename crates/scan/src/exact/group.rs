@@ -426,6 +426,11 @@ impl Grouper {
 
     fn join(&mut self, g: GroupIx, loc: Loc, hash: u64) {
         self.census.add_frame(g, loc.region);
+        self.count_page(g, loc, hash);
+    }
+
+    /// Counts a page placed in group `g`, and records it when asked to.
+    fn count_page(&mut self, g: GroupIx, loc: Loc, hash: u64) {
         self.stats.pages += 1;
         if let Some(r) = &mut self.records {
             r.push(PageRecord {
@@ -454,14 +459,7 @@ impl Grouper {
             slot: NONE,
             lost: false,
         });
-        self.stats.pages += 1;
-        if let Some(r) = &mut self.records {
-            r.push(PageRecord {
-                loc,
-                hash,
-                group: g,
-            });
-        }
+        self.count_page(g, loc, hash);
         g
     }
 
