@@ -710,6 +710,27 @@ pub fn render(s: &Status) -> String {
             );
         }
     }
+    let h = &s.hints;
+    let _ = match h.state.as_str() {
+        "on" => writeln!(
+            o,
+            "\nI/O hints: on ({}): {} syscall events, {} pages hinted, {} stacked for sampling, {} found duplicated, {} pages marked from them; {} events lost to a full ring",
+            h.hook.as_deref().unwrap_or("?"),
+            h.events,
+            h.received,
+            h.pushed,
+            h.duplicates,
+            h.pages_marked,
+            h.dropped_ring
+        ),
+        "off" => writeln!(o, "\nI/O hints: off ([hints] enabled = false)"),
+        "unavailable" => writeln!(
+            o,
+            "\nI/O hints: unavailable: {}",
+            printable(h.reason.as_deref().unwrap_or("no reason given"))
+        ),
+        _ => writeln!(o, "\nI/O hints: starting"),
+    };
     if let Some(n) = &s.numa {
         o.push_str(&crate::numa::render(n));
     }
@@ -841,6 +862,27 @@ mod tests {
         assert!(t.contains("/tmp/x\\x1b"), "{t}");
         assert!(t.contains("\\x0afake line"), "{t}");
         assert_eq!(t.lines().count(), render(&sample()).lines().count());
+    }
+
+    #[test]
+    fn the_text_says_where_hints_come_from_or_why_not() {
+        let mut s = sample();
+        s.hints.state = "on".into();
+        s.hints.hook = Some("tp_btf/sys_exit".into());
+        s.hints.events = 96;
+        s.hints.received = 6144;
+        let t = render(&s);
+        assert!(
+            t.contains("I/O hints: on (tp_btf/sys_exit): 96 syscall events, 6144 pages hinted"),
+            "{t}"
+        );
+        s.hints.state = "unavailable".into();
+        s.hints.reason = Some("missing capability CAP_BPF".into());
+        assert!(
+            render(&s).contains("I/O hints: unavailable: missing capability CAP_BPF"),
+            "{}",
+            render(&s)
+        );
     }
 
     #[test]
