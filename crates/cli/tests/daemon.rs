@@ -846,7 +846,8 @@ fn peak_rss_kib(pid: u32) -> u64 {
 /// cap of 20 000: the daemon tracks exactly the cap, says how many it left
 /// out, and its memory stays within the cap's bound (docs/reliability.md
 /// measures about 3 KiB per region; 6 KiB per region plus 64 MiB is
-/// allowed here). Without the cap it held 2.2 KiB per VMA, 430 MiB for
+/// allowed here). Without the cap it held 2.2 KiB per VMA (1.1 GiB for
+/// 500 000 one-page VMAs), which would be about 430 MiB for
 /// these processes.
 #[test]
 fn a_daemon_over_more_regions_than_its_cap_stays_bounded() {

@@ -186,7 +186,7 @@ pub struct ScanSection {
     /// Most regions (VMAs and sub-regions) tracked at once; when eligible
     /// processes map more, the smallest are left out (status:
     /// `totals.regions_left_out`). Everything the daemon keeps grows with
-    /// the regions it tracks, about 2.2 KiB of resident memory each
+    /// the regions it tracks, about 2.9 KiB of resident memory each
     /// (docs/reliability.md), so this bounds its memory.
     pub max_regions: usize,
     /// Shortest interval in ms between two checks of /proc for new

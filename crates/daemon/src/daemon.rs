@@ -532,7 +532,6 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// No refresh the loop asks for itself (after marking, a process gone)
     /// before this: see [`FORCED_REFRESH_CPU`].
     earliest_forced: Nanos,
-    last_refresh: Nanos,
     /// The periodic refresh is due (see [`MAX_REFRESH_INTERVAL`]).
     next_periodic_refresh: Nanos,
     last_account: Nanos,
@@ -613,7 +612,6 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             next_check: now,
             earliest_refresh: now,
             earliest_forced: now,
-            last_refresh: now,
             next_periodic_refresh: now + MAX_REFRESH_INTERVAL,
             last_account: now,
             account_from: None,
@@ -1144,7 +1142,6 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let cost = host::thread_cpu_ns().saturating_sub(t0);
         self.earliest_refresh = now + (cost as f64 / self.config.scan.refresh_cpu) as Nanos;
         self.earliest_forced = now + (cost as f64 / FORCED_REFRESH_CPU) as Nanos;
-        self.last_refresh = now;
         // At least every MAX_REFRESH_INTERVAL, but no more CPU than
         // FORCED_REFRESH_CPU for it when a refresh is that costly.
         self.next_periodic_refresh =

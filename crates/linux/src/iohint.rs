@@ -17,10 +17,12 @@
 //! (`__x64_sys_read`, ...) and only for the syscalls enabled. That needs
 //! no tracefs and no kprobes, and the data is in the buffer when it fires
 //! (XLH records the hint only after the I/O for the same reason, §4.4).
-//! Other syscalls pay nothing: an earlier version used the raw tracepoint
-//! `sys_exit`, which runs on every syscall exit of every process and cost
-//! a process that was not even watched 14-23 % on cached 4 KiB reads
-//! (docs/benchmarks.md, files experiment). For a process whose tgid is in the `tgids` map
+//! Other syscalls pay nothing. Where the kernel refuses BPF trampolines
+//! (this project's machines do), the program attaches to the raw
+//! tracepoint `sys_exit` instead ([`Hook`]), which runs on every syscall
+//! exit of every process, so that even a process not watched pays on every
+//! syscall (docs/benchmarks.md, files experiment). For a process whose
+//! tgid is in the `tgids` map
 //! (the daemon keeps it equal to its eligible processes), after a syscall
 //! of an enabled [`Syscall`] that moved `ret > 0` bytes, it clips the
 //! buffer to `ret` (for vector calls: the iovecs in order until `ret` is

@@ -20,7 +20,7 @@
 //!
 //! ## How many regions
 //! Everything the daemon keeps grows with the regions it tracks (about
-//! 1.5 KiB of heap and 2.2 KiB of resident memory per region, measured
+//! 2.9 KiB of resident memory per region, measured by `scripts/vma-bound`
 //! with one-page VMAs; see docs/reliability.md), and a process can map
 //! tens of thousands of VMAs. So at most [`SourceConfig::max_regions`] are
 //! tracked: when a discovery finds more, the largest are kept (ties: the
