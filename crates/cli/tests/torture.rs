@@ -55,6 +55,15 @@ fn daemon_killed_at_random_moments_harms_no_target() {
         r["bad_inputs"]
     );
     assert!(r["figures"]["signals_checked"].as_u64().unwrap() > 0);
+    // The daemons did inject before they died (counted from their own
+    // logs): a campaign whose daemons all die before their first
+    // injection proves nothing about death during one.
+    let f = &r["figures"];
+    let injected: u64 = ["marks", "wt_registers", "recovered_unmarks"]
+        .iter()
+        .map(|k| f[k].as_u64().unwrap())
+        .sum();
+    assert!(f["runs_that_injected"].as_u64().unwrap() > 0 && injected > 0, "{f}");
     assert!(out.status.success(), "{stderr}");
 }
 
