@@ -63,7 +63,10 @@ fn daemon_killed_at_random_moments_harms_no_target() {
         .iter()
         .map(|k| f[k].as_u64().unwrap())
         .sum();
-    assert!(f["runs_that_injected"].as_u64().unwrap() > 0 && injected > 0, "{f}");
+    assert!(
+        f["runs_that_injected"].as_u64().unwrap() > 0 && injected > 0,
+        "{f}"
+    );
     assert!(out.status.success(), "{stderr}");
 }
 

@@ -903,6 +903,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let eligible: Vec<(u32, String)> = (self.allowed.keys())
             .map(|pid| (*pid, self.comms.get(pid).cloned().unwrap_or_default()))
             .collect();
+        scrub.set_io_hints(self.hints.on());
         scrub.tick(now, &eligible);
     }
 

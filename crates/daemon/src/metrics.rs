@@ -252,6 +252,14 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     ("scrubs", "Page-cache scrubs run"),
     (
+        "scrub_indexed_pages",
+        "Guest pages read to index guest RAM for scrubbing",
+    ),
+    (
+        "scrub_full_indexes",
+        "Index passes over a guest's whole RAM (the others read only hinted pages)",
+    ),
+    (
         "scrub_cpu_seconds",
         "CPU time spent scrubbing the host page cache",
     ),
@@ -454,6 +462,8 @@ impl Metrics {
         if let Some(sc) = &s.scrub {
             self.advance("scrub_dropped_pages", sc.dropped_pages as f64);
             self.advance("scrubs", sc.scrubs as f64);
+            self.advance("scrub_indexed_pages", sc.indexed_pages as f64);
+            self.advance("scrub_full_indexes", sc.full_indexes as f64);
             self.advance("scrub_cpu_seconds", sc.cpu_seconds);
             self.image_cached.clear();
             for i in &sc.images {

@@ -13,7 +13,12 @@
 //! 2. **Index the guest** ([`pagesift_linux::guest_ram`],
 //!    [`pagesift_core::pipeline::scrub::GuestIndex`]): every present page of its
 //!    guest RAM is hashed (xxh3-64) into the hash table, which also counts
-//!    the guest's evictions (§3.3).
+//!    the guest's evictions (§3.3). While the I/O hints flow, only the
+//!    first scrub of a guest and every [`FULL_INDEX_EVERY`]-th one read
+//!    all of its RAM; the others re-read just the guest pages the hints
+//!    named since the last scrub (QEMU's reads into guest RAM and writes
+//!    from it: the only pages whose content can newly match the image's
+//!    cache), see [`Scrubber::note_io`].
 //! 3. **Match the host cache** ([`pagesift_linux::page_cache`]): the
 //!    image's cached pages (`mincore`) are read without I/O and hashed; a
 //!    hash found in the index is compared byte for byte with the guest page
@@ -55,6 +60,13 @@ use tracing::{debug, info, warn};
 /// Host-cache pages read per `preadv2` while matching.
 const READ_BATCH_PAGES: usize = 256;
 
+/// With I/O hints, one scrub in this many indexes all of a guest's RAM;
+/// the others only the pages hinted since the last scrub. The full ones
+/// catch content the hints cannot see (the guest copying data within its
+/// own RAM); until then such a page's host copy is only kept, never
+/// wrongly dropped.
+pub const FULL_INDEX_EVERY: u64 = 8;
+
 /// What one image looked like at its last scrub.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ImageStatus {
@@ -89,6 +101,13 @@ pub struct ScrubStatus {
     pub last_trigger: String,
     /// Guest page replacements seen (Singleton §3.3's eviction signal).
     pub guest_evictions: u64,
+    /// Guest pages read to index guest RAM, all scrubs.
+    #[serde(default)]
+    pub indexed_pages: u64,
+    /// Index passes over a guest's whole RAM; the others re-read only
+    /// hinted pages.
+    #[serde(default)]
+    pub full_indexes: u64,
     /// Per image.
     pub images: Vec<ImageStatus>,
     /// The last error per guest, if any.
@@ -119,6 +138,15 @@ struct Guest {
     ram: GuestRam,
     index: GuestIndex,
     images: BTreeMap<(u64, u64), (DiskImage, ImageStatus)>,
+    /// Scrubs since its last full index pass (`None`: none yet).
+    since_full: Option<u64>,
+    /// Guest pages the I/O hints named since the last scrub: (first
+    /// address, pages).
+    hinted: Vec<(u64, u64)>,
+    /// Their sum.
+    hinted_pages: u64,
+    /// More were named than a full pass reads: do one.
+    hinted_overflow: bool,
 }
 
 /// The orchestration (see the module header).
@@ -130,6 +158,8 @@ pub struct Scrubber {
     guests: BTreeMap<u32, Guest>,
     folios: Option<FolioFinder>,
     status: ScrubStatus,
+    /// Whether the I/O hints flow (see [`Scrubber::note_io`]).
+    io_hints: bool,
 }
 
 impl Scrubber {
@@ -153,6 +183,39 @@ impl Scrubber {
             guests: BTreeMap::new(),
             folios: None,
             status: ScrubStatus::default(),
+            io_hints: false,
+        }
+    }
+
+    /// Says whether the I/O hints flow. Without them every scrub indexes
+    /// all of each guest's RAM.
+    pub fn set_io_hints(&mut self, on: bool) {
+        if on != self.io_hints {
+            self.io_hints = on;
+            for g in self.guests.values_mut() {
+                g.since_full = None; // hints missed or about to be: start over
+                g.hinted.clear();
+                g.hinted_pages = 0;
+            }
+        }
+    }
+
+    /// An I/O hint: process `pid` read file data into (or wrote it from)
+    /// `pages` pages at `start`. Kept for the guest's next scrub, which
+    /// re-indexes just these pages (module header, step 2).
+    pub fn note_io(&mut self, pid: u32, start: u64, pages: u64) {
+        let Some(g) = self.guests.get_mut(&pid) else {
+            return; // not a guest yet: its first scrub reads all of it
+        };
+        if g.hinted_overflow {
+            return;
+        }
+        g.hinted.push((start, pages));
+        g.hinted_pages += pages;
+        if g.hinted_pages > g.ram.pages() {
+            g.hinted.clear();
+            g.hinted_pages = 0;
+            g.hinted_overflow = true;
         }
     }
 
@@ -248,6 +311,10 @@ impl Scrubber {
                 ram: GuestRam::open(pid, min_bytes)?,
                 index: GuestIndex::new(),
                 images: BTreeMap::new(),
+                since_full: None,
+                hinted: Vec::new(),
+                hinted_pages: 0,
+                hinted_overflow: false,
             });
         }
         if self.folios.is_none() {
@@ -258,7 +325,21 @@ impl Scrubber {
         guest
             .images
             .retain(|id, _| found.iter().any(|i| (i.dev, i.ino) == *id));
-        index_guest(guest)?;
+        let full = !self.io_hints
+            || guest.hinted_overflow
+            || guest.since_full.is_none_or(|n| n + 1 >= FULL_INDEX_EVERY);
+        let read = if full {
+            guest.since_full = Some(0);
+            self.status.full_indexes += 1;
+            index_guest(guest)?
+        } else {
+            guest.since_full = guest.since_full.map(|n| n + 1);
+            update_index(guest)?
+        };
+        guest.hinted.clear();
+        guest.hinted_pages = 0;
+        guest.hinted_overflow = false;
+        self.status.indexed_pages += read;
         let mut passes = Vec::new();
         for image in found {
             let id = (image.dev, image.ino);
@@ -353,16 +434,49 @@ pub fn page_hash(bytes: &[u8]) -> u64 {
     twox_hash::XxHash3_64::oneshot(&pieces)
 }
 
-fn index_guest(guest: &mut Guest) -> Result<(), LinuxError> {
+/// The first eight bytes of a page (the index's "head", §3.3).
+fn page_head(bytes: &[u8]) -> u64 {
+    u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"))
+}
+
+/// A full index pass over the guest's RAM; returns the pages read.
+fn index_guest(guest: &mut Guest) -> Result<u64, LinuxError> {
     let index = &mut guest.index;
     index.begin_pass(guest.ram.pages() as usize);
-    guest.ram.for_each_page(|addr, page| {
+    let read = guest.ram.for_each_page(|addr, page| {
         let bytes: &[u8] = bytemuck::bytes_of(page);
-        let head = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
-        index.insert(addr, page_hash(bytes), head);
+        index.insert(addr, page_hash(bytes), page_head(bytes));
     })?;
     index.end_pass();
-    Ok(())
+    Ok(read)
+}
+
+/// Re-indexes the pages the hints named since the last scrub (module
+/// header, step 2); returns the pages read. A page that is not present
+/// (any more) is left as it was: a match on it fails its byte check.
+fn update_index(guest: &mut Guest) -> Result<u64, LinuxError> {
+    let page = PAGE_SIZE as u64;
+    let mut addrs: Vec<u64> = guest
+        .hinted
+        .iter()
+        .flat_map(|&(start, pages)| (0..pages).map(move |k| start + k * page))
+        .collect();
+    addrs.sort_unstable();
+    addrs.dedup();
+    let mut read = 0;
+    let mut pages: Vec<PageWords> = vec![[0; WORDS_PER_PAGE]; READ_BATCH_PAGES];
+    let mut present = vec![false; READ_BATCH_PAGES];
+    for chunk in addrs.chunks(READ_BATCH_PAGES) {
+        guest.ram.read_pages(chunk, &mut pages, &mut present)?;
+        for (i, &addr) in chunk.iter().enumerate() {
+            if present[i] {
+                let bytes: &[u8] = bytemuck::bytes_of(&pages[i]);
+                guest.index.update(addr, page_hash(bytes), page_head(bytes));
+                read += 1;
+            }
+        }
+    }
+    Ok(read)
 }
 
 /// Scrubs one image of one guest whose index is fresh (steps 3 to 5 of the
@@ -381,7 +495,14 @@ pub fn scrub_image(
     let mut pages: Vec<CachedPage> = Vec::with_capacity(cached.len());
     let mut verified: Vec<u64> = Vec::new();
     let mut buf = vec![0u8; READ_BATCH_PAGES * PAGE_SIZE];
-    let mut guest_page: PageWords = [0; WORDS_PER_PAGE];
+    // The guest side of one batch: candidates (guest address, slot in the
+    // batch) in address order, so that neighbouring guest pages are read
+    // together (`GuestRam::read_pages`).
+    let mut candidates: Vec<(u64, usize)> = Vec::with_capacity(READ_BATCH_PAGES);
+    let mut addrs: Vec<u64> = Vec::with_capacity(READ_BATCH_PAGES);
+    let mut guest_pages: Vec<PageWords> = vec![[0; WORDS_PER_PAGE]; READ_BATCH_PAGES];
+    let mut guest_present = vec![false; READ_BATCH_PAGES];
+    let mut held = vec![Held::No; READ_BATCH_PAGES];
     let mut k = 0;
     while k < cached.len() {
         // A run of consecutive cached pages, at most one batch.
@@ -390,27 +511,31 @@ pub fn scrub_image(
         {
             n += 1;
         }
+        // Pages past `got` were evicted since mincore: nothing to drop.
         let got = cache.read_cached(cached[k], &mut buf[..n * PAGE_SIZE])?;
+        candidates.clear();
+        for i in 0..got.min(n) {
+            let bytes = &buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+            if let Some(addr) = index.lookup(page_hash(bytes)) {
+                candidates.push((addr, i));
+            }
+        }
+        candidates.sort_unstable();
+        addrs.clear();
+        addrs.extend(candidates.iter().map(|c| c.0));
+        ram.read_pages(&addrs, &mut guest_pages, &mut guest_present)?;
+        held[..n].fill(Held::No);
+        for (c, &(_, i)) in candidates.iter().enumerate() {
+            let bytes = &buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+            held[i] = if guest_present[c] && bytemuck::bytes_of(&guest_pages[c]) == bytes {
+                Held::Verified
+            } else {
+                Held::HashOnly
+            };
+        }
         for i in 0..n {
             let index_in_file = cached[k + i];
-            let held = if i >= got {
-                Held::No // evicted since mincore: nothing to drop
-            } else {
-                let bytes = &buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
-                match index.lookup(page_hash(bytes)) {
-                    None => Held::No,
-                    Some(addr) => {
-                        if ram.read_page(addr, &mut guest_page)?
-                            && bytemuck::bytes_of(&guest_page) == bytes
-                        {
-                            Held::Verified
-                        } else {
-                            Held::HashOnly
-                        }
-                    }
-                }
-            };
-            match held {
+            match held[i] {
                 Held::Verified => {
                     pass.held += 1;
                     verified.push(index_in_file);
@@ -420,7 +545,7 @@ pub fn scrub_image(
             }
             pages.push(CachedPage {
                 index: index_in_file,
-                held,
+                held: held[i],
                 dirty: false,
                 writeback: false,
             });
@@ -432,11 +557,12 @@ pub fn scrub_image(
     }
     let states = folios.folios(cache, &verified)?;
     // Dirty and writeback are folio-wide: mark every page of such a folio.
+    // `pages` is in file order (mincore's), so each folio's pages are one
+    // slice, found by binary search.
     for s in states.iter().filter(|s| s.dirty || s.writeback) {
-        for p in pages
-            .iter_mut()
-            .filter(|p| (s.folio.first..s.folio.end()).contains(&p.index))
-        {
+        let from = pages.partition_point(|p| p.index < s.folio.first);
+        let to = pages.partition_point(|p| p.index < s.folio.end());
+        for p in &mut pages[from..to] {
             p.dirty |= s.dirty;
             p.writeback |= s.writeback;
         }

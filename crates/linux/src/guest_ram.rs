@@ -143,6 +143,58 @@ impl GuestRam {
         Ok(visited)
     }
 
+    /// Reads the guest pages at `addrs` (ascending; repeats allowed) into
+    /// `out`, one slot each; `present[i]` says whether slot `i` was read
+    /// (a page that is not present is not held). Consecutive addresses
+    /// share one pagemap read and one `/proc/PID/mem` read: a scrub
+    /// verifies tens of thousands of pages, and guest page cache filled by
+    /// a block read sits in runs of neighbouring pages, so reading them one
+    /// by one cost two syscalls a page.
+    pub fn read_pages(
+        &mut self,
+        addrs: &[u64],
+        out: &mut [PageWords],
+        present: &mut [bool],
+    ) -> Result<(), LinuxError> {
+        assert!(out.len() >= addrs.len() && present.len() >= addrs.len());
+        debug_assert!(addrs.windows(2).all(|w| w[0] <= w[1]));
+        let page = PAGE_SIZE as u64;
+        let mut entries = Vec::new();
+        let mut i = 0;
+        while i < addrs.len() {
+            // A run of consecutive addresses, addrs[i..j].
+            let mut j = i + 1;
+            while j < addrs.len() && addrs[j] == addrs[j - 1] + page {
+                j += 1;
+            }
+            entries.clear();
+            entries.resize(j - i, crate::pagemap::PagemapEntry(0));
+            self.pagemap.read(addrs[i], &mut entries)?;
+            // Each present sub-run with one read.
+            let mut k = 0;
+            while k < entries.len() {
+                if !entries[k].present() {
+                    present[i + k] = false;
+                    k += 1;
+                    continue;
+                }
+                let mut m = k + 1;
+                while m < entries.len() && entries[m].present() {
+                    m += 1;
+                }
+                let got = self
+                    .reader
+                    .read_range_unpinned(addrs[i + k], &mut out[i + k..i + m])?;
+                for (n, p) in present[i + k..i + m].iter_mut().enumerate() {
+                    *p = n < got;
+                }
+                k = m;
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
     /// Reads the guest page at `addr` into `out` if it is still present;
     /// `false` if not (it is then not held).
     pub fn read_page(&mut self, addr: u64, out: &mut PageWords) -> Result<bool, LinuxError> {

@@ -320,6 +320,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         self.hints.counts.events += tap.drain(&mut |tgid, start, pages| {
             ranges.push((tgid, start, pages));
         });
+        // The scrubber re-indexes the guest pages that file data reached.
+        if let Some(scrub) = self.scrub.as_mut() {
+            for &(tgid, start, pages) in &ranges {
+                scrub.note_io(tgid, start, pages);
+            }
+        }
         let feed = &mut self.hints;
         for (tgid, start, pages) in ranges {
             feed.counts.received += pages;

@@ -26,9 +26,24 @@
 //! guest evictions (eviction-based placement) without any bookkeeping of
 //! its own.
 //!
+//! **Updates between passes.** A full pass reads every guest page, and
+//! was most of a scrub's CPU (perf: about 170 ms a scrub for two 256 MiB
+//! guests, more than matching and dropping 30 k host pages). Yet the
+//! guest pages a host cache page can match are, after a first pass, the
+//! ones whose content came from or went to the image since then, and the
+//! I/O hints name exactly those (QEMU's reads into guest RAM and writes
+//! from it). [`GuestIndex::update`] re-stamps one such page outside a
+//! pass: its old hash stops pointing at it, its new one does, and a
+//! replacement counts as an eviction as in a pass. A page changed by
+//! anything else (the guest copying data in its own memory) is missed
+//! until the next full pass, which costs a kept host page, never a wrong
+//! drop; the caller runs full passes periodically.
+//!
 //! Invariants: a lookup only returns locations inserted in the current
-//! pass (after `end_pass`, the last complete pass); the counts of
-//! [`Change`]s of one pass add up to the pages inserted in it.
+//! pass (after `end_pass`, the last complete pass) or updated since; a
+//! hash whose location was updated to other content no longer returns it;
+//! the counts of [`Change`]s of one pass add up to the pages inserted in
+//! it.
 
 // hashbrown with foldhash rather than std's SipHash: the keys are content
 // hashes and addresses, nothing to defend against, and the inserts were a
@@ -138,8 +153,29 @@ impl GuestIndex {
         self.last = self.counts;
     }
 
+    /// Re-stamps the page at `location` outside a pass (see the module
+    /// header): it now has content hash `hash` and first eight bytes
+    /// `head`. Returns how it changed since it was last seen.
+    pub fn update(&mut self, location: u64, hash: u64, head: u64) -> Change {
+        debug_assert!(self.building.is_empty(), "update during a pass");
+        let stamp = PageStamp { hash, head };
+        let before = self.stamps.insert(location, stamp);
+        let change = classify(before, stamp);
+        if let Some(b) = before
+            && b.hash != hash
+            && self.by_hash.get(&b.hash) == Some(&location)
+        {
+            self.by_hash.remove(&b.hash);
+        }
+        self.by_hash.insert(hash, location);
+        if change == Change::Replaced {
+            self.evictions += 1;
+        }
+        change
+    }
+
     /// A guest location whose content had hash `hash` in the last complete
-    /// pass.
+    /// pass (or since, see [`update`](Self::update)).
     pub fn lookup(&self, hash: u64) -> Option<u64> {
         self.by_hash.get(&hash).copied()
     }
@@ -211,7 +247,64 @@ mod tests {
         assert_eq!(ix.insert(0x1000, 9, 9), Change::New);
     }
 
+    #[test]
+    fn an_update_moves_the_hash_and_counts_a_replacement() {
+        let mut ix = GuestIndex::new();
+        ix.begin_pass(2);
+        ix.insert(0x1000, 7, 1);
+        ix.insert(0x2000, 8, 2);
+        ix.end_pass();
+        // The guest read new data into 0x1000 (new hash, new head).
+        assert_eq!(ix.update(0x1000, 9, 3), Change::Replaced);
+        assert_eq!(ix.lookup(9), Some(0x1000));
+        assert_eq!(ix.lookup(7), None, "the old content is gone from it");
+        assert_eq!(ix.lookup(8), Some(0x2000));
+        assert_eq!(ix.evictions(), 1);
+        // A page never seen before.
+        assert_eq!(ix.update(0x3000, 8, 2), Change::New);
+        assert_eq!(ix.update(0x3000, 8, 2), Change::Unchanged);
+        // Same head, new hash: a write, not an eviction.
+        assert_eq!(ix.update(0x3000, 10, 2), Change::Mutated);
+        assert_eq!(ix.lookup(10), Some(0x3000));
+        assert_eq!(ix.evictions(), 1);
+    }
+
     proptest! {
+        /// After any mix of passes and updates, a lookup answers with a
+        /// location whose latest stamp has that hash (never a page known
+        /// to hold something else); an updated page is found by its new
+        /// hash at once; a pass's pages all are.
+        #[test]
+        fn lookups_follow_the_latest_stamps(
+            ops in proptest::collection::vec((any::<bool>(), 0u64..16, 0u64..8, 0u64..4), 0..200),
+        ) {
+            let mut ix = GuestIndex::new();
+            // The model: each location's latest hash and head.
+            let mut latest: std::collections::BTreeMap<u64, (u64, u64)> = Default::default();
+            for &(full, loc, hash, head) in &ops {
+                latest.insert(loc, (hash, head));
+                if full {
+                    // A full pass re-reads every location the model has.
+                    ix.begin_pass(latest.len());
+                    for (&l, &(h, hd)) in &latest {
+                        ix.insert(l, h, hd);
+                    }
+                    ix.end_pass();
+                    for &(h, _) in latest.values() {
+                        prop_assert!(ix.lookup(h).is_some());
+                    }
+                } else {
+                    ix.update(loc, hash, head);
+                    prop_assert_eq!(ix.lookup(hash), Some(loc));
+                }
+                for h in 0..8u64 {
+                    if let Some(l) = ix.lookup(h) {
+                        prop_assert_eq!(latest.get(&l).map(|x| x.0), Some(h));
+                    }
+                }
+            }
+        }
+
         #[test]
         fn every_inserted_hash_is_found_and_counts_add_up(
             first in proptest::collection::vec((0u64..64, any::<u64>(), 0u64..4), 0..100),
