@@ -12,6 +12,13 @@
 //!    - *held*: pagesift unmarked it for thrashing, or its writes would
 //!      make it thrash: out of the ladder (not sampled) until its hold
 //!      ends, then back at the bottom.
+//!
+//!    The modes, their transitions, settling, COW accounting and hold
+//!    times are `core::pipeline::lifecycle` ([`Lifecycles`], the `lives`
+//!    field), which also owns the set of regions hidden from the ladder
+//!    (held, or promoted and still merging): this loop does the I/O
+//!    (page states, injections) and tells `lives` what happened; it never
+//!    edits the hidden set itself.
 //! 2. **Distil**: `Distiller::sync_regions` (only when regions changed) and
 //!    `Distiller::wake` over the eligible regions, minus promoted regions
 //!    ksmd is still merging (re-sampling them would only re-find the
@@ -116,6 +123,8 @@ use crate::target::{Span, Target, View};
 use crate::watchdog::WakeWatch;
 use pagesift_core::pipeline::distill::{Distiller, DistillerConfig, DupRun};
 use pagesift_core::pipeline::governor::{MAX_SLEEP, sleep_for_share};
+use pagesift_core::pipeline::lifecycle::{AccountRules, Lifecycles};
+pub use pagesift_core::pipeline::lifecycle::{MAX_HOLD, Mode, SETTLE_SCANS};
 use pagesift_core::pipeline::savings::{Breakdown, ProcessSavings, Savings, breakdown};
 use pagesift_core::pipeline::write_watch::{WriteRules, WriteVerdict, WriteWatch};
 use pagesift_core::source::{PageState, SourceError};
@@ -129,9 +138,6 @@ use tracing::{debug, info, warn};
 const SEC: Nanos = 1_000_000_000;
 const MS: Nanos = 1_000_000;
 
-/// ksmd full scans after marking before a region counts as settled (see the
-/// module header).
-pub const SETTLE_SCANS: u64 = 3;
 /// How long a process whose injection was skipped is left alone before it
 /// is tried again.
 pub const SKIP_RETRY: Nanos = 60 * SEC;
@@ -158,8 +164,6 @@ pub const MAX_REFRESH_INTERVAL: Nanos = 60 * SEC;
 /// much again as its samples at the bottom's 0.2 %) it grows the sleep
 /// wake by wake up to the cap, so pagesift goes there at once.
 pub const IDLE_SLEEP: Nanos = MAX_SLEEP;
-/// Longest hold of a thrashing region.
-pub const MAX_HOLD: Nanos = 3600 * SEC;
 /// How often ksmd's counters are read and its pace revised, unless the
 /// demand switches between merging and trickling.
 const PACE_INTERVAL: Nanos = SEC;
@@ -301,53 +305,14 @@ impl Item {
     }
 }
 
-/// What pagesift does with a region.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// On the ladder, not mergeable.
-    Sampling,
-    /// Made mergeable by pagesift.
-    Promoted,
-    /// Unmarked for thrashing; not promoted before `until`.
-    Held {
-        /// End of the hold.
-        until: Nanos,
-    },
-    /// Made mergeable by its own process.
-    Foreign,
-}
-
-/// Counts of one accounting pass over a region.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct PassCounts {
-    merged: u64,
-    /// Merged now, not seen merged by the previous look at the page.
-    fresh: u64,
-    present: u64,
-    cow: u64,
-}
-
-/// Everything the loop keeps about one region.
+/// What the loop keeps about one region besides its lifecycle (mode,
+/// holds, settling, COW accounting: `core::pipeline::lifecycle`, in
+/// [`Daemon`]'s `lives`, which also keeps the regions hidden from the
+/// ladder).
 #[derive(Clone, Debug)]
 struct Book {
     span: Span,
     first_seen: Nanos,
-    mode: Mode,
-    /// ksmd full scans when it was marked (or first seen mergeable).
-    marked_scan: u64,
-    settled: bool,
-    holds: u32,
-    seen_merged: Vec<u64>,
-    cursor: u32,
-    pass: PassCounts,
-    last: PassCounts,
-    passes: u64,
-    pass_started_scan: u64,
-    /// No new pass before this (a pass in progress goes on).
-    next_pass_at: Nanos,
-    /// When ksmd got the region (marked, or first seen mergeable).
-    merging_since: Nanos,
-    cow_total: u64,
     /// Write tracking of the region: since when, and where it was written.
     watch: Option<WriteWatch>,
     /// The zones (page ranges) its watch found written when it was judged
@@ -363,16 +328,6 @@ struct Book {
 }
 
 impl Book {
-    /// Holds it out of promotion for its next hold time: `base_s`
-    /// seconds, doubled with every hold before ([`hold_time`]). The caller
-    /// takes it out of the ladder while held (see `release_holds`).
-    fn hold(&mut self, now: Nanos, base_s: u64) {
-        self.holds += 1;
-        self.mode = Mode::Held {
-            until: now + hold_time(base_s, self.holds),
-        };
-    }
-
     /// A region the sweep raised straight to the top level has not been
     /// watched on the way up, as a climbing one is from level 1: with write
     /// watching on, it waits up to [`RAISED_WATCH_WAIT`] for a watch (and
@@ -386,23 +341,9 @@ impl Book {
     }
 
     fn new(span: Span, now: Nanos) -> Book {
-        let words = (span.pages as usize).div_ceil(64);
         Book {
             span,
             first_seen: now,
-            mode: Mode::Sampling,
-            marked_scan: 0,
-            settled: false,
-            holds: 0,
-            seen_merged: vec![0; words],
-            cursor: 0,
-            pass: PassCounts::default(),
-            last: PassCounts::default(),
-            passes: 0,
-            pass_started_scan: 0,
-            next_pass_at: 0,
-            merging_since: now,
-            cow_total: 0,
             watch: None,
             exclude: None,
             raised_at: None,
@@ -410,39 +351,11 @@ impl Book {
         }
     }
 
-    fn resize(&mut self, pages: u32) {
-        self.seen_merged.resize((pages as usize).div_ceil(64), 0);
+    /// Its length changed (its lifecycle follows in `Lifecycles::track`).
+    fn resized(&mut self) {
         // Zones are offsets into the old span.
         self.exclude = None;
         self.watch = None;
-        if self.cursor >= pages {
-            self.cursor = 0;
-        }
-    }
-
-    fn merged_now(&self) -> u64 {
-        if self.passes == 0 {
-            self.pass.merged
-        } else {
-            self.last.merged
-        }
-    }
-
-    fn accounted(&self) -> bool {
-        matches!(self.mode, Mode::Promoted | Mode::Foreign)
-    }
-
-    /// Starts tracking merging from scratch (just marked, or first seen
-    /// mergeable).
-    fn start_merging(&mut self, full_scans: u64, now: Nanos) {
-        self.marked_scan = full_scans;
-        self.merging_since = now;
-        self.next_pass_at = now;
-        self.settled = false;
-        self.cursor = 0;
-        self.pass = PassCounts::default();
-        self.passes = 0;
-        self.pass_started_scan = full_scans;
     }
 }
 
@@ -511,12 +424,13 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// The cgroup each selected process's savings are reported under.
     cgroups: HashMap<u32, String>,
     self_managed: HashSet<u32>,
-    hidden: BTreeSet<RegionId>,
+    /// Every region's lifecycle, and the regions hidden from the ladder
+    /// (held, or promoted and still merging): see `core::pipeline::lifecycle`.
+    lives: Lifecycles,
     /// CPU per wake-up phase (status and metrics).
     phase_cpu: PhaseCpu,
     /// Which phase the running wake-up is in, for the watchdog.
     wake_watch: WakeWatch,
-    unhide_after_sync: BTreeSet<RegionId>,
     skipped: BTreeMap<u32, SkipEntry>,
     inject_skips: BTreeMap<u32, SkipEntry>,
     /// Regions left out at the last refresh (logged when it changes from 0).
@@ -524,6 +438,8 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     pending_unmarks: Vec<RegionId>,
     /// Duplicate runs the last wake followed, for `actuate`.
     runs: Vec<DupRun>,
+    /// The ladder's view must be synced (a refresh, a reload); changes of
+    /// visibility are `lives`' own flag.
     need_sync: bool,
     force_refresh: bool,
     pending_change: bool,
@@ -597,10 +513,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             comms: HashMap::new(),
             cgroups: HashMap::new(),
             self_managed: HashSet::new(),
-            hidden: BTreeSet::new(),
+            lives: Lifecycles::new(),
             phase_cpu: PhaseCpu::default(),
             wake_watch: WakeWatch::new(),
-            unhide_after_sync: BTreeSet::new(),
             skipped: BTreeMap::new(),
             inject_skips: BTreeMap::new(),
             left_out: 0,
@@ -675,7 +590,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
 
     /// What the loop does with a region, if it tracks it.
     pub fn mode(&self, id: RegionId) -> Option<Mode> {
-        self.books.get(&id).map(|b| b.mode)
+        self.lives.mode(id)
     }
 
     /// Whether `[hints]` wants a hint source that has not been started
@@ -812,14 +727,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     /// duplicates joins this wake's runs, marked like sampled ones (each
     /// side is found by the sweep, so no twin is needed).
     fn sweep(&mut self, now: Nanos) {
-        let (books, hidden, allowed, managed) =
-            (&self.books, &self.hidden, &self.allowed, &self.self_managed);
+        let (books, lives, allowed, managed) =
+            (&self.books, &self.lives, &self.allowed, &self.self_managed);
         let regions = || {
             books
                 .iter()
-                .filter(|(id, b)| {
-                    b.mode == Mode::Sampling
-                        && !hidden.contains(id)
+                .filter(|&(&id, b)| {
+                    lives.mode(id) == Some(Mode::Sampling)
+                        && !lives.is_hidden(id)
                         && allowed.contains_key(&b.span.proc.pid)
                         && !managed.contains(&b.span.proc.pid)
                 })
@@ -836,10 +751,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let top = self.distiller.ladder().levels() - 1;
         let (mut raised, mut runs) = (0u64, 0u64);
         for f in findings {
-            let Some(b) = self.books.get(&f.region) else {
-                continue;
-            };
-            if b.mode != Mode::Sampling || self.hidden.contains(&f.region) {
+            if !self.books.contains_key(&f.region)
+                || self.lives.mode(f.region) != Some(Mode::Sampling)
+                || self.lives.is_hidden(f.region)
+            {
                 continue;
             }
             if f.present >= SWEEP_MIN_PRESENT && self.distiller.raise(f.region, f.dup_ratio(), now)
@@ -912,18 +827,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     /// CPU share, sampled round after round for nothing (UKSM's thrash
     /// filter instead zeroes the ratio, so a thrashing region sinks). When
     /// the hold ends it re-enters at the bottom and has to climb, and be
-    /// watched for writes, again.
+    /// watched for writes, again. (`lives` shows it to the ladder again
+    /// and asks for the sync.)
     fn release_holds(&mut self, now: Nanos) {
-        for (id, b) in &mut self.books {
-            if let Mode::Held { until } = b.mode
-                && now >= until
-            {
-                b.mode = Mode::Sampling;
-                if self.hidden.remove(id) {
-                    self.need_sync = true;
-                }
-            }
-        }
+        self.lives.release_due(now);
     }
 
     /// T_s before the next wake-up (module header, step 6): the configured
@@ -1058,14 +965,15 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             // Duplicate runs are marked only in regions cold all over.
             let verdict_cold = verdict == WriteVerdict::Cold;
             let cold = verdict_cold || matches!(verdict, WriteVerdict::ColdExcept(_));
+            let mode = self.lives.mode(id);
             let markable =
-                level == top && b.mode == Mode::Sampling && cold && !b.awaits_watch(true, now);
+                level == top && mode == Some(Mode::Sampling) && cold && !b.awaits_watch(true, now);
             if markable && let WriteVerdict::ColdExcept(zones) = verdict {
                 // Tracking stops below; the zones must outlive the watch.
                 b.exclude = Some(zones);
             }
             if (level >= 1 || swept.contains(&id))
-                && matches!(b.mode, Mode::Sampling | Mode::Held { .. })
+                && matches!(mode, Some(Mode::Sampling | Mode::Held { .. }))
                 && !markable
                 && !(runs.contains(&id) && verdict_cold)
                 && !swept_ready.contains(&id)
@@ -1234,30 +1142,30 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 .entry(r.id)
                 .or_insert_with(|| Book::new(span.clone(), now));
             if book.span.pages != span.pages {
-                book.resize(span.pages);
+                book.resized();
             }
+            self.lives.track(r.id, span.pages, now);
             book.span = span;
             let mergeable = book.span.mergeable;
             let foreign = self_managed || (mergeable && !ours);
-            match (book.mode, foreign) {
-                (Mode::Foreign, true) => {}
-                (mode, true) => {
+            // Visibility follows each transition (`lives`): a region held
+            // or merging is out of the ladder, and back when it is not.
+            match (self.lives.mode(r.id), foreign) {
+                (Some(Mode::Foreign), true) | (None, _) => {}
+                (Some(mode), true) => {
                     if mode == Mode::Promoted {
                         // The process took over (merge-any): its range now,
                         // never to be unmarked by pagesift.
                         self.marks
                             .remove(book.span.proc, book.span.start, book.span.end());
-                        self.hidden.remove(&r.id);
-                        self.need_sync = true;
                     }
-                    book.mode = Mode::Foreign;
-                    book.start_merging(full_scans, now);
+                    self.lives.foreign(r.id, full_scans, now);
                 }
-                (Mode::Foreign, false) => {
+                (Some(Mode::Foreign), false) => {
                     // The process made it unmergeable again.
-                    book.mode = Mode::Sampling;
+                    self.lives.stop_foreign(r.id);
                 }
-                (Mode::Promoted, false) if !mergeable => {
+                (Some(Mode::Promoted), false) if !mergeable => {
                     warn!(
                         pid = book.span.proc.pid,
                         start = book.span.start,
@@ -1266,18 +1174,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     );
                     self.marks
                         .remove(book.span.proc, book.span.start, book.span.end());
-                    book.hold(now, self.config.actuate.demote_hold_s);
-                    // Out of the ladder while held (see `release_holds`).
-                    self.hidden.insert(r.id);
-                    self.need_sync = true;
+                    self.lives
+                        .hold(r.id, now, self.config.actuate.demote_hold_s);
                 }
-                (Mode::Sampling, false) if ours && mergeable => {
+                (Some(Mode::Sampling), false) if ours && mergeable => {
                     // Marked in an earlier life of this book (ids rebuilt),
                     // or a marked run that became a VMA of its own: out of
                     // the ladder until ksmd has merged it.
-                    book.mode = Mode::Promoted;
-                    book.start_merging(full_scans, now);
-                    self.hidden.insert(r.id);
+                    self.lives.mark(r.id, full_scans, now);
                 }
                 _ => {}
             }
@@ -1289,8 +1193,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             .copied()
             .collect();
         for id in gone {
+            let life = self.lives.forget(id);
             if let Some(b) = self.books.remove(&id)
-                && b.mode == Mode::Promoted
+                && life.is_some_and(|l| l.mode() == Mode::Promoted)
                 && !self.books.values().any(|o| {
                     o.span.proc == b.span.proc
                         && o.span.start < b.span.end()
@@ -1300,8 +1205,6 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 // Unmapped (not merely renumbered): its marks went with it.
                 self.marks.remove(b.span.proc, b.span.start, b.span.end());
             }
-            self.hidden.remove(&id);
-            self.unhide_after_sync.remove(&id);
         }
         let live: HashSet<ProcKey> = self.allowed.values().copied().collect();
         for key in self.marks.processes() {
@@ -1366,26 +1269,21 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     }
 
     fn distil(&mut self, now: Nanos) -> u64 {
-        if self.need_sync {
+        // Both flags are cleared here (no short circuit).
+        let view_changed = self.lives.take_view_changed();
+        if self.need_sync || view_changed {
             let view = View {
                 target: &mut self.target,
                 allowed: &self.allowed,
-                hidden: &self.hidden,
+                hidden: self.lives.hidden(),
             };
             self.distiller.sync_regions(&view, now);
             self.need_sync = false;
-            if !self.unhide_after_sync.is_empty() {
-                // Out for one sync, back at the bottom on the next.
-                for id in std::mem::take(&mut self.unhide_after_sync) {
-                    self.hidden.remove(&id);
-                }
-                self.need_sync = true;
-            }
         }
         let mut view = View {
             target: &mut self.target,
             allowed: &self.allowed,
-            hidden: &self.hidden,
+            hidden: self.lives.hidden(),
         };
         let c0 = host::thread_cpu_ns();
         let mut report = self.hints.wake(&mut self.distiller, &mut view, now);
@@ -1410,21 +1308,19 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             let Some(b) = self.books.get_mut(&id) else {
                 continue;
             };
-            if let Mode::Held { until } = b.mode {
+            if let Some(Mode::Held { until }) = self.lives.mode(id) {
                 if now < until {
                     continue;
                 }
-                b.mode = Mode::Sampling;
+                self.lives.release(id, now);
             }
-            if b.mode == Mode::Promoted && b.settled {
-                // Merged, settled, and back at the top: merged pages are
-                // no duplicates to the sampler, so new ones appeared in it
-                // (a guest filled pages, say) that the trickle would take
-                // minutes to reach. ksmd merges it again at the active
-                // pace, as UKSM gives a climbing region the top level's CPU.
-                b.start_merging(self.ksm_now.full_scans, now);
-                self.hidden.insert(id);
-                self.need_sync = true;
+            // Merged, settled, and back at the top: merged pages are no
+            // duplicates to the sampler, so new ones appeared in it (a
+            // guest filled pages, say) that the trickle would take minutes
+            // to reach. ksmd merges it again at the active pace, as UKSM
+            // gives a climbing region the top level's CPU (out of the
+            // ladder again until it settles).
+            if self.lives.remerge(id, self.ksm_now.full_scans, now) {
                 self.counters.remerges += 1;
                 summary.remerging.push(id);
                 info!(
@@ -1435,13 +1331,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 );
                 continue;
             }
+            let sampling = self.lives.mode(id) == Some(Mode::Sampling);
             if b.parked_at
-                .is_some_and(|t| b.mode != Mode::Sampling || now >= t + RAISED_PARK_MAX)
+                .is_some_and(|t| !sampling || now >= t + RAISED_PARK_MAX)
             {
                 b.parked_at = None;
                 self.distiller.readmit(id);
             }
-            if b.mode != Mode::Sampling || b.awaits_watch(watching, now) {
+            if !sampling || b.awaits_watch(watching, now) {
                 continue;
             }
             let dup = dup_share(self.distiller.ladder(), id);
@@ -1451,15 +1348,13 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             };
             let exclude = match verdict {
                 WriteVerdict::Hot => {
-                    b.hold(now, self.config.actuate.write_hold_s);
+                    // Out of the ladder while held (see `release_holds`).
+                    self.lives.hold(id, now, self.config.actuate.write_hold_s);
                     info!(
                         pid = b.span.proc.pid,
                         start = b.span.start,
                         "writes would break its merged pages: not promoted, held"
                     );
-                    // Out of the ladder while held (see `release_holds`).
-                    self.hidden.insert(id);
-                    self.need_sync = true;
                     continue;
                 }
                 WriteVerdict::Watching => continue,
@@ -1531,7 +1426,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             let Some(b) = self.books.get(&id) else {
                 continue;
             };
-            if b.mode != Mode::Promoted
+            if self.lives.mode(id) != Some(Mode::Promoted)
                 || !self.marks.covers(b.span.proc, b.span.start, b.span.end())
             {
                 continue; // never unmark what pagesift did not mark
@@ -1610,8 +1505,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 .get(&pid)
                 .is_some_and(|v| v.iter().any(|i| i.id == id && i.whole));
             // Hinted runs: held regions too, no write verdict (`hinting`).
-            let held = matches!(b.mode, Mode::Held { .. });
-            if !(b.mode == Mode::Sampling || (hinted && held))
+            let mode = self.lives.mode(id);
+            let held = matches!(mode, Some(Mode::Held { .. }));
+            if !(mode == Some(Mode::Sampling) || (hinted && held))
                 || whole_now
                 || !self.injectable(pid, now)
                 || (!hinted
@@ -1789,11 +1685,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                             self.counters.marks += 1;
                             self.counters.vma_splits += split;
                             for id in covered {
-                                if let Some(b) = self.books.get_mut(&id) {
-                                    b.mode = Mode::Promoted;
-                                    b.start_merging(self.ksm_now.full_scans, now);
-                                    self.hidden.insert(id);
-                                    self.need_sync = true;
+                                if let Some(b) = self.books.get(&id) {
+                                    // Out of the ladder until it settles.
+                                    self.lives.mark(id, self.ksm_now.full_scans, now);
                                     summary.promoted.push(id);
                                     info!(
                                         pid,
@@ -1808,12 +1702,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                             self.marks.remove(key, call.start, call.end());
                             self.counters.unmarks += 1;
                             for id in covered {
-                                if let Some(b) = self.books.get_mut(&id) {
-                                    b.hold(now, self.config.actuate.demote_hold_s);
+                                if let Some(b) = self.books.get(&id) {
                                     // Out of the ladder while held (see
                                     // `release_holds`).
-                                    self.hidden.insert(id);
-                                    self.need_sync = true;
+                                    self.lives.hold(id, now, self.config.actuate.demote_hold_s);
                                     summary.demoted.push(id);
                                     info!(
                                         pid,
@@ -1833,12 +1725,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                                 "madvise failed in the target"
                             );
                             for id in covered {
-                                if let Some(b) = self.books.get_mut(&id)
-                                    && call.mergeable
-                                {
-                                    b.hold(now, self.config.actuate.demote_hold_s);
-                                    self.hidden.insert(id);
-                                    self.need_sync = true;
+                                if self.books.contains_key(&id) && call.mergeable {
+                                    self.lives.hold(id, now, self.config.actuate.demote_hold_s);
                                 }
                             }
                         }
@@ -1874,29 +1762,15 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         );
     }
 
+    /// Accounting (module header, step 4): the page states of promoted and
+    /// foreign regions are read here, within the wake's budget, and counted
+    /// by `lives` (`core::pipeline::lifecycle`: COW breaks, settling, the
+    /// demotion rule).
     fn account(&mut self, now: Nanos) {
         let dt = now.saturating_sub(self.last_account).min(SEC);
         self.last_account = now;
         let full_scans = self.ksm_now.full_scans;
-        let mut merging = false;
-        for b in self.books.values_mut() {
-            if !b.accounted() || b.settled {
-                continue;
-            }
-            merging = true;
-            // A pass that began before ksmd's third full scan cannot settle
-            // the region; once that scan is done, start the deciding pass
-            // at once instead of finishing a useless one.
-            if b.cursor > 0
-                && b.pass_started_scan < b.marked_scan + SETTLE_SCANS
-                && full_scans >= b.marked_scan + SETTLE_SCANS
-            {
-                b.cursor = 0;
-                b.pass = PassCounts::default();
-                b.pass_started_scan = full_scans;
-                b.next_pass_at = now;
-            }
-        }
+        let merging = self.lives.prepare_passes(full_scans, now, SETTLE_SCANS);
         // While ksmd merges, accounting runs faster (up to 8×, within the
         // governor's top share at ≈2 % per base budget) so that progress
         // shows and settled regions hand ksmd back to the trickle sooner.
@@ -1907,12 +1781,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         };
         let mut budget = (self.config.actuate.account_pages_per_s as f64 * boost * dt as f64
             / SEC as f64) as u64;
-        let ids: Vec<RegionId> = self
-            .books
-            .iter()
-            .filter(|(_, b)| b.accounted() && (b.cursor > 0 || now >= b.next_pass_at))
-            .map(|(id, _)| *id)
-            .collect();
+        let ids = self.lives.passes_due(now);
         if ids.is_empty() || budget == 0 {
             return;
         }
@@ -1920,23 +1789,21 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             .account_from
             .and_then(|from| ids.iter().position(|&id| id >= from))
             .unwrap_or(0);
-        let v_cow = self.config.ladder.v_cow;
-        let min_merged = self.config.actuate.min_merged_for_demotion;
+        let rules = account_rules(&self.config);
         for k in 0..ids.len() {
             if budget == 0 {
                 break;
             }
             let id = ids[(first + k) % ids.len()];
             self.account_from = Some(id);
-            while let Some(b) = self.books.get(&id) {
-                let pages = b.span.pages;
-                let n = (pages - b.cursor)
+            while let Some(life) = self.lives.get(id) {
+                let n = (life.pages() - life.cursor())
                     .min(ACCOUNT_CHUNK as u32)
                     .min(budget as u32) as usize;
                 if n == 0 {
                     break;
                 }
-                let from = b.cursor;
+                let from = life.cursor();
                 self.states.clear();
                 self.states.resize(n, PageState::NotPresent);
                 match self.target.page_states(id, from, &mut self.states) {
@@ -1952,77 +1819,29 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     }
                 }
                 budget -= n as u64;
-                let b = self.books.get_mut(&id).expect("checked above");
-                for (i, s) in self.states.iter().enumerate() {
-                    let p = from as usize + i;
-                    let (w, bit) = (p / 64, 1u64 << (p % 64));
-                    match s {
-                        PageState::Merged | PageState::Zero => {
-                            b.pass.merged += 1;
-                            b.pass.fresh += u64::from(b.seen_merged[w] & bit == 0);
-                            b.seen_merged[w] |= bit;
-                        }
-                        PageState::Present => {
-                            b.pass.present += 1;
-                            if b.seen_merged[w] & bit != 0 {
-                                b.pass.cow += 1;
-                                b.cow_total += 1;
-                                b.seen_merged[w] &= !bit;
-                            }
-                        }
-                        PageState::NotPresent => b.seen_merged[w] &= !bit,
-                    }
+                let Some(end) = self.lives.record(id, &self.states, now, full_scans, &rules) else {
+                    continue;
+                };
+                // A pass ended. Settled: nothing present is left unmerged,
+                // or ksmd has had its chances (see the module header); a
+                // promoted region is back on the ladder, at the bottom.
+                let life = &self.lives[id];
+                if end.settled
+                    && let Some(b) = self.books.get(&id)
+                {
+                    info!(
+                        pid = b.span.proc.pid,
+                        start = b.span.start,
+                        merged = life.last_pass().merged,
+                        pages = b.span.pages,
+                        seconds = now.saturating_sub(life.merging_since()) as f64 / SEC as f64,
+                        "settled: ksmd has merged what it can"
+                    );
                 }
-                b.cursor += n as u32;
-                if b.cursor >= pages {
-                    // A pass ends.
-                    let prev_merged = b.last.merged;
-                    b.last = b.pass;
-                    b.pass = PassCounts::default();
-                    b.passes += 1;
-                    b.cursor = 0;
-                    // Unsettled regions are passed over about once a
-                    // second (settling follows ksmd's full scans); settled
-                    // ones only to notice COW breaks.
-                    b.next_pass_at = now
-                        + if b.settled {
-                            self.config.actuate.recheck_s.saturating_mul(SEC)
-                        } else {
-                            SEC
-                        };
-                    // Settled: nothing present is left unmerged, or ksmd
-                    // has had its chances (see the module header).
-                    if !b.settled
-                        && (b.last.present == 0
-                            || b.pass_started_scan >= b.marked_scan + SETTLE_SCANS)
-                    {
-                        b.settled = true;
-                        info!(
-                            pid = b.span.proc.pid,
-                            start = b.span.start,
-                            merged = b.last.merged,
-                            pages = b.span.pages,
-                            seconds = now.saturating_sub(b.merging_since) as f64 / SEC as f64,
-                            "settled: ksmd has merged what it can"
-                        );
-                        if b.mode == Mode::Promoted {
-                            // Back to the ladder, at the bottom.
-                            self.hidden.remove(&id);
-                            self.need_sync = true;
-                        }
-                    }
-                    b.pass_started_scan = full_scans;
-                    if b.mode == Mode::Promoted
-                        && v_cow < 1.0
-                        && b.passes >= 2
-                        && prev_merged >= min_merged.max(1)
-                        && b.last.cow >= MIN_BREAKS_FOR_DEMOTION
-                        && b.last.cow as f64 / b.last.fresh.max(prev_merged).max(1) as f64 > v_cow
-                    {
-                        self.pending_unmarks.push(id);
-                    }
-                    break;
+                if end.demote {
+                    self.pending_unmarks.push(id);
                 }
+                break;
             }
         }
     }
@@ -2030,18 +1849,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     fn pace(&mut self, now: Nanos) -> f64 {
         // Pages ksmd still has to look at: present pages of unsettled
         // regions (at least one per region until its first pass ends).
-        let unmerged: u64 = self
-            .books
-            .values()
-            .filter(|b| b.accounted() && !b.settled)
-            .map(|b| {
-                let present = if b.passes == 0 {
-                    b.pass.present
-                } else {
-                    b.last.present
-                };
-                present.max(1)
-            })
+        let unmerged: u64 = (self.lives.values())
+            .filter(|l| l.merging())
+            .map(|l| l.unmerged_now().max(1))
             .sum();
         // Reading KSM's counters and ksmd's CPU costs a dozen file reads:
         // once a second is enough (the pacer is built for that interval),
@@ -2064,17 +1874,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         // is scanned too, unseen): the pacer spends no more than a few such
         // scans a second. A region not yet counted through counts whole,
         // so that a fresh promotion is never starved.
-        let scan_pages: u64 = self
-            .books
-            .values()
-            .filter(|b| b.accounted())
-            .map(|b| {
-                if b.passes == 0 {
-                    b.span.pages as u64
-                } else {
-                    b.last.present
-                }
-            })
+        let scan_pages: u64 = (self.lives.values())
+            .filter(|l| l.accounted())
+            .map(|l| l.scan_pages())
             .sum();
         let target = self.config.merge_share();
         match self.ksm.pace(target, unmerged, scan_pages, now) {
@@ -2114,8 +1916,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         };
         let ladder = self.distiller.ladder();
         let params = self.distiller.params();
+        let lives = &self.lives;
         let region = |id: RegionId, b: &Book| -> RegionStatus {
             let stats = ladder.region_stats(id);
+            let life = &lives[id];
             RegionStatus {
                 id: id.0,
                 pid: b.span.proc.pid,
@@ -2128,16 +1932,16 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 pages: b.span.pages,
                 name: b.span.name.clone(),
                 level: stats.map(|s| s.level),
-                state: match b.mode {
+                state: match life.mode() {
                     Mode::Sampling => "sampling",
-                    Mode::Promoted if b.settled => "promoted",
+                    Mode::Promoted if life.settled() => "promoted",
                     Mode::Promoted => "merging",
                     Mode::Held { .. } => "held",
                     Mode::Foreign => "foreign",
                 }
                 .into(),
-                merged_pages: b.merged_now(),
-                cow_breaks: b.cow_total,
+                merged_pages: life.merged_now(),
+                cow_breaks: life.cow_total(),
                 age_s: now.saturating_sub(b.first_seen) as f64 / SEC as f64,
                 dup_ratio: stats.map_or(0.0, |s| s.last_dup_ratio),
             }
@@ -2166,7 +1970,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let mut top: Vec<RegionStatus> = self
             .books
             .iter()
-            .filter(|(_, b)| b.merged_now() > 0)
+            .filter(|(id, _)| lives[**id].merged_now() > 0)
             .map(|(id, b)| region(*id, b))
             .collect();
         top.sort_by(|a, b| b.merged_pages.cmp(&a.merged_pages).then(a.id.cmp(&b.id)));
@@ -2174,28 +1978,30 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let mut held: Vec<RegionStatus> = self
             .books
             .iter()
-            .filter(|(_, b)| matches!(b.mode, Mode::Held { .. }))
+            .filter(|(id, _)| lives[**id].held())
             .map(|(id, b)| region(*id, b))
             .collect();
         held.sort_by(|a, b| b.pages.cmp(&a.pages).then(a.id.cmp(&b.id)));
         held.truncate(MAX_LISTED);
-        let count = |f: &dyn Fn(&Book) -> bool| self.books.values().filter(|b| f(b)).count() as u64;
+        let count = |f: &dyn Fn(&pagesift_core::pipeline::lifecycle::Lifecycle) -> bool| {
+            lives.values().filter(|l| f(l)).count() as u64
+        };
         let totals = Totals {
             processes: self.allowed.len() as u64,
             regions: self.books.len() as u64,
-            promoted_regions: count(&|b| b.mode == Mode::Promoted),
+            promoted_regions: count(&|l| l.mode() == Mode::Promoted),
             promoted_pages: self
                 .books
-                .values()
-                .filter(|b| b.mode == Mode::Promoted)
-                .map(|b| b.span.pages as u64)
+                .iter()
+                .filter(|(id, _)| lives[**id].mode() == Mode::Promoted)
+                .map(|(_, b)| b.span.pages as u64)
                 .sum(),
-            merging_regions: count(&|b| b.mode == Mode::Promoted && !b.settled),
-            held_regions: count(&|b| matches!(b.mode, Mode::Held { .. })),
-            foreign_regions: count(&|b| b.mode == Mode::Foreign),
+            merging_regions: count(&|l| l.mode() == Mode::Promoted && !l.settled()),
+            held_regions: count(&|l| l.held()),
+            foreign_regions: count(&|l| l.mode() == Mode::Foreign),
             marked_bytes: self.marks.bytes(),
-            merged_pages: self.books.values().map(|b| b.merged_now()).sum(),
-            cow_breaks: self.books.values().map(|b| b.cow_total).sum(),
+            merged_pages: lives.values().map(|l| l.merged_now()).sum(),
+            cow_breaks: lives.values().map(|l| l.cow_total()).sum(),
             marks: self.counters.marks,
             unmarks: self.counters.unmarks,
             batches: self.counters.batches,
@@ -2289,11 +2095,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             .keys()
             .map(|&pid| (pid, Regions::default()))
             .collect();
-        for b in self.books.values() {
+        for (id, b) in &self.books {
+            let life = &self.lives[*id];
             if let Some(r) = per_pid.get_mut(&b.span.proc.pid) {
-                r.merged += b.merged_now();
-                r.cow += b.cow_total;
-                r.mergeable |= b.accounted();
+                r.merged += life.merged_now();
+                r.cow += life.cow_total();
+                r.mergeable |= life.accounted();
             }
         }
         let processes: Vec<ProcessSavings> = per_pid
@@ -2367,11 +2174,18 @@ fn new_distiller(config: &Config) -> Distiller {
     d
 }
 
-/// The `n`-th hold of a region: `base_s` seconds, doubling, at most an
-/// hour.
-fn hold_time(base_s: u64, n: u32) -> Nanos {
-    base_s
-        .saturating_mul(SEC)
-        .saturating_mul(1u64 << n.saturating_sub(1).min(20))
-        .min(MAX_HOLD)
+/// The rules of accounting passes under `config`
+/// (`core::pipeline::lifecycle`): settled after [`SETTLE_SCANS`] ksmd full
+/// scans; merging regions passed over about once a second, settled ones
+/// every `actuate.recheck_s`; unmarked above V_cow with at least
+/// [`MIN_BREAKS_FOR_DEMOTION`] breaks.
+fn account_rules(config: &Config) -> AccountRules {
+    AccountRules {
+        settle_scans: SETTLE_SCANS,
+        merging_every: SEC,
+        settled_every: config.actuate.recheck_s.saturating_mul(SEC),
+        v_cow: config.ladder.v_cow,
+        min_merged: config.actuate.min_merged_for_demotion,
+        min_breaks: MIN_BREAKS_FOR_DEMOTION,
+    }
 }

@@ -344,10 +344,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 let (a, b) = (rs.max(start), re.min(end));
                 let n = (b - a) / PAGE;
                 covered += n;
-                let sampling = self
-                    .books
-                    .get(&id)
-                    .is_some_and(|b| matches!(b.mode, Mode::Sampling | Mode::Held { .. }));
+                let sampling = matches!(
+                    self.lives.mode(id),
+                    Some(Mode::Sampling | Mode::Held { .. })
+                );
                 if !sampling {
                     feed.counts.untracked += n;
                     continue;

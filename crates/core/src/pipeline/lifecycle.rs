@@ -1,0 +1,1069 @@
+//! The lifecycle of a region: sampled, marked and merging, settled, held,
+//! foreign; and which regions the ladder must not see.
+//!
+//! ## The modes
+//! - **Sampling**: on the ladder, not mergeable (every region starts here).
+//! - **Promoted**: marked `MADV_MERGEABLE` by pagesift. While ksmd is still
+//!   *merging* it, it is hidden from the ladder (sampling it would only
+//!   re-find the duplicates that got it promoted); once *settled* it goes
+//!   back to the ladder at the bottom, so that its merged pages feed the
+//!   stable index and it can climb again.
+//! - **Held** until T: unmarked for thrashing, or its writes would make it
+//!   thrash once merged. Hidden from the ladder: a region that cannot be
+//!   promoted before T would otherwise climb back and take its level's CPU
+//!   share, sampled round after round for nothing (UKSM's thrash filter
+//!   zeroes the ratio instead, so a thrashing region sinks). The n-th hold
+//!   lasts the base hold × 2^(n−1), at most [`MAX_HOLD`] ([`hold_time`]):
+//!   a region that keeps thrashing is tried less and less often.
+//! - **Foreign**: made mergeable by its own process (or merge-any). It is
+//!   accounted and counted for pacing like a promoted region, but never
+//!   marked, unmarked, held or hidden by pagesift.
+//!
+//! ## The transitions ([`Lifecycles`]' methods)
+//! | from | event | to |
+//! |---|---|---|
+//! | sampling, promoted, foreign | [`mark`](Lifecycles::mark) (the kernel took `MADV_MERGEABLE`) | promoted, merging |
+//! | promoted, settled | [`remerge`](Lifecycles::remerge) (back at the top: new duplicates) | promoted, merging |
+//! | promoted or foreign, merging | a pass of [`record`](Lifecycles::record) that settles it | settled |
+//! | any | [`hold`](Lifecycles::hold) (thrashing, hot writes, a failed or ignored mark) | held until now + hold time |
+//! | held until T | [`release_due`](Lifecycles::release_due) or [`release`](Lifecycles::release) at or after T | sampling |
+//! | not foreign | [`foreign`](Lifecycles::foreign) (its process took it over) | foreign, merging |
+//! | foreign | [`stop_foreign`](Lifecycles::stop_foreign) (its process unmarked it) | sampling |
+//!
+//! ## Settling and COW accounting
+//! Promoted and foreign regions are accounted in passes over their pages
+//! (the caller reads the page states, pagemap + kpageflags; this module
+//! only counts them). A bit per page remembers pages seen merged (KSM page
+//! or zero page); such a page later present but not merged is a COW break,
+//! added to the region's `cow_total`. A region is *settled* once a pass
+//! that started `settle_scans` ksmd full scans after it was marked has
+//! ended: by then ksmd has visited each of its pages at least twice, enough
+//! to merge every page that can be (KSM merges a page on its second visit,
+//! `mm/ksm.c`); a pass that finds no unmerged page settles it at once. A
+//! pass that began before that scan cannot settle the region: once the
+//! scan is done, [`prepare_passes`](Lifecycles::prepare_passes) restarts
+//! it instead of finishing a useless one.
+//!
+//! At the end of each pass a promoted region is flagged for demotion when
+//! its COW-broken ratio is above V_cow: breaks in this pass over the larger
+//! of the pages newly seen merged in it and the pages merged at the end of
+//! the previous pass (UKSM's `cal_dedup_ratio` has the first alone, which
+//! calls any region with steady churn thrashing). It needs two passes, at
+//! least `min_merged` pages merged before and `min_breaks` breaks; V_cow =
+//! 100 % turns demotion off. The caller unmarks a flagged region, then
+//! [`hold`](Lifecycles::hold)s it.
+//!
+//! ## Invariants (kept by [`Lifecycles`], property-tested below)
+//! - **hidden ⇔ held or merging**: the hidden set is exactly the regions
+//!   that are held, or promoted and not settled. Every transition goes
+//!   through [`Lifecycles`], which recomputes the region's visibility
+//!   after it, so holding a region hides it and releasing it shows it by
+//!   construction; every change of visibility (and every hold) raises the
+//!   flag [`take_view_changed`](Lifecycles::take_view_changed) returns, so
+//!   the caller knows when to re-sync the ladder's view.
+//! - a region is in one mode: never held and promoted at once; a held
+//!   region is not marked before its hold ends;
+//! - a hold ends only at or after its `until` (or when the region's own
+//!   process takes it over: then pagesift has nothing left to hold back);
+//! - the n-th hold lasts [`hold_time`]`(base, n)`: the base doubled n−1
+//!   times, never shorter than the base, at most [`MAX_HOLD`];
+//! - `cow_total` never decreases; `cursor < pages` between passes, and
+//!   the seen-merged bits cover exactly `pages` pages.
+//!
+//! Pure: time and ksmd's full-scan count are passed in.
+
+use crate::source::PageState;
+use crate::{Nanos, RegionId};
+use std::collections::{BTreeMap, BTreeSet};
+
+const SEC: Nanos = 1_000_000_000;
+
+/// ksmd full scans after marking before a pass can settle a region (see
+/// the module header).
+pub const SETTLE_SCANS: u64 = 3;
+
+/// Longest hold of a region.
+pub const MAX_HOLD: Nanos = 3600 * SEC;
+
+/// The `n`-th hold of a region (`n` ≥ 1): `base_s` seconds, doubling with
+/// each hold, at most [`MAX_HOLD`].
+pub fn hold_time(base_s: u64, n: u32) -> Nanos {
+    base_s
+        .saturating_mul(SEC)
+        .saturating_mul(1u64 << n.saturating_sub(1).min(20))
+        .min(MAX_HOLD)
+}
+
+/// What pagesift does with a region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// On the ladder, not mergeable.
+    Sampling,
+    /// Made mergeable by pagesift.
+    Promoted,
+    /// Unmarked for thrashing (or never marked: its writes would make it
+    /// thrash); not promoted before `until`.
+    Held {
+        /// End of the hold.
+        until: Nanos,
+    },
+    /// Made mergeable by its own process.
+    Foreign,
+}
+
+/// Counts of one accounting pass over a region.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PassCounts {
+    /// Pages merged (KSM page or zero page).
+    pub merged: u64,
+    /// Merged now, not seen merged by the previous look at the page.
+    pub fresh: u64,
+    /// Present, not merged.
+    pub present: u64,
+    /// COW breaks: seen merged before, present and not merged now.
+    pub cow: u64,
+}
+
+/// The rules of accounting passes (see the module header).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AccountRules {
+    /// ksmd full scans after marking before a pass can settle a region.
+    pub settle_scans: u64,
+    /// A region still merging is passed over again this long after its
+    /// last pass ended (settling follows ksmd's full scans).
+    pub merging_every: Nanos,
+    /// A settled region is passed over again this long after its last
+    /// pass ended (only to notice COW breaks).
+    pub settled_every: Nanos,
+    /// V_cow: the COW-broken ratio above which a promoted region thrashes
+    /// (1.0: never).
+    pub v_cow: f64,
+    /// Fewest pages merged at the end of the previous pass for a demotion.
+    pub min_merged: u64,
+    /// Fewest COW breaks in one pass for a demotion.
+    pub min_breaks: u64,
+}
+
+impl Default for AccountRules {
+    fn default() -> Self {
+        AccountRules {
+            settle_scans: SETTLE_SCANS,
+            merging_every: SEC,
+            settled_every: 30 * SEC,
+            v_cow: 0.5,
+            min_merged: 16,
+            min_breaks: 16,
+        }
+    }
+}
+
+/// What the end of an accounting pass decided.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PassEnd {
+    /// The region settled with this pass.
+    pub settled: bool,
+    /// A promoted region thrashes: the caller should unmark it.
+    pub demote: bool,
+}
+
+/// The lifecycle of one region. Read-only outside this module: its
+/// transitions go through [`Lifecycles`], which keeps the hidden set.
+#[derive(Clone, Debug)]
+pub struct Lifecycle {
+    mode: Mode,
+    settled: bool,
+    holds: u32,
+    /// ksmd full scans when it was marked (or first seen mergeable).
+    marked_scan: u64,
+    /// When ksmd got it (marked, or first seen mergeable).
+    merging_since: Nanos,
+    cow_total: u64,
+    pages: u32,
+    /// A bit per page: seen merged by the last look at it.
+    seen_merged: Vec<u64>,
+    cursor: u32,
+    pass: PassCounts,
+    last: PassCounts,
+    passes: u64,
+    pass_started_scan: u64,
+    /// No new pass before this (a pass in progress goes on).
+    next_pass_at: Nanos,
+}
+
+impl Lifecycle {
+    fn new(pages: u32, now: Nanos) -> Lifecycle {
+        Lifecycle {
+            mode: Mode::Sampling,
+            settled: false,
+            holds: 0,
+            marked_scan: 0,
+            merging_since: now,
+            cow_total: 0,
+            pages,
+            seen_merged: vec![0; (pages as usize).div_ceil(64)],
+            cursor: 0,
+            pass: PassCounts::default(),
+            last: PassCounts::default(),
+            passes: 0,
+            pass_started_scan: 0,
+            next_pass_at: 0,
+        }
+    }
+
+    /// What pagesift does with it.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Whether ksmd has merged what it can (meaningful while promoted or
+    /// foreign).
+    pub fn settled(&self) -> bool {
+        self.settled
+    }
+
+    /// Whether it is held now.
+    pub fn held(&self) -> bool {
+        matches!(self.mode, Mode::Held { .. })
+    }
+
+    /// How often it was held.
+    pub fn holds(&self) -> u32 {
+        self.holds
+    }
+
+    /// When ksmd got it (marked, or first seen mergeable).
+    pub fn merging_since(&self) -> Nanos {
+        self.merging_since
+    }
+
+    /// COW breaks counted over its life.
+    pub fn cow_total(&self) -> u64 {
+        self.cow_total
+    }
+
+    /// Its length in pages.
+    pub fn pages(&self) -> u32 {
+        self.pages
+    }
+
+    /// The next page the pass in progress reads.
+    pub fn cursor(&self) -> u32 {
+        self.cursor
+    }
+
+    /// Accounting passes ended since it started merging.
+    pub fn passes(&self) -> u64 {
+        self.passes
+    }
+
+    /// The counts of the last pass that ended.
+    pub fn last_pass(&self) -> PassCounts {
+        self.last
+    }
+
+    /// Whether it is accounted: mergeable, by pagesift or its process.
+    pub fn accounted(&self) -> bool {
+        matches!(self.mode, Mode::Promoted | Mode::Foreign)
+    }
+
+    /// Whether ksmd is still merging it (accounted, not settled).
+    pub fn merging(&self) -> bool {
+        self.accounted() && !self.settled
+    }
+
+    /// Whether the ladder must not see it: held, or promoted and still
+    /// merging.
+    pub fn hidden(&self) -> bool {
+        self.held() || (self.mode == Mode::Promoted && !self.settled)
+    }
+
+    /// Pages merged now, as far as accounting knows (the pass in progress
+    /// before the first one ended).
+    pub fn merged_now(&self) -> u64 {
+        if self.passes == 0 {
+            self.pass.merged
+        } else {
+            self.last.merged
+        }
+    }
+
+    /// Present pages not merged, as far as accounting knows.
+    pub fn unmerged_now(&self) -> u64 {
+        if self.passes == 0 {
+            self.pass.present
+        } else {
+            self.last.present
+        }
+    }
+
+    /// What one ksmd full scan of it covers: all of it until a pass has
+    /// counted it, then its unmerged present pages.
+    pub fn scan_pages(&self) -> u64 {
+        if self.passes == 0 {
+            u64::from(self.pages)
+        } else {
+            self.last.present
+        }
+    }
+
+    /// Whether an accounting pass over it should run at `now` (one in
+    /// progress goes on).
+    pub fn pass_due(&self, now: Nanos) -> bool {
+        self.accounted() && (self.cursor > 0 || now >= self.next_pass_at)
+    }
+
+    fn resize(&mut self, pages: u32) {
+        self.pages = pages;
+        self.seen_merged.resize((pages as usize).div_ceil(64), 0);
+        if self.cursor >= pages {
+            self.cursor = 0;
+        }
+    }
+
+    /// Starts tracking merging from scratch (just marked, merged again, or
+    /// first seen mergeable).
+    fn start_merging(&mut self, full_scans: u64, now: Nanos) {
+        self.marked_scan = full_scans;
+        self.merging_since = now;
+        self.next_pass_at = now;
+        self.settled = false;
+        self.cursor = 0;
+        self.pass = PassCounts::default();
+        self.passes = 0;
+        self.pass_started_scan = full_scans;
+    }
+
+    fn hold(&mut self, now: Nanos, base_s: u64) -> Nanos {
+        self.holds = self.holds.saturating_add(1);
+        let until = now.saturating_add(hold_time(base_s, self.holds));
+        self.mode = Mode::Held { until };
+        until
+    }
+
+    fn release(&mut self, now: Nanos) -> bool {
+        match self.mode {
+            Mode::Held { until } if now >= until => {
+                self.mode = Mode::Sampling;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The deciding scan (see the module header).
+    fn settle_scan(&self, settle_scans: u64) -> u64 {
+        self.marked_scan.saturating_add(settle_scans)
+    }
+
+    /// A pass that began before the deciding scan cannot settle the
+    /// region: once that scan is done, the deciding pass starts at once.
+    fn restart_undecided(&mut self, full_scans: u64, now: Nanos, settle_scans: u64) {
+        let deciding = self.settle_scan(settle_scans);
+        if self.cursor > 0 && self.pass_started_scan < deciding && full_scans >= deciding {
+            self.cursor = 0;
+            self.pass = PassCounts::default();
+            self.pass_started_scan = full_scans;
+            self.next_pass_at = now;
+        }
+    }
+
+    /// Counts the states of the pages from the cursor on (at most to the
+    /// end of the region); ends the pass if they reach the end.
+    fn record(
+        &mut self,
+        states: &[PageState],
+        now: Nanos,
+        full_scans: u64,
+        rules: &AccountRules,
+    ) -> Option<PassEnd> {
+        let n = states
+            .len()
+            .min((self.pages - self.cursor.min(self.pages)) as usize);
+        if n == 0 || !self.accounted() {
+            return None;
+        }
+        let from = self.cursor as usize;
+        for (i, s) in states[..n].iter().enumerate() {
+            let p = from + i;
+            let (w, bit) = (p / 64, 1u64 << (p % 64));
+            match s {
+                PageState::Merged | PageState::Zero => {
+                    self.pass.merged += 1;
+                    self.pass.fresh += u64::from(self.seen_merged[w] & bit == 0);
+                    self.seen_merged[w] |= bit;
+                }
+                PageState::Present => {
+                    self.pass.present += 1;
+                    if self.seen_merged[w] & bit != 0 {
+                        self.pass.cow += 1;
+                        self.cow_total += 1;
+                        self.seen_merged[w] &= !bit;
+                    }
+                }
+                PageState::NotPresent => self.seen_merged[w] &= !bit,
+            }
+        }
+        self.cursor += n as u32;
+        (self.cursor >= self.pages).then(|| self.end_pass(now, full_scans, rules))
+    }
+
+    fn end_pass(&mut self, now: Nanos, full_scans: u64, rules: &AccountRules) -> PassEnd {
+        let prev_merged = self.last.merged;
+        self.last = self.pass;
+        self.pass = PassCounts::default();
+        self.passes += 1;
+        self.cursor = 0;
+        // Whether it was settled before this pass: one that settles now is
+        // passed over again soon, as while it merged.
+        self.next_pass_at = now.saturating_add(if self.settled {
+            rules.settled_every
+        } else {
+            rules.merging_every
+        });
+        let settled = !self.settled
+            && (self.last.present == 0
+                || self.pass_started_scan >= self.settle_scan(rules.settle_scans));
+        self.settled |= settled;
+        self.pass_started_scan = full_scans;
+        let demote = self.mode == Mode::Promoted
+            && rules.v_cow < 1.0
+            && self.passes >= 2
+            && prev_merged >= rules.min_merged.max(1)
+            && self.last.cow >= rules.min_breaks
+            && self.last.cow as f64 / self.last.fresh.max(prev_merged).max(1) as f64 > rules.v_cow;
+        PassEnd { settled, demote }
+    }
+}
+
+/// Every tracked region's [`Lifecycle`], and the set of regions hidden from
+/// the ladder, which it keeps equal to the regions that are held or still
+/// merging (see the module header's invariants).
+#[derive(Clone, Debug, Default)]
+pub struct Lifecycles {
+    regions: BTreeMap<RegionId, Lifecycle>,
+    hidden: BTreeSet<RegionId>,
+    view_changed: bool,
+}
+
+impl Lifecycles {
+    /// No regions.
+    pub fn new() -> Lifecycles {
+        Lifecycles::default()
+    }
+
+    /// Starts tracking `id` (sampling) if it is new; follows a change of
+    /// its length otherwise (a new region is visible: nothing to re-sync).
+    pub fn track(&mut self, id: RegionId, pages: u32, now: Nanos) {
+        match self.regions.get_mut(&id) {
+            Some(l) if l.pages != pages => l.resize(pages),
+            Some(_) => {}
+            None => {
+                self.regions.insert(id, Lifecycle::new(pages, now));
+            }
+        }
+    }
+
+    /// Stops tracking `id` (it is gone); returns its lifecycle. The view
+    /// follows at the caller's next sync of the ladder (the region left the
+    /// machine too), so this raises no flag.
+    pub fn forget(&mut self, id: RegionId) -> Option<Lifecycle> {
+        self.hidden.remove(&id);
+        self.regions.remove(&id)
+    }
+
+    /// The lifecycle of `id`, if tracked.
+    pub fn get(&self, id: RegionId) -> Option<&Lifecycle> {
+        self.regions.get(&id)
+    }
+
+    /// Its mode, if tracked.
+    pub fn mode(&self, id: RegionId) -> Option<Mode> {
+        self.regions.get(&id).map(|l| l.mode)
+    }
+
+    /// Every tracked region, in id order.
+    pub fn iter(&self) -> impl Iterator<Item = (RegionId, &Lifecycle)> {
+        self.regions.iter().map(|(&id, l)| (id, l))
+    }
+
+    /// Every tracked region's lifecycle.
+    pub fn values(&self) -> impl Iterator<Item = &Lifecycle> {
+        self.regions.values()
+    }
+
+    /// How many regions are tracked.
+    pub fn len(&self) -> usize {
+        self.regions.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.regions.is_empty()
+    }
+
+    /// The regions the ladder must not see: held, or promoted and merging.
+    pub fn hidden(&self) -> &BTreeSet<RegionId> {
+        &self.hidden
+    }
+
+    /// Whether `id` is hidden from the ladder.
+    pub fn is_hidden(&self, id: RegionId) -> bool {
+        self.hidden.contains(&id)
+    }
+
+    /// Whether the hidden set changed, or a region was held, since the
+    /// last call: the ladder's view must be synced again. Clears the flag.
+    pub fn take_view_changed(&mut self) -> bool {
+        std::mem::take(&mut self.view_changed)
+    }
+
+    /// Applies `f` to `id`'s lifecycle, then brings the hidden set in line
+    /// with it: the one place visibility changes.
+    fn apply<R>(&mut self, id: RegionId, f: impl FnOnce(&mut Lifecycle) -> R) -> Option<R> {
+        let l = self.regions.get_mut(&id)?;
+        let r = f(l);
+        let changed = if l.hidden() {
+            self.hidden.insert(id)
+        } else {
+            self.hidden.remove(&id)
+        };
+        self.view_changed |= changed;
+        Some(r)
+    }
+
+    /// The kernel took `MADV_MERGEABLE` for all of `id` (or its range is
+    /// found marked by pagesift): promoted, merging from scratch, hidden
+    /// until it settles. A held region is not marked before its hold ends
+    /// (`false`, as for an unknown one).
+    pub fn mark(&mut self, id: RegionId, full_scans: u64, now: Nanos) -> bool {
+        self.apply(id, |l| {
+            if l.held() {
+                return false;
+            }
+            l.mode = Mode::Promoted;
+            l.start_merging(full_scans, now);
+            true
+        })
+        .unwrap_or(false)
+    }
+
+    /// A settled promoted region back at the top of the ladder: merged
+    /// pages are no duplicates to the sampler, so new ones appeared in it.
+    /// It merges again from scratch, hidden until it settles. Whether it
+    /// was such a region.
+    pub fn remerge(&mut self, id: RegionId, full_scans: u64, now: Nanos) -> bool {
+        self.apply(id, |l| {
+            let again = l.mode == Mode::Promoted && l.settled;
+            if again {
+                l.start_merging(full_scans, now);
+            }
+            again
+        })
+        .unwrap_or(false)
+    }
+
+    /// Holds `id` for its next hold time (`base_s` seconds, doubled with
+    /// every hold before): hidden until the hold ends. Returns the end.
+    /// Always raises the view flag, even for a region already hidden (a
+    /// merging region found thrashing), as the daemon always re-synced
+    /// after a hold.
+    pub fn hold(&mut self, id: RegionId, now: Nanos, base_s: u64) -> Option<Nanos> {
+        let until = self.apply(id, |l| l.hold(now, base_s))?;
+        self.view_changed = true;
+        Some(until)
+    }
+
+    /// Ends `id`'s hold if it is held and its hold ended by `now`: back to
+    /// sampling, shown to the ladder (which puts it at the bottom). Whether
+    /// it ended.
+    pub fn release(&mut self, id: RegionId, now: Nanos) -> bool {
+        self.apply(id, |l| l.release(now)).unwrap_or(false)
+    }
+
+    /// Ends every hold that ended by `now`; returns the regions released.
+    pub fn release_due(&mut self, now: Nanos) -> Vec<RegionId> {
+        let due: Vec<RegionId> = (self.regions.iter())
+            .filter(|(_, l)| matches!(l.mode, Mode::Held { until } if now >= until))
+            .map(|(&id, _)| id)
+            .collect();
+        for &id in &due {
+            self.release(id, now);
+        }
+        due
+    }
+
+    /// Its process made `id` mergeable itself (or uses merge-any): foreign,
+    /// merging from scratch; whatever pagesift held or marked is its
+    /// process's now. Returns the mode it had (`None`: unknown); already
+    /// foreign, nothing changes.
+    pub fn foreign(&mut self, id: RegionId, full_scans: u64, now: Nanos) -> Option<Mode> {
+        self.apply(id, |l| {
+            let was = l.mode;
+            if was != Mode::Foreign {
+                l.mode = Mode::Foreign;
+                l.start_merging(full_scans, now);
+            }
+            was
+        })
+    }
+
+    /// Its process made a foreign region unmergeable again: sampling.
+    pub fn stop_foreign(&mut self, id: RegionId) {
+        self.apply(id, |l| {
+            if l.mode == Mode::Foreign {
+                l.mode = Mode::Sampling;
+            }
+        });
+    }
+
+    /// Before a wake's accounting: restarts the passes of merging regions
+    /// that began too early to settle them, once ksmd's deciding scan is
+    /// done (see the module header). Whether any region is merging.
+    pub fn prepare_passes(&mut self, full_scans: u64, now: Nanos, settle_scans: u64) -> bool {
+        let mut merging = false;
+        for l in self.regions.values_mut().filter(|l| l.merging()) {
+            merging = true;
+            l.restart_undecided(full_scans, now, settle_scans);
+        }
+        merging
+    }
+
+    /// The accounted regions whose pass should go on or start at `now`, in
+    /// id order.
+    pub fn passes_due(&self, now: Nanos) -> Vec<RegionId> {
+        (self.regions.iter())
+            .filter(|(_, l)| l.pass_due(now))
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Counts the states of `id`'s pages from its cursor on (read by the
+    /// caller); when they reach its end, the pass ends and says whether the
+    /// region settled (a promoted one is then shown to the ladder again)
+    /// and whether it thrashes. `None`: the pass goes on, or `id` is
+    /// unknown.
+    pub fn record(
+        &mut self,
+        id: RegionId,
+        states: &[PageState],
+        now: Nanos,
+        full_scans: u64,
+        rules: &AccountRules,
+    ) -> Option<PassEnd> {
+        self.apply(id, |l| l.record(states, now, full_scans, rules))
+            .flatten()
+    }
+}
+
+impl std::ops::Index<RegionId> for Lifecycles {
+    type Output = Lifecycle;
+
+    fn index(&self, id: RegionId) -> &Lifecycle {
+        &self.regions[&id]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    const R: RegionId = RegionId(1);
+
+    fn one(pages: u32) -> Lifecycles {
+        let mut l = Lifecycles::new();
+        l.track(R, pages, 0);
+        l
+    }
+
+    fn states(merged: usize, present: usize) -> Vec<PageState> {
+        let mut v = vec![PageState::Merged; merged];
+        v.resize(merged + present, PageState::Present);
+        v
+    }
+
+    #[test]
+    fn hold_time_doubles_from_the_base_up_to_an_hour() {
+        assert_eq!(hold_time(60, 1), 60 * SEC);
+        assert_eq!(hold_time(60, 2), 120 * SEC);
+        assert_eq!(hold_time(60, 3), 240 * SEC);
+        assert_eq!(hold_time(60, 7), MAX_HOLD);
+        assert_eq!(hold_time(60, u32::MAX), MAX_HOLD);
+        assert_eq!(hold_time(4, 0), 4 * SEC, "the first hold, counted from 0");
+        assert_eq!(hold_time(0, 5), 0);
+    }
+
+    #[test]
+    fn a_new_region_samples_and_is_seen() {
+        let mut l = one(64);
+        assert_eq!(l.mode(R), Some(Mode::Sampling));
+        assert!(!l.is_hidden(R));
+        assert!(
+            !l.take_view_changed(),
+            "nothing to re-sync for a new region"
+        );
+        assert!(!l[R].accounted());
+        assert!(
+            l.passes_due(0).is_empty(),
+            "only accounted regions are passed over"
+        );
+    }
+
+    #[test]
+    fn marking_hides_it_until_it_settles() {
+        let mut l = one(64);
+        assert!(l.mark(R, 10, 5));
+        assert_eq!(l.mode(R), Some(Mode::Promoted));
+        assert!(l.is_hidden(R) && l[R].merging());
+        assert!(l.take_view_changed());
+        assert_eq!(l[R].merging_since(), 5);
+        assert_eq!(l.passes_due(5), vec![R]);
+        // All merged: nothing left for ksmd, settled at once.
+        let end = l.record(R, &states(64, 0), 6, 10, &AccountRules::default());
+        assert_eq!(
+            end,
+            Some(PassEnd {
+                settled: true,
+                demote: false
+            })
+        );
+        assert!(l[R].settled() && !l.is_hidden(R));
+        assert!(l.take_view_changed(), "back to the ladder");
+        assert_eq!(l[R].merged_now(), 64);
+    }
+
+    #[test]
+    fn it_settles_only_with_a_pass_begun_after_the_deciding_scan() {
+        let rules = AccountRules::default();
+        let mut l = one(64);
+        l.mark(R, 10, 0);
+        // A pass begun at scan 10 ends with unmerged pages: not settled,
+        // even once ksmd is far past its deciding scan.
+        assert_eq!(
+            l.record(R, &states(32, 32), SEC, 20, &rules),
+            Some(PassEnd::default())
+        );
+        assert!(l.is_hidden(R) && !l[R].settled());
+        assert!(!l[R].pass_due(SEC + 1), "waits merging_every");
+        assert!(l[R].pass_due(2 * SEC));
+        // The next began at scan 20 ≥ 10 + 3: it decides.
+        let end = l.record(R, &states(40, 24), 2 * SEC, 21, &rules).unwrap();
+        assert!(end.settled && l[R].settled() && !l.is_hidden(R));
+        // Settled with this pass: passed over again soon, then every
+        // settled_every.
+        assert!(l[R].pass_due(3 * SEC));
+        l.record(R, &states(40, 24), 3 * SEC, 22, &rules);
+        assert!(!l[R].pass_due(4 * SEC));
+        assert!(l[R].pass_due(3 * SEC + rules.settled_every));
+    }
+
+    #[test]
+    fn an_undecided_pass_restarts_at_the_deciding_scan() {
+        let mut l = one(64);
+        l.mark(R, 10, 0);
+        assert_eq!(
+            l.record(R, &states(10, 10), 0, 10, &AccountRules::default()),
+            None
+        );
+        assert_eq!(l[R].cursor(), 20);
+        assert!(l.prepare_passes(12, SEC, SETTLE_SCANS), "merging");
+        assert_eq!(l[R].cursor(), 20, "ksmd not at its deciding scan yet");
+        assert!(l.prepare_passes(13, SEC, SETTLE_SCANS));
+        assert_eq!(l[R].cursor(), 0, "restarted");
+        // The restarted pass began at scan 13: it settles the region.
+        let end = l.record(R, &states(60, 4), SEC, 13, &AccountRules::default());
+        assert!(end.unwrap().settled);
+        assert!(
+            !l.prepare_passes(14, 2 * SEC, SETTLE_SCANS),
+            "nothing merging"
+        );
+    }
+
+    #[test]
+    fn a_hold_hides_until_it_ends_and_each_hold_is_twice_as_long() {
+        let mut l = one(64);
+        assert_eq!(l.hold(R, 100, 4), Some(100 + 4 * SEC));
+        assert!(l.is_hidden(R) && l.take_view_changed());
+        assert!(!l.release(R, 100 + 4 * SEC - 1), "not before its end");
+        assert!(l.release_due(100 + 4 * SEC - 1).is_empty());
+        assert_eq!(l.release_due(100 + 4 * SEC), vec![R]);
+        assert_eq!(l.mode(R), Some(Mode::Sampling));
+        assert!(!l.is_hidden(R) && l.take_view_changed());
+        assert_eq!(l.hold(R, 0, 4), Some(8 * SEC), "the second hold doubles");
+        assert_eq!(l[R].holds(), 2);
+        assert!(!l.mark(R, 0, SEC), "not marked while held");
+        assert!(l.release(R, 8 * SEC));
+        assert!(!l.release(R, 9 * SEC), "released once");
+    }
+
+    #[test]
+    fn holding_a_merging_region_keeps_it_hidden_and_asks_for_a_sync() {
+        let mut l = one(64);
+        l.mark(R, 0, 0);
+        l.take_view_changed();
+        l.hold(R, 0, 60);
+        assert!(l.is_hidden(R));
+        assert!(l.take_view_changed(), "every hold re-syncs");
+    }
+
+    #[test]
+    fn a_settled_region_back_at_the_top_merges_again() {
+        let mut l = one(64);
+        assert!(!l.remerge(R, 0, 0), "sampling: nothing to merge again");
+        l.mark(R, 0, 0);
+        assert!(!l.remerge(R, 0, 0), "still merging");
+        l.record(R, &states(64, 0), 0, 0, &AccountRules::default());
+        l.take_view_changed();
+        assert!(l.remerge(R, 7, 9));
+        assert!(l.is_hidden(R) && l[R].merging() && l.take_view_changed());
+        assert_eq!((l[R].passes(), l[R].merging_since()), (0, 9));
+    }
+
+    #[test]
+    fn foreign_regions_are_accounted_never_hidden() {
+        let mut l = one(64);
+        l.mark(R, 0, 0);
+        assert_eq!(l.foreign(R, 3, 1), Some(Mode::Promoted));
+        assert!(!l.is_hidden(R) && l[R].merging() && l[R].accounted());
+        assert_eq!(l.foreign(R, 4, 2), Some(Mode::Foreign));
+        assert_eq!(l[R].merging_since(), 1, "already foreign: nothing restarts");
+        l.stop_foreign(R);
+        assert_eq!(l.mode(R), Some(Mode::Sampling));
+        // A held region taken over by its process: its process's now, and
+        // visible like any foreign region.
+        l.hold(R, 0, 60);
+        l.foreign(R, 0, 0);
+        assert!(!l.is_hidden(R));
+        let end = l.record(R, &states(8, 56), 0, 0, &AccountRules::default());
+        assert!(!end.unwrap().demote, "foreign regions are never demoted");
+    }
+
+    #[test]
+    fn cow_breaks_are_pages_seen_merged_then_present() {
+        let rules = AccountRules::default();
+        let mut l = one(4);
+        l.mark(R, 0, 0);
+        use PageState::*;
+        l.record(R, &[Merged, Zero, Merged, NotPresent], 0, 0, &rules);
+        assert_eq!(l[R].last_pass().fresh, 3);
+        l.record(R, &[Present, Merged, NotPresent, Present], 0, 0, &rules);
+        let p = l[R].last_pass();
+        assert_eq!((p.merged, p.fresh, p.present, p.cow), (1, 0, 2, 1));
+        assert_eq!(l[R].cow_total(), 1, "page 2 was unmapped, not broken");
+        l.record(R, &[Merged, Present, Present, Present], 0, 0, &rules);
+        assert_eq!(l[R].cow_total(), 2);
+        assert_eq!(l[R].last_pass().fresh, 1);
+    }
+
+    #[test]
+    fn a_thrashing_region_is_flagged_for_demotion() {
+        let rules = AccountRules::default();
+        let mut l = one(256);
+        l.mark(R, 0, 0);
+        let end = l.record(R, &states(256, 0), 0, 0, &rules).unwrap();
+        assert!(!end.demote, "one pass is not enough");
+        // 128 of the 256 merged pages broken: 0.5 is not above V_cow.
+        let mut s = states(128, 128);
+        let end = l.record(R, &s, 0, 0, &rules).unwrap();
+        assert!(!end.demote);
+        // Merged again, then 129 breaks over the 256 pages merged before.
+        s = vec![PageState::Merged; 256];
+        l.record(R, &s, 0, 0, &rules);
+        s = states(127, 129);
+        assert!(l.record(R, &s, 0, 0, &rules).unwrap().demote);
+        // V_cow = 100 % turns demotion off.
+        let off = AccountRules {
+            v_cow: 1.0,
+            ..rules
+        };
+        l.record(R, &[PageState::Merged; 256], 0, 0, &off);
+        assert!(!l.record(R, &states(127, 129), 0, 0, &off).unwrap().demote);
+    }
+
+    #[test]
+    fn a_few_breaks_are_no_thrashing() {
+        let rules = AccountRules::default();
+        let mut l = one(32);
+        l.mark(R, 0, 0);
+        l.record(R, &states(32, 0), 0, 0, &rules);
+        let end = l.record(R, &states(17, 15), 0, 0, &rules).unwrap();
+        assert!(!end.demote, "15 breaks < min_breaks");
+    }
+
+    #[test]
+    fn resizing_keeps_the_cursor_inside() {
+        let mut l = one(128);
+        l.mark(R, 0, 0);
+        l.record(R, &states(100, 0), 0, 0, &AccountRules::default());
+        l.track(R, 64, 0);
+        assert_eq!((l[R].cursor(), l[R].pages()), (0, 64));
+        assert_eq!(
+            l.record(R, &states(80, 0), 0, 0, &AccountRules::default())
+                .map(|e| e.settled),
+            Some(true)
+        );
+    }
+
+    #[test]
+    fn forgetting_a_region_drops_it_from_the_hidden_set() {
+        let mut l = one(64);
+        l.hold(R, 0, 60);
+        assert!(l.forget(R).is_some_and(|x| x.held()));
+        assert!(l.hidden().is_empty() && l.is_empty());
+        assert!(l.hold(R, 0, 60).is_none() && !l.mark(R, 0, 0));
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Track(u8, u32),
+        Forget(u8),
+        Mark(u8),
+        Remerge(u8),
+        Hold(u8, u64),
+        Release(u8),
+        ReleaseDue,
+        Foreign(u8),
+        StopForeign(u8),
+        Prepare,
+        Record(u8, Vec<u8>),
+        Tick(u64),
+        Scan,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            2 => (0u8..6, 1u32..300).prop_map(|(i, p)| Op::Track(i, p)),
+            1 => (0u8..6).prop_map(Op::Forget),
+            3 => (0u8..6).prop_map(Op::Mark),
+            1 => (0u8..6).prop_map(Op::Remerge),
+            3 => (0u8..6, 0u64..100).prop_map(|(i, b)| Op::Hold(i, b)),
+            2 => (0u8..6).prop_map(Op::Release),
+            2 => Just(Op::ReleaseDue),
+            1 => (0u8..6).prop_map(Op::Foreign),
+            1 => (0u8..6).prop_map(Op::StopForeign),
+            1 => Just(Op::Prepare),
+            4 => (0u8..6, prop::collection::vec(0u8..4, 0..300)).prop_map(|(i, s)| Op::Record(i, s)),
+            3 => (0u64..200 * SEC).prop_map(Op::Tick),
+            1 => Just(Op::Scan),
+        ]
+    }
+
+    fn state(k: u8) -> PageState {
+        [
+            PageState::NotPresent,
+            PageState::Zero,
+            PageState::Merged,
+            PageState::Present,
+        ][k as usize % 4]
+    }
+
+    proptest! {
+        /// After any sequence of operations: the hidden set is exactly the
+        /// held and merging regions; a change of visibility always raises
+        /// the flag; a region is never held and promoted; holds end only at
+        /// or after their end (or when their process takes them over), and
+        /// the n-th lasts hold_time(base, n); COW totals never decrease;
+        /// cursors stay inside their regions.
+        #[test]
+        fn lifecycles_keep_their_invariants(ops in prop::collection::vec(op(), 1..120)) {
+            let rules = AccountRules { min_merged: 1, min_breaks: 1, ..AccountRules::default() };
+            let mut l = Lifecycles::new();
+            let (mut now, mut scans) = (0u64, 0u64);
+            let mut cow: HashMap<RegionId, u64> = HashMap::new();
+            for op in ops {
+                let before: HashMap<RegionId, Lifecycle> =
+                    l.iter().map(|(id, x)| (id, x.clone())).collect();
+                let hidden_before = l.hidden().clone();
+                let mut forgot = None;
+                let mut released_by_op = false;
+                let mut must_change = false;
+                match op {
+                    Op::Track(i, p) => l.track(RegionId(i.into()), p, now),
+                    Op::Forget(i) => {
+                        forgot = Some(RegionId(i.into()));
+                        l.forget(RegionId(i.into()));
+                        cow.remove(&RegionId(i.into()));
+                    }
+                    Op::Mark(i) => {
+                        let id = RegionId(i.into());
+                        let held = l.get(id).is_some_and(|x| x.held());
+                        let done = l.mark(id, scans, now);
+                        prop_assert_eq!(done, l.get(id).is_some() && !held);
+                    }
+                    Op::Remerge(i) => { l.remerge(RegionId(i.into()), scans, now); }
+                    Op::Hold(i, base) => {
+                        let id = RegionId(i.into());
+                        let n = l.get(id).map(|x| x.holds());
+                        if let Some(until) = l.hold(id, now, base) {
+                            let n = n.unwrap() + 1;
+                            prop_assert_eq!(l[id].holds(), n);
+                            prop_assert_eq!(until, now + hold_time(base, n));
+                            prop_assert!(until - now >= (base * SEC).min(MAX_HOLD));
+                            must_change = true;
+                            prop_assert!(l.is_hidden(id));
+                        }
+                    }
+                    Op::Release(i) => { l.release(RegionId(i.into()), now); released_by_op = true; }
+                    Op::ReleaseDue => {
+                        for id in l.release_due(now) {
+                            prop_assert_eq!(l.mode(id), Some(Mode::Sampling));
+                        }
+                        released_by_op = true;
+                    }
+                    Op::Foreign(i) => { l.foreign(RegionId(i.into()), scans, now); }
+                    Op::StopForeign(i) => l.stop_foreign(RegionId(i.into())),
+                    Op::Prepare => { l.prepare_passes(scans, now, rules.settle_scans); }
+                    Op::Record(i, s) => {
+                        let s: Vec<PageState> = s.into_iter().map(state).collect();
+                        l.record(RegionId(i.into()), &s, now, scans, &rules);
+                    }
+                    Op::Tick(dt) => now += dt,
+                    Op::Scan => scans += 1,
+                }
+                // hidden ⇔ held or merging, and nothing else is hidden.
+                let expected: BTreeSet<RegionId> =
+                    l.iter().filter(|(_, x)| x.hidden()).map(|(id, _)| id).collect();
+                prop_assert_eq!(l.hidden(), &expected);
+                let changed = l.take_view_changed();
+                let mut seen_before = hidden_before.clone();
+                if let Some(id) = forgot {
+                    seen_before.remove(&id);
+                }
+                if &seen_before != l.hidden() {
+                    prop_assert!(changed, "visibility changed without the flag");
+                }
+                prop_assert!(changed || !must_change, "a hold without the flag");
+                for (id, x) in l.iter() {
+                    prop_assert_eq!(x.held(), l.is_hidden(id) && x.mode() != Mode::Promoted);
+                    prop_assert!(!(x.held() && x.accounted()));
+                    prop_assert!(x.cursor() < x.pages() || x.pages() == 0);
+                    prop_assert_eq!(x.seen_merged.len(), (x.pages() as usize).div_ceil(64));
+                    let c = cow.entry(id).or_insert(0);
+                    prop_assert!(x.cow_total() >= *c, "COW total decreased");
+                    *c = x.cow_total();
+                    if let Some(Mode::Held { until }) = before.get(&id).map(|b| b.mode())
+                        && !x.held()
+                    {
+                        // Ended: by a release at or after its end, or its
+                        // process took it over.
+                        prop_assert!(
+                            (released_by_op && now >= until) || x.mode() == Mode::Foreign,
+                            "a hold ended early"
+                        );
+                    }
+                }
+            }
+        }
+
+        /// Each hold is twice the one before until the cap, never shorter
+        /// than the base (or the cap).
+        #[test]
+        fn hold_times_double_and_never_undercut_the_base(base in 0u64..10_000, n in 1u32..40) {
+            let t = hold_time(base, n);
+            prop_assert!(t >= (base * SEC).min(MAX_HOLD));
+            prop_assert!(t <= MAX_HOLD);
+            prop_assert_eq!(hold_time(base, n + 1), (2 * t).min(MAX_HOLD));
+        }
+    }
+}
