@@ -96,7 +96,7 @@
 //!    stable index, and they can climb again.
 //! 5. **Pace**: while any promoted or foreign region is unsettled, ksmd gets
 //!    the governor's top-level share (the CPU UKSM would spend merging the
-//!    region itself), but no more than four full scans a second of the
+//!    region itself), but no more than two full scans a second of the
 //!    promoted and foreign regions cost (`core::pipeline::pacing`: three settle a
 //!    region; more would only re-scan merged memory); otherwise a trickle (`ksm.trickle_share`, 0.1 %: half
 //!    of UKSM's bottom level, the daemon's own bottom-level sampling using
