@@ -153,8 +153,7 @@ impl FolioFinder {
             .read_exact_at(bytes, map.addr() / page * 8)
             .map_err(|e| LinuxError::io("reading /proc/self/pagemap", e))?;
         // Every page's own flags in one batched read (`read_many` groups
-        // neighbouring frames): one read per page was a tenth of a scrub's
-        // CPU (perf, 32 k dropped pages).
+        // neighbouring frames) rather than a syscall per page.
         let pfns: Vec<u64> = pages
             .iter()
             .filter_map(|&p| entries[(p - first) as usize].pfn())

@@ -194,20 +194,6 @@ impl GuestRam {
         }
         Ok(())
     }
-
-    /// Reads the guest page at `addr` into `out` if it is still present;
-    /// `false` if not (it is then not held).
-    pub fn read_page(&mut self, addr: u64, out: &mut PageWords) -> Result<bool, LinuxError> {
-        let mut entry = [crate::pagemap::PagemapEntry(0)];
-        self.pagemap.read(addr, &mut entry)?;
-        if !entry[0].present() {
-            return Ok(false);
-        }
-        let got = self
-            .reader
-            .read_range_unpinned(addr, std::slice::from_mut(out))?;
-        Ok(got == 1)
-    }
 }
 
 #[cfg(test)]

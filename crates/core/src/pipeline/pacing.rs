@@ -161,11 +161,12 @@ impl Default for PacingConfig {
             // pagesift's choice: a page merges on ksmd's second visit and
             // three full scans settle a region, so two scans a second
             // settle a marked region in 1.5 s. Four (the earlier default)
-            // bought little: in the vm-boot experiment (three booting
-            // guests, one run each on 2026-11-25) ksmd scanned 2.84 M
-            // pages at 4.16 CPU-s with four, 2.46 M at 3.39 CPU-s with two
-            // (saving 278 and 267 MiB), and with one it saved only 224 MiB
-            // (2.36 CPU-s): marked regions waited.
+            // bought little: in the quick vm-boot experiment (three
+            // booting guests, one run each, this project's 2-core Xeon)
+            // ksmd scanned 2.84 M pages at 4.16 CPU-s with four
+            // (2026-11-24), 2.46 M at 3.39 CPU-s with two (2026-11-25),
+            // saving 278 and 267 MiB; with one it saved only 224 MiB
+            // (2.36 CPU-s, 2026-11-25): marked regions waited.
             active_scans_per_s: 2.0,
             // Small sets as before the cap fell to two scans: with two
             // alone, 4 readers' 12 k pages of freshly read file data (the
