@@ -84,6 +84,34 @@ pub trait MemorySource {
         None
     }
 
+    /// Samples several pages at once: `states[i]` receives the state of
+    /// `pages[i]` and, when it is `Present` or `Merged`, `out[i]` receives
+    /// its words and `read[i]` is true (false when it could not be read,
+    /// e.g. unmapped in between). A sampler asks for a batch of pages at a
+    /// time because on Linux the per-call cost dominates: sources that can
+    /// batch (pagemap, kpageflags, process_vm_readv) override this; the
+    /// default asks page by page. A source that wraps another must forward
+    /// this call, or it falls back to that default without a sound.
+    ///
+    /// # Panics
+    /// If `out`, `states` or `read` is shorter than `pages`.
+    fn sample_pages(
+        &mut self,
+        pages: &[PageRef],
+        out: &mut [PageWords],
+        states: &mut [Result<PageState, SourceError>],
+        read: &mut [bool],
+    ) {
+        assert!(
+            out.len() >= pages.len() && states.len() >= pages.len() && read.len() >= pages.len()
+        );
+        for (i, &p) in pages.iter().enumerate() {
+            states[i] = self.page_state(p);
+            read[i] = matches!(states[i], Ok(PageState::Present | PageState::Merged))
+                && self.read_page(p, &mut out[i]).is_ok();
+        }
+    }
+
     /// Reads several pages; `out[i]` receives `pages[i]`. Returns how many
     /// leading pages were read before the first failure; sources that can
     /// batch (process_vm_readv) override this.

@@ -203,6 +203,12 @@ pub struct ScanSection {
     pub sweep_share: f64,
     /// Shortest time between the starts of two sweeps, in seconds.
     pub sweep_every_s: u64,
+    /// Pages per sample point of the ladder's walk: a point samples this
+    /// many consecutive pages (1: page by page, as UKSM). Scattered pages
+    /// cost the most per page to look at from user space (a page-table
+    /// walk and a pinned read each); four neighbours cost about half as
+    /// much per page (docs/sampling-cost.md). At most 16.
+    pub cluster_pages: u32,
     /// Seed of the sampling permutations and the hash (fixed so that runs
     /// can be compared).
     pub seed: u64,
@@ -220,6 +226,7 @@ impl Default for ScanSection {
             refresh_cpu: 0.0005,
             sweep_share: 0.03,
             sweep_every_s: 5,
+            cluster_pages: 4,
             seed: 0x7061_6765_7369_6674,
         }
     }
@@ -738,7 +745,13 @@ impl Config {
         if let Err(e) = self.ladder_config().validate() {
             // LadderConfig names its field first: "v_dup: must be …".
             let (field, reason) = e.split_once(": ").unwrap_or(("levels", e.as_str()));
-            return bad(&format!("ladder.{field}"), reason.to_string());
+            // The one ladder field that is configured under [scan].
+            let section = if field == "cluster_pages" {
+                "scan"
+            } else {
+                "ladder"
+            };
+            return bad(&format!("{section}.{field}"), reason.to_string());
         }
         let s = &self.scan;
         if s.sleep_ms == 0 || s.sleep_ms.checked_mul(MS).is_none_or(|t| t > MAX_SLEEP) {
@@ -930,6 +943,7 @@ impl Config {
             v_dup: self.ladder.v_dup,
             v_cow: self.ladder.v_cow,
             v_life: self.ladder.v_life_ms.saturating_mul(MS),
+            cluster_pages: self.scan.cluster_pages,
         }
     }
 
@@ -1271,6 +1285,11 @@ address = "9100"
         assert_eq!(e.key(), Some("scan.cpu_cap"), "{e}");
         let e = err("[scan]\nsubregion_mib = 0\n");
         assert_eq!(e.key(), Some("scan.subregion_mib"), "{e}");
+        for n in [0, 17] {
+            let e = err(&format!("[scan]\ncluster_pages = {n}\n"));
+            assert_eq!(e.key(), Some("scan.cluster_pages"), "{e}");
+            assert!(e.to_string().contains("between 1 and 16"), "{e}");
+        }
         let e = err("[actuate]\nwrite_hold_s = 0\n");
         assert_eq!(e.key(), Some("actuate.write_hold_s"), "{e}");
         assert!(e.to_string().contains("at least 1 second"), "{e}");

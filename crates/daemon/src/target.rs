@@ -260,6 +260,15 @@ impl MemorySource for LinuxTarget {
     fn read_pages(&mut self, pages: &[PageRef], out: &mut [PageWords]) -> usize {
         self.src.read_pages(pages, out)
     }
+    fn sample_pages(
+        &mut self,
+        pages: &[PageRef],
+        out: &mut [PageWords],
+        states: &mut [Result<PageState, SourceError>],
+        read: &mut [bool],
+    ) {
+        self.src.sample_pages(pages, out, states, read)
+    }
     fn take_written(&mut self, page: PageRef) -> Option<bool> {
         self.src.take_written(page)
     }
@@ -490,6 +499,15 @@ impl<T: Target> MemorySource for View<'_, T> {
     }
     fn read_pages(&mut self, pages: &[PageRef], out: &mut [PageWords]) -> usize {
         self.target.read_pages(pages, out)
+    }
+    fn sample_pages(
+        &mut self,
+        pages: &[PageRef],
+        out: &mut [PageWords],
+        states: &mut [Result<PageState, SourceError>],
+        read: &mut [bool],
+    ) {
+        self.target.sample_pages(pages, out, states, read)
     }
     fn take_written(&mut self, page: PageRef) -> Option<bool> {
         self.target.take_written(page)

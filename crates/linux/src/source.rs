@@ -72,11 +72,11 @@
 
 use crate::discover::{self, MapsDiscovery, ProcessFilter, ProcessInfo, RegionKind, RegionsFrom};
 use crate::error::LinuxError;
-use crate::inspect::{PageInfo, PageInspector};
-use crate::kpageflags::KPageFlags;
+use crate::inspect::{PageClass, PageInfo, PageInspector};
+use crate::kpageflags::{KPageFlags, KpfFlags};
 use crate::ksm::ProcessKsmStat;
 use crate::pagemap::{Pagemap, PagemapEntry};
-use crate::read::RemoteReader;
+use crate::read::{PageBuffer, RemoteReader};
 use pagesift_core::ranges::RangeSet;
 use pagesift_core::source::{MemorySource, PageState, RegionInfo, SourceError};
 use pagesift_core::{PageRef, PageWords, RegionId};
@@ -214,6 +214,8 @@ pub struct LinuxSource {
     order: Vec<usize>,
     addrs: Vec<u64>,
     unpinned: Vec<bool>,
+    /// Scratch of [`MemorySource::sample_pages`].
+    batch: SampleScratch,
     /// Discovery from `/proc/PID/maps` (its file-kind cache).
     maps: MapsDiscovery,
     /// For the droppable check of maps discovery.
@@ -256,6 +258,7 @@ impl LinuxSource {
             unpinned: Vec::new(),
             maps: MapsDiscovery::new(),
             kpf,
+            batch: SampleScratch::default(),
             discovered_by: (0, 0),
             left_out: 0,
             #[cfg(target_arch = "x86_64")]
@@ -778,6 +781,144 @@ impl LinuxSource {
     }
 }
 
+/// Scratch buffers of one [`MemorySource::sample_pages`] call, kept
+/// between calls so a batch allocates nothing.
+#[derive(Debug, Default)]
+struct SampleScratch {
+    /// (pid, address, index in the batch) of the batch's located pages,
+    /// sorted.
+    order: Vec<(u32, u64, usize)>,
+    /// Frames whose flags are read, and the batch index of each.
+    pfns: Vec<u64>,
+    of_pfn: Vec<usize>,
+    flags: Vec<KpfFlags>,
+    /// Per located page of one process: its flags, if read.
+    page_flags: Vec<Option<KpfFlags>>,
+    /// Addresses to read by each path, and the batch index of each.
+    pinned: (Vec<u64>, Vec<usize>),
+    unpinned: (Vec<u64>, Vec<usize>),
+    words: Option<PageBuffer>,
+}
+
+impl LinuxSource {
+    /// [`MemorySource::sample_pages`] for the located pages of one
+    /// process: `self.batch.order[range]`.
+    fn sample_process(
+        &mut self,
+        range: std::ops::Range<usize>,
+        pages: &[PageRef],
+        out: &mut [PageWords],
+        states: &mut [Result<PageState, SourceError>],
+        read: &mut [bool],
+    ) {
+        let pid = self.batch.order[range.start].0;
+        self.addrs.clear();
+        self.addrs
+            .extend(self.batch.order[range.clone()].iter().map(|&(_, a, _)| a));
+        if let Err(e) = self.check_entries(pid) {
+            let first = pages[self.batch.order[range.start].2].region;
+            let err = self.fail(first, pid, e);
+            for &(_, _, i) in &self.batch.order[range] {
+                states[i] = Err(match &err {
+                    SourceError::Gone(_) => SourceError::Gone(pages[i].region),
+                    other => other.clone(),
+                });
+            }
+            return;
+        }
+        // Flags only where the class needs them (see inspect::flags_needed):
+        // an exclusive anonymous page outside a mergeable VMA, most samples,
+        // is neither the zero page nor a KSM page.
+        let b = &mut self.batch;
+        b.pfns.clear();
+        b.of_pfn.clear();
+        b.page_flags.clear();
+        for (m, &(_, _, i)) in b.order[range.clone()].iter().enumerate() {
+            let e = self.checked[m];
+            b.page_flags.push(None);
+            let r = &self.regions[&pages[i].region];
+            let anon = r.kind == RegionKind::Anonymous;
+            if let Some(pfn) = e.pfn()
+                && crate::inspect::flags_needed(e, anon, r.mergeable)
+            {
+                b.pfns.push(pfn);
+                b.of_pfn.push(m);
+            }
+        }
+        if b.pfns.contains(&0) {
+            // Present but PFN hidden: opened without CAP_SYS_ADMIN.
+            let err = SourceError::Other(
+                LinuxError::MissingCapability {
+                    cap: crate::Capability::SysAdmin,
+                    why: crate::error::WHY_PFN,
+                }
+                .to_string(),
+            );
+            for &(_, _, i) in &b.order[range] {
+                states[i] = Err(err.clone());
+            }
+            return;
+        }
+        b.flags.clear();
+        b.flags.resize(b.pfns.len(), KpfFlags(0));
+        if let Err(e) = self.kpf.read_many(&b.pfns, &mut b.flags) {
+            let err = SourceError::Other(e.to_string());
+            for &(_, _, i) in &b.order[range] {
+                states[i] = Err(err.clone());
+            }
+            return;
+        }
+        for (&m, &f) in b.of_pfn.iter().zip(&b.flags) {
+            b.page_flags[m] = Some(f);
+        }
+        // Classes, and which pages to read by which path.
+        b.pinned.0.clear();
+        b.pinned.1.clear();
+        b.unpinned.0.clear();
+        b.unpinned.1.clear();
+        for (m, &(_, addr, i)) in b.order[range.clone()].iter().enumerate() {
+            let e = self.checked[m];
+            let class = crate::inspect::classify(e, b.page_flags[m]);
+            let state = class.state();
+            states[i] = Ok(state);
+            if !matches!(state, PageState::Present | PageState::Merged) {
+                continue;
+            }
+            let mergeable = self.regions[&pages[i].region].mergeable;
+            let pin = !mergeable && crate::read::safe_to_pin(e, class == PageClass::Merged);
+            let path = if pin { &mut b.pinned } else { &mut b.unpinned };
+            path.0.push(addr);
+            path.1.push(i);
+        }
+        // Read them right after their entries were read.
+        let most = b.pinned.0.len().max(b.unpinned.0.len());
+        if b.words.as_ref().is_none_or(|w| w.len() < most) {
+            b.words = Some(PageBuffer::new(most.max(64)));
+        }
+        let reader = &mut self.procs.get_mut(&pid).expect("located").reader;
+        let words = b.words.as_mut().expect("allocated");
+        for pinned in [true, false] {
+            let (addrs, idx) = if pinned { &b.pinned } else { &b.unpinned };
+            if addrs.is_empty() {
+                continue;
+            }
+            let buf = &mut words.pages_mut()[..addrs.len()];
+            let got = if pinned {
+                reader.read_pages(addrs, buf)
+            } else {
+                reader.read_pages_unpinned(addrs, buf)
+            };
+            // Pages past a failed read stay unread (read[i] false): the
+            // sampler skips them, as it skips a page unmapped in between.
+            let got = got.unwrap_or(0);
+            for (k, &i) in idx.iter().enumerate().take(got) {
+                out[i] = buf[k];
+                read[i] = true;
+            }
+        }
+    }
+}
+
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit (best effort).
 fn raise_open_file_limit() {
     use rustix::process::{Resource, getrlimit, setrlimit};
@@ -847,5 +988,40 @@ impl MemorySource for LinuxSource {
     fn read_pages(&mut self, pages: &[PageRef], out: &mut [PageWords]) -> usize {
         let n = pages.len().min(out.len());
         self.read_checked(&pages[..n], &mut out[..n]).0
+    }
+
+    /// The batch in a few calls per process: its pages' pagemap entries
+    /// (clustered reads), the kpageflags words of only those pages whose
+    /// class needs them, and the contents of the `Present` and `Merged`
+    /// ones right after, by path ([`crate::read`]): one
+    /// `process_vm_readv` for the pages safe to pin, `/proc/PID/mem` for
+    /// the rest. docs/sampling-cost.md has what each step costs.
+    fn sample_pages(
+        &mut self,
+        pages: &[PageRef],
+        out: &mut [PageWords],
+        states: &mut [Result<PageState, SourceError>],
+        read: &mut [bool],
+    ) {
+        let n = pages.len();
+        assert!(out.len() >= n && states.len() >= n && read.len() >= n);
+        read[..n].fill(false);
+        let mut order = std::mem::take(&mut self.batch.order);
+        order.clear();
+        for (i, &p) in pages.iter().enumerate() {
+            match self.locate(p) {
+                Ok((r, pid)) => order.push((pid, r.address(p.page), i)),
+                Err(e) => states[i] = Err(e),
+            }
+        }
+        order.sort_unstable();
+        self.batch.order = order;
+        let mut k = 0;
+        while k < self.batch.order.len() {
+            let pid = self.batch.order[k].0;
+            let j = k + self.batch.order[k..].partition_point(|&(q, _, _)| q == pid);
+            self.sample_process(k..j, pages, out, states, read);
+            k = j;
+        }
     }
 }

@@ -1235,3 +1235,104 @@ fn skipping_kpageflags_reads() {
         all_ns as f64 / needed_ns as f64
     );
 }
+
+/// The sampler's batched path (`sample_pages`) against the page-by-page
+/// one, over two processes at once: a fork family (pages shared with the
+/// children go through `/proc/PID/mem`, exclusive ones through
+/// `process_vm_readv`) and a workload with holes, zero pages and untouched
+/// memory. Each batch mixes the two processes and strides through their
+/// regions as a level's walk does. The states must match, every present
+/// page must be read with the words a single read gives, no other page is
+/// read, and the targets must be unchanged: same checksums, same frames,
+/// same sharing, nothing faulted in.
+#[test]
+fn sampling_in_batches_agrees_with_single_reads_and_changes_nothing() {
+    require_root();
+    let mut fam = Workload::start(&[
+        "fork-family",
+        "--mib",
+        "8",
+        "--children",
+        "1",
+        "--dirty-fraction",
+        "0.5",
+        "--hole-every",
+        "9",
+        "--seed",
+        "3",
+    ]);
+    let mut holes = Workload::start(&[
+        "static-dup",
+        "--mib",
+        "8",
+        "--contents",
+        "5",
+        "--hole-every",
+        "4",
+        "--zero-every",
+        "7",
+        "--untouched-mib",
+        "2",
+    ]);
+    let (fam_start, fam_pages) = fam.region();
+    let (holes_start, holes_pages) = holes.region();
+    let sums = (fam.checksum(), holes.checksum());
+    let entries = |pid: u32, start: u64, pages: u64| pagemap_entries(pid, start, pages);
+    let before = (
+        entries(fam.pid(), fam_start, fam_pages),
+        entries(holes.pid(), holes_start, holes_pages),
+    );
+    let present_before = present_count(holes.pid(), holes_start, holes_pages);
+
+    let mut src = source_for(&[fam.pid(), holes.pid()]);
+    let a = region_at(&src, fam.pid(), fam_start);
+    let b = region_at(&src, holes.pid(), holes_start);
+    // Interleave the two regions, striding by 5 pages.
+    let mut pages = Vec::new();
+    for k in 0..fam_pages.max(holes_pages) / 5 {
+        for (r, n) in [(a, fam_pages), (b, holes_pages)] {
+            if k * 5 < n {
+                pages.push(PageRef {
+                    region: r,
+                    page: (k * 5) as u32,
+                });
+            }
+        }
+    }
+    let mut words = vec![[0u32; WORDS_PER_PAGE]; 64];
+    let mut states = vec![Ok(PageState::NotPresent); 64];
+    let mut read = vec![false; 64];
+    let mut single = [0u32; WORDS_PER_PAGE];
+    let mut seen: Vec<PageState> = Vec::new();
+    for batch in pages.chunks(64) {
+        src.sample_pages(batch, &mut words, &mut states, &mut read);
+        for (i, &p) in batch.iter().enumerate() {
+            let state = states[i].clone().expect("state");
+            assert_eq!(Ok(state), src.page_state(p), "state of {p:?}");
+            seen.push(state);
+            let readable = matches!(state, PageState::Present | PageState::Merged);
+            assert_eq!(read[i], readable, "{p:?} in state {state:?}");
+            if readable {
+                src.read_page(p, &mut single).expect("single read");
+                assert!(words[i] == single, "{p:?}: the batch read other words");
+            }
+        }
+    }
+    for s in [PageState::Present, PageState::NotPresent, PageState::Zero] {
+        assert!(seen.contains(&s), "no {s:?} page among the samples");
+    }
+    assert!(
+        entries(fam.pid(), fam_start, fam_pages) == before.0,
+        "a read changed a frame or its sharing in the fork parent"
+    );
+    assert!(
+        entries(holes.pid(), holes_start, holes_pages) == before.1,
+        "a read changed a frame of the workload with holes"
+    );
+    assert_eq!(
+        present_count(holes.pid(), holes_start, holes_pages),
+        present_before,
+        "a page was faulted in"
+    );
+    assert_eq!((fam.checksum(), holes.checksum()), sums);
+}

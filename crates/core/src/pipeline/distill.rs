@@ -7,6 +7,11 @@
 //! rung, but pagesift hands top-level regions to ksmd, so re-sampling a
 //! small top level many times per wake-up would only burn CPU.
 //!
+//! A level's walk is sampled in batches ([`SAMPLE_BATCH`] pages, whole
+//! clusters of the ladder's `cluster_pages`): the source reports the
+//! batch's page states and reads its present pages in one
+//! [`MemorySource::sample_pages`] call, then each page is taken in turn.
+//!
 //! For every sampled page:
 //! - **not present**: a sample without duplicate (never read: reading it
 //!   would fault it in on Linux);
@@ -81,7 +86,7 @@ use crate::pipeline::governor::{
 use crate::pipeline::hash::{PartialHasher, Shifts};
 use crate::pipeline::hints::{HintStack, Interleave, Next};
 use crate::pipeline::index::{IndexConfig, IndexSet, SampleIndex};
-use crate::pipeline::ladder::{Ladder, LadderConfig, Move, Sample};
+use crate::pipeline::ladder::{Ladder, LadderConfig, MAX_CLUSTER_PAGES, Move, Sample};
 use crate::pipeline::strength::{StrengthConfig, StrengthController};
 use crate::source::{MemorySource, PageState, SourceError};
 use crate::{Nanos, PageRef, PageWords, RegionId, WORDS_PER_PAGE};
@@ -218,6 +223,57 @@ struct Tracked {
     runs: VecDeque<(u32, u32, Nanos)>,
 }
 
+/// Pages a level's walk samples in one [`MemorySource::sample_pages`]
+/// call. On Linux a sample costs mostly syscalls (a pagemap read, maybe a
+/// kpageflags read, a remote read), and a batch shares the remote read
+/// among its pages: one `process_vm_readv` with an iovec per page. 64
+/// pages hold 256 KiB of words, and are read within microseconds of their
+/// states (the contents are as fresh as a page-by-page read's). pagesift's
+/// choice; docs/sampling-cost.md has the measurements.
+pub const SAMPLE_BATCH: usize = 64;
+
+/// Steps of a run read in its first batch, and in its largest (see
+/// `Distiller::reach`). pagesift's choice.
+const RUN_STEPS_FIRST: u32 = 4;
+const RUN_STEPS_MOST: u32 = 32;
+// A run's batch holds both sides of its largest step batch.
+const _: () = assert!(2 * RUN_STEPS_MOST as usize <= SAMPLE_BATCH);
+
+/// A run being followed from `page` (twin `twin`, `None`: zero pages) in
+/// regions of `pages` and `twin_pages` pages, at most `limit` steps a side
+/// and until `WakeReport::run_pages_read` reaches `read_limit`.
+struct RunWalk {
+    page: PageRef,
+    twin: Option<PageRef>,
+    pages: u32,
+    twin_pages: u32,
+    limit: u32,
+    read_limit: u64,
+}
+
+/// One batch of pages sampled together: the pages, then what the source
+/// found.
+struct Batch {
+    pages: Vec<PageRef>,
+    words: Vec<PageWords>,
+    states: Vec<Result<PageState, SourceError>>,
+    read: Vec<bool>,
+}
+
+impl Batch {
+    /// Room for a batch and the cluster that may end it.
+    const ROOM: usize = SAMPLE_BATCH + MAX_CLUSTER_PAGES as usize;
+
+    fn new() -> Batch {
+        Batch {
+            pages: Vec::with_capacity(Self::ROOM),
+            words: vec![[0; WORDS_PER_PAGE]; Self::ROOM],
+            states: vec![Ok(PageState::NotPresent); Self::ROOM],
+            read: vec![false; Self::ROOM],
+        }
+    }
+}
+
 /// Sample buffers, kept apart from the rest so a verification closure can
 /// borrow them while the index is borrowed too.
 struct Scratch {
@@ -239,6 +295,10 @@ pub struct Distiller {
     global_rounds: u64,
     zero_hash: u32,
     scratch: Scratch,
+    /// The level walk's batch.
+    batch: Batch,
+    /// A run's batch (a run is followed while the walk's batch is in use).
+    run_batch: Batch,
 }
 
 impl Distiller {
@@ -262,6 +322,8 @@ impl Distiller {
                 page: Box::new([0; WORDS_PER_PAGE]),
                 other: Box::new([0; WORDS_PER_PAGE]),
             },
+            batch: Batch::new(),
+            run_batch: Batch::new(),
             config,
         }
     }
@@ -483,22 +545,67 @@ impl Distiller {
                 continue;
             }
             let lb = self.params.levels[level];
+            // A sample point costs a cluster of pages.
+            let k = f64::from(self.config.ladder.cluster_pages);
             self.ladder.set_interval(
                 level,
-                sampling_interval(pages, s, lb.round_time, lb.cpu_share),
+                sampling_interval(pages, s * k, lb.round_time, lb.cpu_share),
             );
             if self.ladder.round_finished(level) {
                 self.ladder.start_round(level);
             }
-            while report.sampled[level] < budget[level] {
-                let Some(page) = self.ladder.next_sample(level) else {
+            let mut walked = false;
+            while !walked && report.sampled[level] < budget[level] {
+                // The next batch of the level's walk, sampled in one go.
+                let want = (budget[level] - report.sampled[level]).min(SAMPLE_BATCH as u64);
+                self.batch.pages.clear();
+                while (self.batch.pages.len() as u64) < want {
+                    let Some(first) = self.ladder.next_sample(level) else {
+                        walked = true;
+                        break;
+                    };
+                    let cluster = (0..self.ladder.cluster_len(first)).map(|j| PageRef {
+                        region: first.region,
+                        page: first.page + j,
+                    });
+                    self.batch.pages.extend(cluster);
+                }
+                let n = self.batch.pages.len();
+                if n == 0 {
                     break;
-                };
-                report.sampled[level] += 1;
-                let read_before = report.run_pages_read;
-                let left = budget[level] - report.sampled[level];
-                self.sample(src, page, now, lb.round_time, left, &mut report);
-                report.sampled[level] += report.run_pages_read - read_before;
+                }
+                let Batch {
+                    pages,
+                    words,
+                    states,
+                    read,
+                } = &mut self.batch;
+                src.sample_pages(pages, words, states, read);
+                for i in 0..n {
+                    report.sampled[level] += 1;
+                    let page = self.batch.pages[i];
+                    let state =
+                        std::mem::replace(&mut self.batch.states[i], Ok(PageState::NotPresent));
+                    let read = self.batch.read[i];
+                    if read {
+                        self.scratch.page.copy_from_slice(&self.batch.words[i]);
+                    }
+                    // Pages of this batch still to come keep their share.
+                    let ahead = (n - 1 - i) as u64;
+                    let left = budget[level].saturating_sub(report.sampled[level] + ahead);
+                    let read_before = report.run_pages_read;
+                    self.sample(
+                        src,
+                        page,
+                        state,
+                        read,
+                        now,
+                        lb.round_time,
+                        left,
+                        &mut report,
+                    );
+                    report.sampled[level] += report.run_pages_read - read_before;
+                }
             }
             if self.ladder.round_finished(level) {
                 report.moves.extend(self.ladder.end_round(level, now));
@@ -539,16 +646,21 @@ impl Distiller {
         self.ladder.new_epoch();
     }
 
+    /// Takes one sample: `page` in `state`, its words in `scratch.page` if
+    /// `read` (the batch read them).
+    #[allow(clippy::too_many_arguments)]
     fn sample(
         &mut self,
         src: &mut impl MemorySource,
         page: PageRef,
+        state: Result<PageState, SourceError>,
+        read: bool,
         now: Nanos,
         probe_age: Nanos,
         run_budget: u64,
         report: &mut WakeReport,
     ) {
-        let state = match src.page_state(page) {
+        let state = match state {
             Ok(s) => s,
             Err(SourceError::Gone(id)) => {
                 if !report.gone.contains(&id) {
@@ -568,7 +680,7 @@ impl Distiller {
             PageState::Zero => sample.merged = true,
             PageState::Merged => {
                 sample.merged = true;
-                if let Some(hash) = self.read_and_hash(src, page)
+                if let Some(hash) = self.hash_read(read)
                     && self
                         .find(IndexSet::Stable, src, hash, page, report)
                         .is_none()
@@ -577,7 +689,7 @@ impl Distiller {
                 }
             }
             PageState::Present => {
-                let Some(hash) = self.read_and_hash(src, page) else {
+                let Some(hash) = self.hash_read(read) else {
                     return;
                 };
                 self.controller.on_hashed(1);
@@ -735,43 +847,17 @@ impl Distiller {
             },
             None => 0,
         };
-        // How far the run goes in one direction: pages p + dir·k, twin
-        // pages q + dir·k, k = 1, 2, … (each step reads at most two pages).
         let read_limit = report.run_pages_read + budget;
-        let mut reach = |dir: i64| -> u32 {
-            let mut k = 0u32;
-            while k < limit && report.run_pages_read + 2 <= read_limit {
-                let step = dir * (k as i64 + 1);
-                let p = page.page as i64 + step;
-                if p < 0 || p >= pages as i64 {
-                    break;
-                }
-                let here = PageRef {
-                    region: page.region,
-                    page: p as u32,
-                };
-                let there = match twin {
-                    Some(q) => {
-                        let qp = q.page as i64 + step;
-                        if qp < 0 || qp >= twin_pages as i64 {
-                            break;
-                        }
-                        Some(PageRef {
-                            region: q.region,
-                            page: qp as u32,
-                        })
-                    }
-                    None => None,
-                };
-                if !same_content(src, &mut self.scratch, here, there, report) {
-                    break;
-                }
-                k += 1;
-            }
-            k
+        let run = RunWalk {
+            page,
+            twin,
+            pages,
+            twin_pages,
+            limit,
+            read_limit,
         };
-        let back = reach(-1);
-        let ahead = reach(1);
+        let back = self.reach(src, &run, -1, report);
+        let ahead = self.reach(src, &run, 1, report);
         DupRun {
             region: page.region,
             first: page.page - back,
@@ -782,6 +868,87 @@ impl Distiller {
             }),
             hinted: false,
         }
+    }
+
+    /// How far `run` goes in direction `dir` (±1): pages p + dir·k equal
+    /// to twin pages q + dir·k (or zero), k = 1, 2, …, up to `run.limit`
+    /// steps and `run.read_limit` pages read in all. The steps are read in
+    /// batches of [`RUN_STEPS_FIRST`], doubling up to [`RUN_STEPS_MOST`]:
+    /// a run's pages and its twin's are contiguous, so a batch costs the
+    /// source a pagemap read and a remote read per side instead of four
+    /// calls a step, and most runs a sample lands in are short, so the
+    /// first batches are small. Every page the batches read is charged,
+    /// including those past the run's end.
+    fn reach(
+        &mut self,
+        src: &mut impl MemorySource,
+        run: &RunWalk,
+        dir: i64,
+        report: &mut WakeReport,
+    ) -> u32 {
+        let per_step: u64 = if run.twin.is_some() { 2 } else { 1 };
+        // Steps possible before leaving either region.
+        let room = |first: u32, len: u32| -> u32 { if dir < 0 { first } else { len - 1 - first } };
+        let mut bound = run.limit.min(room(run.page.page, run.pages));
+        if let Some(q) = run.twin {
+            bound = bound.min(room(q.page, run.twin_pages));
+        }
+        let mut k = 0u32;
+        let mut chunk = RUN_STEPS_FIRST;
+        while k < bound {
+            let affordable = run.read_limit.saturating_sub(report.run_pages_read) / per_step;
+            let n = chunk
+                .min(bound - k)
+                .min(affordable.min(u32::MAX as u64) as u32);
+            if n == 0 {
+                break;
+            }
+            let at = |start: u32, step: u32| (start as i64 + dir * (k + 1 + step) as i64) as u32;
+            let b = &mut self.run_batch;
+            b.pages.clear();
+            for step in 0..n {
+                b.pages.push(PageRef {
+                    region: run.page.region,
+                    page: at(run.page.page, step),
+                });
+            }
+            if let Some(q) = run.twin {
+                for step in 0..n {
+                    b.pages.push(PageRef {
+                        region: q.region,
+                        page: at(q.page, step),
+                    });
+                }
+            }
+            let Batch {
+                pages,
+                words,
+                states,
+                read,
+            } = b;
+            src.sample_pages(pages, words, states, read);
+            report.run_pages_read += read[..pages.len()].iter().filter(|&&r| r).count() as u64;
+            let n = n as usize;
+            let matched = (0..n)
+                .take_while(|&i| {
+                    let here = (&states[i], read[i]);
+                    match run.twin {
+                        None => match here {
+                            (Ok(PageState::Zero), _) => true,
+                            (_, true) => words[i].iter().all(|&w| w == 0),
+                            _ => false,
+                        },
+                        Some(_) => read[i] && read[n + i] && words[i] == words[n + i],
+                    }
+                })
+                .count();
+            k += matched as u32;
+            if matched < n {
+                break;
+            }
+            chunk = (chunk * 2).min(RUN_STEPS_MOST);
+        }
+        k
     }
 
     /// Looks a hinted page up and follows its run if it is a duplicate
@@ -835,10 +1002,15 @@ impl Distiller {
 
     fn read_and_hash(&mut self, src: &mut impl MemorySource, page: PageRef) -> Option<u32> {
         src.read_page(page, &mut self.scratch.page).ok()?;
-        Some(
+        self.hash_read(true)
+    }
+
+    /// The hash of the words in `scratch.page`, if they were `read`.
+    fn hash_read(&self, read: bool) -> Option<u32> {
+        read.then(|| {
             self.hasher
-                .hash(&self.scratch.page, self.controller.strength()),
-        )
+                .hash(&self.scratch.page, self.controller.strength())
+        })
     }
 
     /// Looks `page` (whose words are in `scratch.page`) up in the stable
@@ -863,41 +1035,6 @@ impl Distiller {
             IndexSet::Unstable => index.find_or_insert_unstable(hash, page, same),
         }
     }
-}
-
-/// Whether `here` holds what `there` holds (`None`: zeros), by full
-/// comparison. Only present (or merged/zero) pages are read: a page that
-/// is not present ends a run without being faulted in. Every page read
-/// counts in `report.run_pages_read`.
-fn same_content(
-    src: &mut impl MemorySource,
-    scratch: &mut Scratch,
-    here: PageRef,
-    there: Option<PageRef>,
-    report: &mut WakeReport,
-) -> bool {
-    let readable = |s: &Result<PageState, SourceError>| {
-        matches!(s, Ok(PageState::Present | PageState::Merged))
-    };
-    let here_state = src.page_state(here);
-    let Some(there) = there else {
-        return match here_state {
-            Ok(PageState::Zero) => true,
-            s if readable(&s) => {
-                report.run_pages_read += 1;
-                src.read_page(here, &mut scratch.page).is_ok()
-                    && scratch.page.iter().all(|&w| w == 0)
-            }
-            _ => false,
-        };
-    };
-    if !readable(&here_state) || !readable(&src.page_state(there)) {
-        return false;
-    }
-    report.run_pages_read += 2;
-    src.read_page(here, &mut scratch.page).is_ok()
-        && src.read_page(there, &mut scratch.other).is_ok()
-        && *scratch.page == *scratch.other
 }
 
 /// The full comparison behind every hash hit. `scratch.page` holds the
@@ -978,6 +1115,46 @@ mod tests {
             "every second sample finds its twin: {dups} of {sampled}"
         );
         // Both regions climb: the finder and, credited, the partner.
+        let moves: Vec<Move> = reports.iter().flat_map(|r| r.moves.clone()).collect();
+        for id in [a, b] {
+            assert!(
+                moves.contains(&Move::Climb { region: id, to: 1 }),
+                "{id:?} did not climb: {moves:?}"
+            );
+        }
+    }
+
+    /// Clusters of 4: the same two-region setup as above, larger, still
+    /// finds its duplicates and climbs, and a wake never samples more
+    /// than its budget plus the rest of one cluster (runs aside).
+    #[test]
+    fn clustered_sampling_finds_duplicates_within_budget() {
+        let mut src = InMemorySource::new();
+        let contents: Vec<u64> = (100..356).collect();
+        let a = src.map(1, &contents);
+        let b = src.map(2, &contents);
+        let mut d = Distiller::new(DistillerConfig {
+            ladder: LadderConfig {
+                cluster_pages: 4,
+                ..LadderConfig::default()
+            },
+            ..DistillerConfig::default()
+        });
+        let mut now = 0;
+        let mut reports = Vec::new();
+        for _ in 0..3 {
+            reports.extend(one_global_round(&mut d, &mut src, &mut now));
+        }
+        for r in &reports {
+            for (level, (&got, &budget)) in r.sampled.iter().zip(&r.budget).enumerate() {
+                assert!(
+                    got <= budget + 3 + r.run_pages_read,
+                    "level {level}: {got} sampled on a budget of {budget}"
+                );
+            }
+        }
+        let dups: u64 = reports.iter().map(|r| r.duplicates).sum();
+        assert!(dups >= 64, "{dups} duplicates found");
         let moves: Vec<Move> = reports.iter().flat_map(|r| r.moves.clone()).collect();
         for id in [a, b] {
             assert!(

@@ -23,6 +23,21 @@
 //! interval from its governor ([`crate::pipeline::governor::sampling_interval`]):
 //! higher levels get more CPU and so smaller intervals.
 //!
+//! **Clusters.** With `cluster_pages = k` above 1 (pagesift's addition; 1
+//! is UKSM's page-by-page walk), a sample point takes a *cluster*: the `k`
+//! consecutive pages starting at a multiple of `k` (fewer at the region's
+//! end), and the region's permutation is a permutation of its clusters.
+//! Every page of a cluster counts as sampled and is judged like any other
+//! sample, so the duplication ratio stays a ratio of pages. Why: from user
+//! space a scattered page costs a page-table walk and a pinned read of its
+//! own, which is most of the cost of sampling it, and its neighbours share
+//! both (docs/sampling-cost.md). Pages of a cluster are correlated (copies
+//! come in runs), so a cluster carries less news than `k` scattered pages,
+//! but more pages are hashed per CPU-second, and every hashed page can meet
+//! its twin. The caller sets the interval from the cost of a whole point;
+//! an interval below `k` is raised to `k`, so a round never samples a page
+//! twice.
+//!
 //! **Coordinated sampling.** Permutations are not drawn per region but
 //! per *epoch* and region size: in one epoch every region of `n` pages
 //! walks the same permutation of `0..n`, from its head (a region that
@@ -138,7 +153,19 @@ pub struct LadderConfig {
     pub v_cow: f64,
     /// V_life: minimum age for a region to climb (§5.2: 100 ms).
     pub v_life: Nanos,
+    /// Pages per sample: each sample point takes a *cluster* of this many
+    /// consecutive pages (fewer at a region's end), see "Clusters" in the
+    /// module header. 1 is UKSM's page-by-page sampling.
+    #[serde(default = "one")]
+    pub cluster_pages: u32,
 }
+
+fn one() -> u32 {
+    1
+}
+
+/// Most pages a cluster may hold.
+pub const MAX_CLUSTER_PAGES: u32 = 16;
 
 impl Default for LadderConfig {
     fn default() -> Self {
@@ -147,6 +174,7 @@ impl Default for LadderConfig {
             v_dup: 0.10,
             v_cow: 0.50,
             v_life: 100 * MS,
+            cluster_pages: 1,
         }
     }
 }
@@ -158,6 +186,12 @@ impl LadderConfig {
             return Err(format!(
                 "levels: must be between 1 and {MAX_LEVELS}, got {}",
                 self.levels
+            ));
+        }
+        if !(1..=MAX_CLUSTER_PAGES).contains(&self.cluster_pages) {
+            return Err(format!(
+                "cluster_pages: must be between 1 and {MAX_CLUSTER_PAGES}, got {}",
+                self.cluster_pages
             ));
         }
         for (name, v) in [("v_dup", self.v_dup), ("v_cow", self.v_cow)] {
@@ -422,24 +456,26 @@ impl Region {
         if self.parked { 0 } else { self.pages }
     }
 
-    /// The next page of the region's permutation. In a new epoch the
-    /// walk restarts at the head of that epoch's coordinated permutation;
-    /// a pass completed within an epoch is followed by the next one.
-    fn next_page(&mut self, epoch: &Epoch) -> u32 {
+    /// The first page of the next cluster of the region's permutation
+    /// (clusters of `k` pages). In a new epoch the walk restarts at the
+    /// head of that epoch's coordinated permutation; a pass completed
+    /// within an epoch is followed by the next one.
+    fn next_page(&mut self, epoch: &Epoch, k: u32) -> u32 {
         debug_assert!(self.pages > 0);
+        let clusters = self.pages.div_ceil(k);
         if self.epoch != epoch.number {
             self.epoch = epoch.number;
             self.pass_pos = 0;
             self.epoch_passes = 0;
-            self.perm = epoch.permutation(self.pages, 0);
+            self.perm = epoch.permutation(clusters, 0);
         }
-        let page = self.perm.get(self.pass_pos);
+        let page = self.perm.get(self.pass_pos) * k;
         self.pass_pos += 1;
-        if self.pass_pos == self.pages {
+        if self.pass_pos == clusters {
             self.pass_pos = 0;
             self.passes += 1;
             self.epoch_passes += 1;
-            self.perm = epoch.permutation(self.pages, self.epoch_passes);
+            self.perm = epoch.permutation(clusters, self.epoch_passes);
         }
         page
     }
@@ -599,10 +635,11 @@ struct Level {
 }
 
 impl Level {
-    fn new() -> Self {
+    /// An empty level whose interval is one cluster of `k` pages.
+    fn new(k: u32) -> Self {
         Level {
             space: FlatSpace::default(),
-            interval: 1,
+            interval: u64::from(k),
             cursor: None,
             to_judge: Vec::new(),
             rounds_started: 0,
@@ -635,8 +672,9 @@ struct Epoch {
 }
 
 impl Epoch {
-    /// The permutation of `0..pages` for the `pass`-th pass within this
-    /// epoch, the same for every region of that size.
+    /// The permutation of `0..pages` (of a region's pages, or of its
+    /// clusters) for the `pass`-th pass within this epoch, the same for
+    /// every region of that size.
     fn permutation(&self, pages: u32, pass: u64) -> OffsetPermutation {
         OffsetPermutation::new(
             pages,
@@ -656,7 +694,9 @@ impl Ladder {
             panic!("invalid ladder config: {e}");
         }
         Ladder {
-            levels: (0..config.levels).map(|_| Level::new()).collect(),
+            levels: (0..config.levels)
+                .map(|_| Level::new(config.cluster_pages))
+                .collect(),
             config,
             regions: HashMap::new(),
             // Join numbers start at 1 so that 0 means "before every member".
@@ -765,7 +805,9 @@ impl Ladder {
             pages,
             inserted_at: now,
             joined_round: 0,
-            perm: self.epoch.permutation(pages, 0),
+            perm: self
+                .epoch
+                .permutation(pages.div_ceil(self.config.cluster_pages), 0),
             pass_pos: 0,
             passes: 0,
             epoch_passes: 0,
@@ -795,6 +837,7 @@ impl Ladder {
     /// ignored.
     pub fn resize(&mut self, id: RegionId, pages: u32) {
         let epoch = self.epoch;
+        let k = self.config.cluster_pages;
         let Some(r) = self.regions.get_mut(&id) else {
             return;
         };
@@ -805,7 +848,7 @@ impl Ladder {
         let space = &mut self.levels[r.level].space;
         let i = space.index_of(r.seq).expect("resize: member exists");
         space.set_pages(i, u64::from(r.space_pages()));
-        r.perm = epoch.permutation(pages, 0);
+        r.perm = epoch.permutation(pages.div_ceil(k), 0);
         r.epoch = epoch.number;
         r.epoch_passes = 0;
         r.pass_pos = 0;
@@ -826,13 +869,17 @@ impl Ladder {
         self.level_ref(level).space.members().collect()
     }
 
-    /// Sets a level's sampling interval (pages between sample points; 0
-    /// counts as 1). Takes effect from the next sample point.
+    /// Sets a level's sampling interval (pages between sample points; at
+    /// least one cluster, see `LadderConfig::cluster_pages`). Takes effect
+    /// from the next sample point.
     pub fn set_interval(&mut self, level: usize, interval: u64) {
-        self.level_mut(level).interval = interval.max(1);
+        // Points closer than a cluster would sample a page more than once
+        // per round.
+        let k = u64::from(self.config.cluster_pages);
+        self.level_mut(level).interval = interval.max(k);
     }
 
-    /// A level's current sampling interval (1 until set).
+    /// A level's current sampling interval (the cluster size until set).
     pub fn interval(&self, level: usize) -> u64 {
         self.level_ref(level).interval
     }
@@ -848,9 +895,11 @@ impl Ladder {
         self.levels[level].rounds_started += 1;
     }
 
-    /// The next page to sample on a level, or `None` when the level has
-    /// no round in progress (never started, or ended), or its round has
-    /// passed the end of the level's flat space.
+    /// The next sample of a level, or `None` when the level has no round
+    /// in progress (never started, or ended), or its round has passed the
+    /// end of the level's flat space. The sample is the cluster of
+    /// [`Ladder::cluster_len`] pages that starts at the returned page;
+    /// every page of it counts as sampled, and the caller records each.
     pub fn next_sample(&mut self, level: usize) -> Option<PageRef> {
         let lvl = self.level_ref(level);
         let cursor = lvl.cursor?;
@@ -861,10 +910,12 @@ impl Ladder {
         let (i, start) = lvl.space.find(pos);
         let Slot { seq, id, .. } = lvl.space.slots[i];
         let interval = lvl.interval;
+        let k = self.config.cluster_pages;
         let r = self.regions.get_mut(&id).expect("member is a region");
-        let page = r.next_page(&self.epoch);
-        r.round.sampled += 1;
-        r.total.sampled += 1;
+        let page = r.next_page(&self.epoch, k);
+        let len = u64::from(k.min(r.pages - page));
+        r.round.sampled += len;
+        r.total.sampled += len;
         let newly_listed = !r.listed;
         r.listed = true;
         let lvl = &mut self.levels[level];
@@ -876,6 +927,17 @@ impl Ladder {
             offset: (pos - start).saturating_add(interval),
         });
         Some(PageRef { region: id, page })
+    }
+
+    /// Pages of the cluster that starts at `page` (a page [`Ladder::next_sample`]
+    /// returned): `cluster_pages`, fewer at its region's end, 0 for a
+    /// region not on the ladder.
+    pub fn cluster_len(&self, page: PageRef) -> u32 {
+        self.regions.get(&page.region).map_or(0, |r| {
+            self.config
+                .cluster_pages
+                .min(r.pages.saturating_sub(page.page))
+        })
     }
 
     /// Whether a level has no round in progress: none was started, the
@@ -1407,6 +1469,102 @@ mod tests {
         run_round(&mut l, 0, &outcomes(0, 0));
         assert_eq!(l.end_round(0, SEC), vec![Move::Stay { region: id }]);
         assert_eq!(l.level_of(id), Some(0));
+    }
+
+    /// Clusters of 4 over a 10-page region: one pass of its permutation
+    /// visits the clusters starting at 0, 4 and 8 once each (the last one
+    /// 2 pages long), whatever rounds it spans; every page counts as
+    /// sampled; an interval below the cluster size is raised to it.
+    #[test]
+    fn a_pass_of_clusters_covers_every_page_once() {
+        let mut l = Ladder::new(
+            LadderConfig {
+                cluster_pages: 4,
+                ..LadderConfig::default()
+            },
+            7,
+        );
+        let id = RegionId(1);
+        l.insert(id, 10, 0);
+        l.set_interval(0, 1);
+        assert_eq!(l.interval(0), 4);
+        let mut pages = Vec::new();
+        for _ in 0..3 {
+            let first = match l.next_sample(0) {
+                Some(p) => p,
+                None => {
+                    l.start_round(0);
+                    l.next_sample(0).expect("a new round samples")
+                }
+            };
+            let len = l.cluster_len(first);
+            assert_eq!(first.page % 4, 0, "clusters start at multiples of 4");
+            pages.extend(first.page..first.page + len);
+        }
+        pages.sort_unstable();
+        assert_eq!(pages, (0..10).collect::<Vec<u32>>());
+        let stats = l.region_stats(id).unwrap();
+        assert_eq!(stats.total.sampled, 10);
+        assert_eq!(stats.pass_progress, 0, "the pass of 3 clusters is done");
+        assert_eq!(stats.passes, 1);
+        assert_eq!(
+            l.cluster_len(PageRef {
+                region: id,
+                page: 8
+            }),
+            2
+        );
+        assert_eq!(
+            l.cluster_len(PageRef {
+                region: RegionId(9),
+                page: 0
+            }),
+            0
+        );
+    }
+
+    /// Duplicates judged by page: a round of clusters whose pages are
+    /// half duplicates climbs like a round of single pages would.
+    #[test]
+    fn clusters_are_judged_per_page() {
+        let mut l = Ladder::new(
+            LadderConfig {
+                cluster_pages: 4,
+                ..LadderConfig::default()
+            },
+            7,
+        );
+        let id = RegionId(1);
+        l.insert(id, 16, 0);
+        l.set_interval(0, 1);
+        l.start_round(0);
+        let mut n = 0;
+        while let Some(first) = l.next_sample(0) {
+            for j in 0..l.cluster_len(first) {
+                let page = PageRef {
+                    region: id,
+                    page: first.page + j,
+                };
+                l.record(page, if j % 2 == 0 { DUP } else { Sample::default() });
+                n += 1;
+            }
+        }
+        assert_eq!(n, 16);
+        assert_eq!(l.end_round(0, SEC), vec![Move::Climb { region: id, to: 1 }]);
+        assert_eq!(l.region_stats(id).unwrap().last_dup_ratio, 0.5);
+    }
+
+    #[test]
+    fn cluster_pages_is_validated_by_name() {
+        for k in [0, MAX_CLUSTER_PAGES + 1] {
+            let e = LadderConfig {
+                cluster_pages: k,
+                ..LadderConfig::default()
+            }
+            .validate()
+            .unwrap_err();
+            assert!(e.starts_with("cluster_pages:"), "{e}");
+        }
     }
 
     #[test]
