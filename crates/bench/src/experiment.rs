@@ -12,6 +12,8 @@
 //! | `fork-family` | a parent and 3 children sharing frames after fork, each child rewriting a quarter of the pages | — |
 //! | `interpreter-workers` | real `python3` processes holding the same data file beside a private buffer they rewrite (4 × 24 + 8 MiB quick, 6 × 48 + 16 MiB full) | pagesift's real-workload goals |
 //! | `vm-boot` | QEMU/TCG guests started 10 s apart (3 quick, 10 full, 512 MiB each) that read the same files from their own copy of a disk | §8.2.1, Fig. 10a |
+//! | `files` | processes that read the same files, each in its own order, beside distinct memory; pagesift with and without I/O hints, ksmd at XLH's rates | XLH Appendix B |
+//! | `guest-files` | booted guests that read the same files from their own disk copies, each in its own order, at t = 0; the file data's copies in guest RAM located and their merging measured ([`crate::guest_files`]); runs only when named | XLH §5.4, issue 12 |
 //!
 //! Whole MiB are always multiples of max_page_sharing × 4 KiB = 1 MiB, so
 //! a size like 1001 MiB would still fill every chain: the not-multiple
@@ -49,6 +51,21 @@ pub enum SavedBy {
     /// Σ (Anonymous − Pss_Anon) of the workload: physical frames freed, which is
     /// right when frames were already shared by fork.
     Pss,
+    /// The guest-files experiment: the copies of the file data in guest
+    /// RAM less the frames that back them ([`crate::guest_files`]).
+    FileData,
+}
+
+impl SavedBy {
+    /// The series ([`crate::sampler::metric`]) that says how much is saved.
+    pub fn metric(self) -> &'static str {
+        use crate::sampler::metric;
+        match self {
+            SavedBy::KsmCounters => metric::SAVED,
+            SavedBy::Pss => metric::SAVED_PSS,
+            SavedBy::FileData => metric::FILE_SAVED,
+        }
+    }
 }
 
 /// Guests of the VM-boot experiment (UKSM §8.2.1, scaled): started during
@@ -78,6 +95,37 @@ pub struct FilesPlan {
     pub file_mib: u64,
     /// Distinct private memory of each reader, MiB.
     pub private_mib: u64,
+}
+
+/// The guest-files experiment (XLH's I/O hints for guests, issue 12):
+/// `guests` QEMU/TCG guests of `mem_mib` MiB, each with its own copy of an
+/// ext2 disk holding `files` files of `file_mib` MiB of random bytes, boot
+/// before t = 0 and, at t = 0, read every file (`md5sum`), each guest in
+/// its own shuffled order ([`crate::guest_files`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuestFilesPlan {
+    /// Guests.
+    pub guests: usize,
+    /// RAM of each, MiB.
+    pub mem_mib: u32,
+    /// Files on the disk.
+    pub files: usize,
+    /// Size of each file, MiB.
+    pub file_mib: u64,
+}
+
+impl GuestFilesPlan {
+    /// Pages of file data one guest reads.
+    pub fn file_pages(&self) -> u64 {
+        self.files as u64 * (self.file_mib << 20) / 4096
+    }
+
+    /// Pages merging can save if every guest holds one copy of each file
+    /// page: all guests' copies but one. (The run's target is the copies
+    /// it located, [`crate::guest_files::FileCopies::target_pages`].)
+    pub fn target_pages(&self) -> u64 {
+        (self.guests as u64 - 1) * self.file_pages()
+    }
 }
 
 impl FilesPlan {
@@ -133,6 +181,9 @@ pub enum Goal {
         fractions: [f64; 2],
         /// Smallest ratio time(against) ÷ time(system).
         min_speedup: f64,
+        /// Largest CPU-seconds ratio system ÷ against over the window
+        /// (`None`: CPU not judged).
+        max_cpu_ratio: Option<f64>,
     },
     /// The page-cache experiment: `system`'s host cache of the guests'
     /// images (mean over the window's 2nd half) is at least `factor` ×
@@ -197,6 +248,9 @@ pub struct Experiment {
     pub interpreters: Option<InterpreterPlan>,
     /// Processes that read the same files at t = 0 (the files experiment).
     pub files: Option<FilesPlan>,
+    /// Guests that read the same files at t = 0 (the guest-files
+    /// experiment).
+    pub guest_files: Option<GuestFilesPlan>,
     /// The report count (summed over the workloads) that is the mergeable
     /// page total; `None`: no time-to-99 % (nothing to merge, or a
     /// workload that never settles).
@@ -265,6 +319,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
             guests: None,
             interpreters: None,
             files: None,
+            guest_files: None,
             workloads: vec![identical.clone(), random.clone()],
             target: Some("duplicate_pages"),
             saved_by: SavedBy::Pss,
@@ -285,6 +340,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
             guests: None,
             interpreters: None,
             files: None,
+            guest_files: None,
             workloads: vec![random.clone(), identical.clone()],
             target: Some("duplicate_pages"),
             saved_by: SavedBy::Pss,
@@ -304,6 +360,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
             guests: None,
             interpreters: None,
             files: None,
+            guest_files: None,
             workloads: vec![holed, random.clone()],
             target: Some("duplicate_pages"),
             saved_by: SavedBy::Pss,
@@ -331,6 +388,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
             guests: None,
             interpreters: None,
             files: None,
+            guest_files: None,
             workloads: vec![args(&["cow-broken", "--mib", &mib(cow), "--seed", "3"])],
             target: Some("duplicate_pages"),
             saved_by: SavedBy::Pss,
@@ -356,6 +414,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
             guests: None,
             interpreters: None,
             files: None,
+            guest_files: None,
             workloads: vec![args(&[
                 "short-lived",
                 "--mib",
@@ -386,6 +445,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         guests: None,
         interpreters: None,
         files: None,
+        guest_files: None,
         workloads: vec![args(&["random", "--mib", &mib(sparse), "--seed", "5"])],
         target: None,
         saved_by: SavedBy::Pss,
@@ -410,6 +470,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         guests: None,
         interpreters: None,
         files: None,
+        guest_files: None,
         workloads: vec![args(&[
             "fork-family",
             "--mib",
@@ -459,6 +520,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         guests: None,
         interpreters: Some(workers),
         files: None,
+        guest_files: None,
         workloads: Vec::new(),
         target: None,
         saved_by: SavedBy::Pss,
@@ -507,6 +569,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         guests: Some(guests),
         interpreters: None,
         files: None,
+        guest_files: None,
         target: None,
         saved_by: SavedBy::Pss,
         systems: if full {
@@ -569,6 +632,7 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
         guests: None,
         interpreters: None,
         files: Some(plan),
+        guest_files: None,
         workloads: Vec::new(),
         target: None,
         saved_by: SavedBy::Pss,
@@ -592,18 +656,81 @@ pub fn all(mode: Mode) -> Vec<Experiment> {
                     against: nohints,
                     fractions: [0.5, 0.9],
                     min_speedup: 2.0,
+                    max_cpu_ratio: None,
                 },
             },
         ],
     });
+    // XLH's I/O hints for guests (issue 12): booted guests read the same
+    // files from their own disk copies at t = 0, each in its own order.
+    // Quick: 3 guests of 256 MiB (page-cache's quick size) and 16 MiB of
+    // files, so that three boots and three windows stay near 5 minutes.
+    let plan = GuestFilesPlan {
+        guests: if full { 4 } else { 3 },
+        mem_mib: if full { 512 } else { 256 },
+        files: if full { 8 } else { 4 },
+        file_mib: if full { 16 } else { 4 },
+    };
+    v.push(Experiment {
+        name: GUEST_FILES.into(),
+        group: GUEST_FILES,
+        paper: "XLH §5.4, issue 12",
+        about: format!(
+            "{} QEMU/TCG guests of {} MiB, booted before t = 0, each with its own copy of an ext2 \
+             disk image (virtio-blk, cache=writeback, aio=threads) holding {} files of {} MiB of \
+             random bytes; at t = 0 every guest reads every file (md5sum, checked against the \
+             host's), each in its own shuffled order (mem-merge=on for KSM, off for pagesift); \
+             *file data* = the guest-RAM pages whose 4 KiB equal a page of the files, located \
+             byte for byte once the guests have read them; saved (file data) = those copies less \
+             the frames backing them (pagemap), counting only frames that back nothing but \
+             copies of one file page; target = the copies less one per file page",
+            plan.guests, plan.mem_mib, plan.files, plan.file_mib
+        ),
+        guests: None,
+        interpreters: None,
+        files: None,
+        guest_files: Some(plan),
+        workloads: Vec::new(),
+        target: None,
+        saved_by: SavedBy::FileData,
+        systems: if full {
+            vec![pagesift, nohints, ksm1000, ksm(100)]
+        } else {
+            vec![pagesift, nohints, ksm1000]
+        },
+        window_s: window(40.0),
+        reference: pagesift,
+        goals: vec![GoalSpec {
+            source: "issue 12: file data in guest RAM merged ≥ 2× sooner with hints, at equal CPU",
+            goal: Goal::Sooner {
+                system: pagesift,
+                against: nohints,
+                fractions: [0.5, 0.9],
+                min_speedup: 2.0,
+                max_cpu_ratio: Some(1.0),
+            },
+        }],
+    });
     v
+}
+
+/// The guest-files experiment's name.
+pub const GUEST_FILES: &str = "guest-files";
+
+impl Experiment {
+    /// Whether it runs only when `--only` names it: the guest-files
+    /// experiment boots its guests for every system and takes minutes, as
+    /// page-cache, numa and hints-guest do.
+    pub fn only_when_named(&self) -> bool {
+        self.guest_files.is_some()
+    }
 }
 
 /// The experiments `only` names (by name or group), in run order; an
 /// unknown name is an error that lists the known ones.
 pub fn select(all: Vec<Experiment>, only: &[String]) -> Result<Vec<Experiment>, String> {
     if only.is_empty() {
-        return Ok(all);
+        return Ok(all.into_iter().filter(|e| !e.only_when_named()).collect());
     }
     for o in only {
         if !all.iter().any(|e| e.name == *o || e.group == o) {
@@ -720,6 +847,43 @@ mod tests {
                 }
             ));
         }
+    }
+
+    #[test]
+    fn guest_files_runs_only_when_named_with_hints_on_off_and_ksm() {
+        for mode in [Mode::Quick, Mode::Full] {
+            assert!(
+                select(all(mode), &[])
+                    .unwrap()
+                    .iter()
+                    .all(|e| e.name != GUEST_FILES),
+                "the default run boots no guest-files guests"
+            );
+            let got = select(all(mode), &[GUEST_FILES.into()]).unwrap();
+            assert_eq!(got.len(), 1);
+            let e = &got[0];
+            assert!(e.only_when_named() && e.saved_by == SavedBy::FileData);
+            let p = e.guest_files.unwrap();
+            assert!(p.guests >= 3 && p.files >= 4, "{p:?}");
+            assert_eq!(p.target_pages(), (p.guests as u64 - 1) * p.file_pages());
+            let names: Vec<String> = e.systems.iter().map(|s| s.name()).collect();
+            for want in ["pagesift-full", "pagesift-full-nohints", "ksm-1000"] {
+                assert!(names.iter().any(|n| n == want), "{want}: {names:?}");
+            }
+            assert!(matches!(
+                e.goals[0].goal,
+                Goal::Sooner {
+                    min_speedup: 2.0,
+                    max_cpu_ratio: Some(1.0),
+                    ..
+                }
+            ));
+        }
+        // Every other experiment still runs by default.
+        assert_eq!(
+            select(all(Mode::Quick), &[]).unwrap().len(),
+            all(Mode::Quick).len() - 1
+        );
     }
 
     #[test]

@@ -29,20 +29,34 @@ fn seed(i: usize) -> u64 {
     0x786c_6866_696c_6500 + i as u64
 }
 
-/// The plan's files (written once) and each reader's directory of links.
-pub fn file_set(dir: &Path, plan: &FilesPlan) -> Result<Vec<Vec<PathBuf>>, BenchError> {
-    let out = |p: &Path, e: std::io::Error| BenchError::Output(format!("{}: {e}", p.display()));
-    let base = dir.join(format!("xlh-files-{}x{}mib", plan.files, plan.file_mib));
-    std::fs::create_dir_all(&base).map_err(|e| out(&base, e))?;
+fn output_error(p: &Path, e: std::io::Error) -> BenchError {
+    BenchError::Output(format!("{}: {e}", p.display()))
+}
+
+/// `files` files of `file_mib` MiB of random bytes, file `i` from
+/// [`seed`]`(i)`, as `dir/xlh-files-FILESxMIBmib/data-i.bin` (written the
+/// first time they are asked for): the files experiment's, and the files
+/// the guest-files experiment's guests read from their disks.
+pub fn data_files(dir: &Path, files: usize, file_mib: u64) -> Result<Vec<PathBuf>, BenchError> {
+    let base = dir.join(format!("xlh-files-{files}x{file_mib}mib"));
+    std::fs::create_dir_all(&base).map_err(|e| output_error(&base, e))?;
     let mut originals = Vec::new();
-    for i in 0..plan.files {
+    for i in 0..files {
         let p = base.join(format!("data-{i}.bin"));
         if !p.is_file() {
-            crate::interpreters::write_data_file(&p, plan.file_mib << 20, seed(i))
-                .map_err(|e| out(&p, e))?;
+            crate::interpreters::write_data_file(&p, file_mib << 20, seed(i))
+                .map_err(|e| output_error(&p, e))?;
         }
         originals.push(p);
     }
+    Ok(originals)
+}
+
+/// The plan's files (written once) and each reader's directory of links.
+pub fn file_set(dir: &Path, plan: &FilesPlan) -> Result<Vec<Vec<PathBuf>>, BenchError> {
+    let out = output_error;
+    let originals = data_files(dir, plan.files, plan.file_mib)?;
+    let base = dir.join(format!("xlh-files-{}x{}mib", plan.files, plan.file_mib));
     let mut sets = Vec::new();
     for k in 0..plan.readers {
         let d = base.join(format!("reader-{k}"));

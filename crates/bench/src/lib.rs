@@ -26,6 +26,7 @@
 pub mod experiment;
 pub mod files;
 pub mod guest;
+pub mod guest_files;
 pub mod hints_guest;
 pub mod interpreters;
 pub mod ksmtuned;
@@ -185,6 +186,8 @@ pub struct Context {
     pub guest_dir: PathBuf,
     /// The guest image, built on first use.
     pub guest_image: std::cell::OnceCell<guest::GuestImage>,
+    /// The guest-files experiment's image and files, built on first use.
+    pub guest_files_image: std::cell::OnceCell<guest_files::GuestFilesImage>,
     /// Time spent waiting for KSM's lock so far.
     pub lock_wait: std::cell::Cell<Duration>,
 }
@@ -210,6 +213,26 @@ impl Context {
             ));
         }
         interpreters::data_file(&self.work_dir, plan)
+    }
+
+    /// The guest-files experiment's image (its files on the disk), built
+    /// the first time it is asked for.
+    pub fn guest_files_image(
+        &self,
+        plan: &experiment::GuestFilesPlan,
+    ) -> Result<&guest_files::GuestFilesImage, BenchError> {
+        if let Some(i) = self.guest_files_image.get() {
+            return Ok(i);
+        }
+        let dir = self.guest_dir.join(experiment::GUEST_FILES);
+        self.progress.note(&format!(
+            "writing {} files of {} MiB and the guest-files image in {}",
+            plan.files,
+            plan.file_mib,
+            dir.display()
+        ));
+        let image = guest_files::build_image(&dir, &self.work_dir, plan)?;
+        Ok(self.guest_files_image.get_or_init(|| image))
     }
 
     /// The guest image, built the first time it is asked for.
@@ -346,7 +369,10 @@ pub fn preflight(opts: &BenchOptions, experiments: &[Experiment]) -> Result<(), 
     if experiments.iter().any(|e| e.interpreters.is_some()) {
         interpreters::check_python()?;
     }
-    if experiments.iter().any(|e| e.guests.is_some()) {
+    if experiments
+        .iter()
+        .any(|e| e.guests.is_some() || e.guest_files.is_some())
+    {
         guest::HostTools::find().map_err(|e| BenchError::Missing(e.to_string()))?;
         if guest::host::find_in_path("mke2fs").is_none() {
             return Err(BenchError::Missing(
@@ -442,6 +468,7 @@ pub fn run(opts: &BenchOptions) -> Result<Summary, BenchError> {
         progress: Progress::new(opts.quiet),
         guest_dir: opts.out.join("guests"),
         guest_image: std::cell::OnceCell::new(),
+        guest_files_image: std::cell::OnceCell::new(),
         lock_wait: std::cell::Cell::new(Duration::ZERO),
     };
     let result = if page_cache {
@@ -710,6 +737,10 @@ mod plots {
         let (saved, what) = match e.saved_by {
             SavedBy::KsmCounters => (metric::SAVED, "KSM counters"),
             SavedBy::Pss => (metric::SAVED_PSS, "Σ (Anonymous − Pss_Anon) growth"),
+            SavedBy::FileData => (
+                metric::FILE_SAVED,
+                "file data in guest RAM: its copies less their frames",
+            ),
         };
         let pick = |m: &str| -> Vec<&series::Series> {
             r.runs.iter().filter_map(|x| x.series(m)).collect()
@@ -727,6 +758,22 @@ mod plots {
         )
         .map_err(err)?;
         out.push(p);
+        if e.saved_by == SavedBy::FileData {
+            // Beside the file data: everything the guests have in common.
+            let p = rel("saved-pss");
+            plot::line_chart(
+                &dir.join(&p),
+                &format!(
+                    "{}: memory saved in the QEMU processes (Σ (Anonymous − Pss_Anon) growth)",
+                    e.name
+                ),
+                "time since start [s]",
+                "saved [MiB]",
+                &pick(metric::SAVED_PSS),
+            )
+            .map_err(err)?;
+            out.push(p);
+        }
         let p = rel("cpu");
         plot::line_chart(
             &dir.join(&p),

@@ -51,10 +51,7 @@ impl Figures {
     /// Computes the figures of a run.
     pub fn of(r: &RunResult) -> Figures {
         let pts = |m: &str| r.series(m).map(|s| s.points.as_slice()).unwrap_or(&[]);
-        let saved = match r.saved_by {
-            SavedBy::KsmCounters => pts(metric::SAVED),
-            SavedBy::Pss => pts(metric::SAVED_PSS),
-        };
+        let saved = pts(r.saved_by.metric());
         let cpu = pts(metric::CPU);
         let target_mib = r.target_pages.map(|p| p as f64 * PAGE_MIB);
         let t99 = target_mib
@@ -222,13 +219,22 @@ fn run_of<'a>(runs: &'a [RunResult], system: &str) -> Option<&'a RunResult> {
         .find(|r| r.system == system && !r.series.is_empty())
 }
 
+/// The series a target is reached on: the file data's saving for
+/// guest-files, else the PSS saving.
+fn target_saving(r: &RunResult) -> &[(f64, f64)] {
+    let metric = match r.saved_by {
+        SavedBy::FileData => metric::FILE_SAVED,
+        SavedBy::Pss | SavedBy::KsmCounters => metric::SAVED_PSS,
+    };
+    r.series(metric).map_or(&[][..], |s| s.points.as_slice())
+}
+
 /// When `r`'s saving reaches `fraction` of its exact saving at the start
-/// (its target), and that saving in MiB.
+/// (its target), and that saving in MiB. The saving is the series its
+/// experiment measures savings by (PSS; the file data's for guest-files).
 pub fn time_to_fraction(r: &RunResult, fraction: f64) -> (Option<f64>, Option<f64>) {
     let target = r.target_pages.map(|p| p as f64 * PAGE_MIB);
-    let saved = r
-        .series(metric::SAVED_PSS)
-        .map_or(&[][..], |s| s.points.as_slice());
+    let saved = target_saving(r);
     let t = target
         .filter(|&t| t > 0.0)
         .and_then(|t| measure::time_to_reach(saved, fraction * t));
@@ -344,6 +350,7 @@ pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
         Goal::Sooner {
             fractions,
             min_speedup,
+            max_cpu_ratio,
             ..
         } => {
             let pcts: Vec<String> = fractions
@@ -351,8 +358,11 @@ pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
                 .map(|f| format!("{:.0} %", f * 100.0))
                 .collect();
             v.goal = format!(
-                "{system} reaches {} of the target ≥ {min_speedup} × sooner than {against}",
-                pcts.join(" and ")
+                "{system} reaches {} of the target ≥ {min_speedup} × sooner than {against}{}",
+                pcts.join(" and "),
+                max_cpu_ratio.map_or(String::new(), |c| format!(
+                    ", at ≤ {c} × its CPU-seconds over the {window_s:.0} s window"
+                ))
             );
             let (Some(me), Some(them)) = (run_of(runs, &system), run_of(runs, &against)) else {
                 v.evidence = format!("{system} and {against} must both run in the same invocation");
@@ -385,6 +395,17 @@ pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
                         met = Some(false);
                     }
                 }
+            }
+            if let Some(max) = max_cpu_ratio {
+                let (cpu, cpu_them) =
+                    (Figures::of(me).cpu_window_s, Figures::of(them).cpu_window_s);
+                let r = ratio(Some(cpu), (cpu_them > 0.0).then_some(cpu_them));
+                parts.push(format!("CPU {cpu:.2} s vs {cpu_them:.2} s ({})", times(r)));
+                met = match (met, r) {
+                    (Some(m), Some(r)) => Some(m && r <= max),
+                    (Some(false), None) => Some(false),
+                    _ => None,
+                };
             }
             v.evidence = format!("{system} vs {against}: {}", parts.join("; "));
             v.met = met;
@@ -466,7 +487,7 @@ pub fn sooner_table(runs: &[RunResult], window_s: f64) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| system | target [MiB] | time to 50 % [s] | time to 90 % [s] | saved, mean of 2nd half [MiB] | CPU-s over {window_s:.0} s (daemon + ksmd) |"
+        "| system | target [MiB] | time to 50 % [s] | time to 90 % [s] | saved toward the target, mean of 2nd half [MiB] | CPU-s over {window_s:.0} s (daemon + ksmd) |"
     );
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
     for r in runs.iter().filter(|r| !r.series.is_empty()) {
@@ -475,6 +496,7 @@ pub fn sooner_table(runs: &[RunResult], window_s: f64) -> String {
         let f = Figures::of(r);
         let at =
             |t: Option<f64>| t.map_or(format!("not in {window_s:.0} s"), |t| format!("{t:.2}"));
+        let saved = measure::mean_over(target_saving(r), window_s / 2.0, window_s).unwrap_or(0.0);
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {:.1} | {:.2} |",
@@ -482,7 +504,7 @@ pub fn sooner_table(runs: &[RunResult], window_s: f64) -> String {
             num(target, 1),
             at(t50),
             at(t90),
-            f.saved_pss_mean_mib,
+            saved,
             f.cpu_window_s
         );
     }
@@ -937,6 +959,79 @@ mod tests {
             &[(0.0, 0.0), (10.0, 3.0)],
         );
         assert_eq!(judge(&g, &[big, small], 10.0).met, Some(true));
+    }
+
+    #[test]
+    fn sooner_at_equal_cpu_reads_the_file_data_series_and_judges_cpu() {
+        use crate::system::{System, Tuning};
+        use pagesift_core::pipeline::governor::Governor;
+        let hints = System::pagesift(Governor::Full);
+        let nohints = System::Pagesift {
+            governor: Governor::Full,
+            tuning: Tuning::NoHints,
+        };
+        let g = GoalSpec {
+            source: "issue 12",
+            goal: Goal::Sooner {
+                system: hints,
+                against: nohints,
+                fractions: [0.5, 0.9],
+                min_speedup: 2.0,
+                max_cpu_ratio: Some(1.0),
+            },
+        };
+        // File data (target 100 MiB): hints reach it at 2 s, no hints at
+        // 8 s; the PSS series (everything) says otherwise and is ignored.
+        let guest_run = |system: &str, file: &[(f64, f64)], cpu: f64| {
+            let mut r = run(
+                system,
+                &[(0.0, 0.0), (40.0, 500.0)],
+                &[(0.0, 0.0), (40.0, cpu)],
+            );
+            r.saved_by = SavedBy::FileData;
+            let mut f = Series::new(system, metric::FILE_SAVED, "MiB");
+            for &(t, v) in file {
+                f.push(t, v);
+            }
+            r.series.push(f);
+            r.window_s = 40.0;
+            r
+        };
+        let fast = guest_run(
+            "pagesift-full",
+            &[(0.0, 0.0), (2.0, 100.0), (40.0, 100.0)],
+            1.0,
+        );
+        let slow = guest_run(
+            "pagesift-full-nohints",
+            &[(0.0, 0.0), (8.0, 100.0), (40.0, 100.0)],
+            1.2,
+        );
+        let v = judge(&g, &[fast.clone(), slow.clone()], 40.0);
+        assert_eq!(v.met, Some(true), "{v:?}");
+        assert!(
+            v.evidence.contains("50 %: 1.00 s vs 4.00 s (4.0×)"),
+            "{v:?}"
+        );
+        assert!(v.evidence.contains("CPU 1.00 s vs 1.20 s"), "{v:?}");
+        assert!(v.goal.contains("at ≤ 1 × its CPU-seconds"), "{v:?}");
+        // Sooner, but at more CPU: not met.
+        let mut costly = fast.clone();
+        costly.series[2].points = vec![(0.0, 0.0), (40.0, 1.5)];
+        assert_eq!(judge(&g, &[costly, slow.clone()], 40.0).met, Some(false));
+        // Equal CPU but not 2× sooner: not met.
+        let close = guest_run(
+            "pagesift-full",
+            &[(0.0, 0.0), (6.0, 100.0), (40.0, 100.0)],
+            1.0,
+        );
+        assert_eq!(judge(&g, &[close, slow.clone()], 40.0).met, Some(false));
+        // The table reads the same series.
+        let t = sooner_table(&[fast, slow], 40.0);
+        assert!(
+            t.contains("| pagesift-full | 100.0 | 1.00 | 1.80 | 100.0 | 1.00 |"),
+            "{t}"
+        );
     }
 
     #[test]

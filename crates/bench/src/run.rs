@@ -13,6 +13,9 @@
 //! 3. **Start the workload** processes in order and wait until each has
 //!    filled its memory and printed its counts. KSM systems start them with
 //!    `PR_SET_MEMORY_MERGE`; pagesift's are not mergeable by themselves.
+//!    The guest-files experiment's guests boot here, all at once (QEMU's
+//!    mem-merge on for KSM, off for pagesift), and wait for their read
+//!    order, which they get at t = 0 ([`crate::guest_files`]).
 //! 4. **t = 0**: write `run=1` (KSM), start ksmtuned, or spawn the daemon
 //!    (`pagesift run --governor G --pid ...`, its own process group).
 //! 5. **Sample** every `interval` (250 ms: ≥ 2 Hz) until the window ends;
@@ -28,6 +31,7 @@
 
 use crate::experiment::{Experiment, SavedBy};
 use crate::guest::{Guest, GuestError, GuestOptions};
+use crate::guest_files::{self, FileCopies};
 use crate::interpreters;
 use crate::ksmtuned::{Ksmtuned, KsmtunedOptions};
 use crate::procs::{self, Spawned, Workload};
@@ -74,6 +78,9 @@ const PAGE_MIB: f64 = pagesift_linux::PAGE_SIZE as f64 / (1024.0 * 1024.0);
 
 /// How long a daemon gets to restore KSM after SIGTERM.
 const DAEMON_GRACE: Duration = Duration::from_secs(20);
+/// How long the guest-files experiment's guests may take to boot (all at
+/// once, before t = 0).
+const GUEST_FILES_BOOT_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long unmerging may take before the run fails.
 const UNMERGE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -259,8 +266,36 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         }
         target_pages = Some(plan.target_pages());
     }
+    let mut guests: Vec<Guest> = Vec::new();
+    let mut file_copies = None;
+    if let Some(plan) = &exp.guest_files {
+        // Booted before t = 0 (ksmd stopped, no daemon yet), waiting for
+        // their read order.
+        if ctx.term.requested() {
+            return Err(BenchError::Interrupted);
+        }
+        let image = ctx.guest_files_image(plan)?;
+        ctx.progress.note(&format!(
+            "{} · {name}: booting {} guests of {} MiB",
+            exp.name, plan.guests, plan.mem_mib
+        ));
+        guests = guest_files::boot(
+            &image.image,
+            plan,
+            &sanitize(&name),
+            system.workload_mergeable(),
+            GUEST_FILES_BOOT_TIMEOUT,
+            &|| ctx.term.requested(),
+        )?;
+        file_copies = Some(FileCopies::new(&name, &image.files, &mut guests)?);
+        target_pages = Some(plan.target_pages());
+    }
     let fill_seconds: f64 = loads.iter().map(|w| w.fill_seconds).sum::<f64>() + 0.0;
-    let groups: Vec<u32> = loads.iter().map(|w| w.pgid()).collect();
+    let groups: Vec<u32> = loads
+        .iter()
+        .map(|w| w.pgid())
+        .chain(guests.iter().map(|g| g.pid()))
+        .collect();
     // Step 4: t = 0.
     let mut daemon = None;
     let mut tuned: Option<Ksmtuned> = None;
@@ -277,12 +312,16 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
                     qemu.display().to_string()
                 ));
             }
-            let pids: Vec<u32> = loads.iter().flat_map(|w| w.pids()).collect();
+            let pids: Vec<u32> = loads
+                .iter()
+                .flat_map(|w| w.pids())
+                .chain(guests.iter().map(|g| g.pid()))
+                .collect();
             let governor = governor.to_string();
             let (d, socket, log_path, waited) =
                 start_daemon(ctx, &stem, &text, &["--governor", &governor], &pids)?;
             ctx.add_lock_wait(waited);
-            if exp.files.is_some() {
+            if exp.files.is_some() || exp.guest_files.is_some() {
                 // The readers read at t = 0: the hint program must watch
                 // them by then (or the daemon must have said why not).
                 let end = Instant::now() + Duration::from_secs(30);
@@ -333,13 +372,40 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
                 .join(", ")
         ));
     }
-    let mut guests: Vec<Guest> = Vec::new();
+    let mut reads = None;
+    if let Some(plan) = &exp.guest_files {
+        // t = 0: every guest reads its files now.
+        guest_files::start_reading(&mut guests, plan.files)?;
+    }
     // Step 5.
     let mut next = Instant::now();
     let mut last_tick = (Instant::now(), 0u64);
     let mut last_progress = Instant::now();
     loop {
         sampler.sample(tuned.as_ref().map(|t| t.cpu_seconds()))?;
+        if let (Some(fc), Some(plan)) = (file_copies.as_mut(), &exp.guest_files) {
+            fc.sample(sampler.elapsed())?;
+            if !fc.located()
+                && let Some(r) =
+                    guest_files::reads_done(&guests, &ctx.guest_files_image(plan)?.md5)?
+            {
+                notes.push(located_note(
+                    &fc.locate()?,
+                    fc.file_pages(),
+                    "once every guest had read its files",
+                ));
+                reads = Some(r);
+            }
+            for g in &mut guests {
+                if !g.is_running() {
+                    return Err(BenchError::System(format!(
+                        "guest {} exited during the run (serial log {})",
+                        g.name(),
+                        g.serial_log().display()
+                    )));
+                }
+            }
+        }
         let t = sampler.elapsed();
         if t >= exp.window_s {
             break;
@@ -353,6 +419,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
                         mem_mib: plan.mem_mib,
                         // QEMU's default for KSM; pagesift decides itself.
                         mem_merge: system.workload_mergeable(),
+                        input_port: false,
                     },
                 )
                 .map_err(guest_error)?;
@@ -409,7 +476,27 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         }
     }
     // Step 6.
-    if exp.files.is_some()
+    if let Some(fc) = file_copies.as_mut() {
+        if !fc.located() {
+            notes.push(located_note(
+                &fc.locate()?,
+                fc.file_pages(),
+                "at the window's end: the guests had not all read their files by then",
+            ));
+        }
+        target_pages = fc.target_pages().filter(|&t| t > 0).or(target_pages);
+        match &reads {
+            Some(r) => notes.push(format!(
+                "the guests read their files in {} s (guest clock; md5 of every file as the host's)",
+                r.iter()
+                    .map(|r| format!("{:.2}", r.stop_s - r.start_s))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            None => notes.push("the guests did not all finish reading within the window".into()),
+        }
+    }
+    if (exp.files.is_some() || exp.guest_files.is_some())
         && let Some((_, _, socket)) = &daemon
         && let Some(st) = daemon_status(ctx, socket)
     {
@@ -462,7 +549,8 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         notes.push(format!("guests ready after [s]: {}", boots.join(", ")));
     }
     drop(guests);
-    let series = sampler.finish();
+    let mut series = sampler.finish();
+    series.extend(file_copies.map(FileCopies::into_series));
     drop(loads);
     drop(guard);
     drop(clean_slate(ctx)?);
@@ -592,6 +680,16 @@ fn daemon_status(ctx: &Context, socket: &std::path::Path) -> Option<serde_json::
         return None;
     }
     serde_json::from_slice(&out.stdout).ok()
+}
+
+/// The note on the copies of the file data found in guest RAM.
+fn located_note(per_guest: &[u64], file_pages: usize, when: &str) -> String {
+    let each: Vec<String> = per_guest.iter().map(u64::to_string).collect();
+    format!(
+        "file data located in guest RAM {when}: {} copies of the {file_pages} file pages per guest \
+         (pages equal to a file page, byte for byte)",
+        each.join(", ")
+    )
 }
 
 fn guest_error(e: GuestError) -> BenchError {

@@ -59,6 +59,10 @@ pub mod metric {
     pub const HOST_HIT_RATIO: &str = "host_hit_ratio";
     /// Page-cache experiment: 1 if every guest's md5 matched (one point).
     pub const DATA_INTACT: &str = "data_intact";
+    /// Guest-files experiment: the located copies of the file data in
+    /// guest RAM less the frames backing them, MiB
+    /// ([`crate::guest_files::saved_pages`]).
+    pub const FILE_SAVED: &str = "file_saved_mib";
 }
 
 /// Reads the measures of one run.

@@ -71,6 +71,7 @@ fn a_short_run_measures_both_systems_and_leaves_nothing_behind() {
         guests: None,
         interpreters: None,
         files: None,
+        guest_files: None,
         workloads: vec![
             ["static-dup", "--mib", "64", "--seed", "1"]
                 .map(String::from)

@@ -186,10 +186,11 @@ struct BenchArgs {
     /// windows, more systems (all ten on static-mixed and sparse-only).
     #[arg(long)]
     full: bool,
-    /// Only these experiments (names or groups, comma-separated). Three run
-    /// only when named, each on its own: page-cache (Singleton's guests),
-    /// numa (a two-node guest) and hints-guest (the I/O hint program's cost
-    /// per hook, in a guest).
+    /// Only these experiments (names or groups, comma-separated). Four run
+    /// only when named: page-cache (Singleton's guests), numa (a two-node
+    /// guest) and hints-guest (the I/O hint program's cost per hook, in a
+    /// guest), each on its own, and guest-files (guests reading the same
+    /// files, pagesift with and without I/O hints against KSM).
     #[arg(long, value_delimiter = ',', value_name = "EXP")]
     only: Vec<String>,
     /// Only these systems (e.g. pagesift-full,ksm-1000).

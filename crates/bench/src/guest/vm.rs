@@ -20,6 +20,13 @@
 //!
 //! The copy is made when the guest starts and removed when it is dropped.
 //!
+//! With [`GuestOptions::input_port`] the guest also gets a second serial
+//! port (its `/dev/ttyS1`) on a Unix socket QEMU listens on,
+//! `<dir>/<name>.input` (`-chardev socket,server=on,wait=off` and
+//! `-serial chardev:input`), for lines from the harness
+//! ([`Guest::send_line`]): a guest's `/init` can wait there for the moment
+//! the harness chooses, and for what to do then.
+//!
 //! QEMU's stderr goes to `<dir>/<name>.qemu.log`. Readiness is polled from
 //! the serial log (the whole log is re-read: it stays a few tens of KiB).
 //! The guest's RAM is found once in `/proc/PID/maps` as the anonymous
@@ -30,7 +37,9 @@
 
 use super::{FAILED_MARKER, GuestError, GuestImage, READY_MARKER};
 use std::fs;
+use std::io::Write;
 use std::ops::Range;
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -52,6 +61,9 @@ pub struct GuestOptions {
     pub mem_mib: u32,
     /// QEMU's `mem-merge`: guest RAM made `MADV_MERGEABLE` by QEMU itself.
     pub mem_merge: bool,
+    /// A second serial port (`/dev/ttyS1`) the harness writes lines to
+    /// (see the module header).
+    pub input_port: bool,
 }
 
 impl GuestOptions {
@@ -61,6 +73,7 @@ impl GuestOptions {
             name: name.into(),
             mem_mib: super::DEFAULT_MEM_MIB,
             mem_merge,
+            input_port: false,
         }
     }
 
@@ -100,6 +113,8 @@ pub struct Guest {
     disk: Option<PathBuf>,
     /// The checksum a guest that read every file of its disk prints.
     disk_md5: Option<String>,
+    /// The input port's socket, and the connection to it once made.
+    input: Option<(PathBuf, Option<UnixStream>)>,
 }
 
 impl Guest {
@@ -118,6 +133,15 @@ impl Guest {
         }
         let stderr = fs::File::create(&qemu_log)
             .map_err(|e| GuestError::io(format!("creating {}", qemu_log.display()), e))?;
+        let input = image.dir().join(format!("{}.input", opts.name));
+        if opts.input_port {
+            match fs::remove_file(&input) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(GuestError::io(format!("removing {}", input.display()), e));
+                }
+                _ => {}
+            }
+        }
         let disk = image.disk().map(|d| d.copy_for(&opts.name)).transpose()?;
         let tools = image.tools();
         let merge = if opts.mem_merge { "on" } else { "off" };
@@ -140,6 +164,14 @@ impl Guest {
             // timer check can time out and panic the boot (seen here while
             // two guests booted beside a compile).
             .args(["-append", "console=ttyS0 panic=-1 no_timer_check"]);
+        if opts.input_port {
+            cmd.arg("-chardev")
+                .arg(format!(
+                    "socket,id=input,path={},server=on,wait=off",
+                    input.display()
+                ))
+                .args(["-serial", "chardev:input"]);
+        }
         if let Some(d) = &disk {
             cmd.arg("-drive").arg(format!(
                 "file={},if=virtio,format=raw,cache=writeback,aio=threads",
@@ -164,7 +196,6 @@ impl Guest {
         };
         Ok(Guest {
             child,
-            opts,
             serial,
             qemu_log,
             started: Instant::now(),
@@ -175,6 +206,8 @@ impl Guest {
                 .disk()
                 .filter(|_| !image.custom_init())
                 .map(|d| d.checksum().to_string()),
+            input: opts.input_port.then_some((input, None)),
+            opts,
         })
     }
 
@@ -347,6 +380,29 @@ impl Guest {
         }
     }
 
+    /// Writes `line` and a newline to the guest's input port (its
+    /// `/dev/ttyS1`; [`GuestOptions::input_port`]), connecting to QEMU's
+    /// socket on first use and keeping the connection for the guest's
+    /// lifetime (QEMU passes bytes on as the guest's UART takes them).
+    pub fn send_line(&mut self, line: &str) -> Result<(), GuestError> {
+        let name = self.opts.name.clone();
+        let Some((path, conn)) = self.input.as_mut() else {
+            return Err(GuestError::BadOption {
+                key: "input_port",
+                reason: format!("guest {name} was started without an input port"),
+            });
+        };
+        if conn.is_none() {
+            let c = UnixStream::connect(&*path)
+                .map_err(|e| GuestError::io(format!("connecting to {}", path.display()), e))?;
+            *conn = Some(c);
+        }
+        let c = conn.as_mut().expect("connected above");
+        c.write_all(format!("{line}\n").as_bytes())
+            .and_then(|()| c.flush())
+            .map_err(|e| GuestError::io(format!("writing to {}", path.display()), e))
+    }
+
     /// SIGKILLs QEMU and reaps it.
     pub fn stop(mut self) -> Result<(), GuestError> {
         self.kill_and_reap()
@@ -360,9 +416,12 @@ impl Guest {
             .wait()
             .map(|_| ())
             .map_err(|e| GuestError::io(format!("reaping QEMU {}", self.pid()), e));
-        // QEMU is gone: its disk copy goes too.
+        // QEMU is gone: its disk copy and input socket go too.
         if let Some(d) = self.disk.take() {
             let _ = fs::remove_file(d);
+        }
+        if let Some((path, _)) = self.input.take() {
+            let _ = fs::remove_file(path);
         }
         reaped
     }
