@@ -271,9 +271,10 @@ pub struct ActuateSection {
     /// pagesift's choice: 16 pages (64 KiB) save more than the two VMA
     /// splits a side cost (about 200 bytes each).
     pub run_min_pages: u32,
-    /// Pages added on each side of a run when it is marked: the run was
-    /// followed at most 64 pages each way from a sample, so it may go on;
-    /// ksmd merges what does and skips the rest.
+    /// Pages added on each side of a sampled run when it is marked: the
+    /// run was followed at most 64 pages each way from a sample, so it may
+    /// go on; ksmd merges what does and skips the rest. Runs found from
+    /// I/O hints are not padded: they were followed to their end.
     pub run_pad_pages: u32,
     /// Watch writes to candidate regions (level ≥ 1, not marked) with
     /// userfaultfd write-protection (injected into the owner, async: the

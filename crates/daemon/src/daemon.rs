@@ -1516,6 +1516,11 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             {
                 continue;
             }
+            // A hinted run was followed page by page to where it ends (up
+            // to HINT_RUN_EXTEND_PAGES a side): padding it would only hand
+            // ksmd pages no hint named (guest page cache is scattered
+            // through guest RAM, so most hinted runs are short).
+            let pad = if hinted { 0 } else { pad };
             let s = (b.span.start + first.saturating_sub(pad) * PAGE) / align * align;
             let e = (b.span.start + (end + pad) * PAGE).div_ceil(align) * align;
             let (s, e) = (s.max(b.span.start), e.min(b.span.end()));
