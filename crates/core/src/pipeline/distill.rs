@@ -723,7 +723,7 @@ impl Distiller {
             }
         }
         if sample.duplicate || sample.merged {
-            sample.cow_broken = self.check_probe(src, page, now, probe_age);
+            sample.cow_broken = self.check_probe(src, page, state, now, probe_age);
             if sample.cow_broken {
                 report.cow_breaks += 1;
             }
@@ -734,12 +734,13 @@ impl Distiller {
     }
 
     /// Checks the oldest probe of the page's region if it is `min_age` old,
-    /// and makes the page a probe if there is room. Returns whether the
-    /// probe was COW-broken.
+    /// and makes the page (sampled in `state`) a probe if there is room.
+    /// Returns whether the probe was COW-broken.
     fn check_probe(
         &mut self,
         src: &mut impl MemorySource,
         page: PageRef,
+        state: PageState,
         now: Nanos,
         min_age: Nanos,
     ) -> bool {
@@ -759,7 +760,7 @@ impl Distiller {
         if t.probes.len() < PROBES_PER_REGION && !t.probes.iter().any(|p| p.page == page.page) {
             // Reset the write flag: only writes after now count.
             let _ = src.take_written(page);
-            let merged = matches!(src.page_state(page), Ok(PageState::Merged));
+            let merged = state == PageState::Merged;
             t.probes.push_back(Probe {
                 page: page.page,
                 merged,
