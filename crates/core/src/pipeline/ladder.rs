@@ -1471,12 +1471,9 @@ mod tests {
         assert_eq!(l.level_of(id), Some(0));
     }
 
-    /// Clusters of 4 over a 10-page region: one pass of its permutation
-    /// visits the clusters starting at 0, 4 and 8 once each (the last one
-    /// 2 pages long), whatever rounds it spans; every page counts as
-    /// sampled; an interval below the cluster size is raised to it.
-    #[test]
-    fn a_pass_of_clusters_covers_every_page_once() {
+    /// A ladder sampling clusters of 4 with one region of `pages` pages,
+    /// its bottom level's interval set to 1 (raised to the cluster).
+    fn clustered(pages: u32) -> (Ladder, RegionId) {
         let mut l = Ladder::new(
             LadderConfig {
                 cluster_pages: 4,
@@ -1485,8 +1482,18 @@ mod tests {
             7,
         );
         let id = RegionId(1);
-        l.insert(id, 10, 0);
+        l.insert(id, pages, 0);
         l.set_interval(0, 1);
+        (l, id)
+    }
+
+    /// Clusters of 4 over a 10-page region: one pass of its permutation
+    /// visits the clusters starting at 0, 4 and 8 once each (the last one
+    /// 2 pages long), whatever rounds it spans; every page counts as
+    /// sampled; an interval below the cluster size is raised to it.
+    #[test]
+    fn a_pass_of_clusters_covers_every_page_once() {
+        let (mut l, id) = clustered(10);
         assert_eq!(l.interval(0), 4);
         let mut pages = Vec::new();
         for _ in 0..3 {
@@ -1527,16 +1534,7 @@ mod tests {
     /// half duplicates climbs like a round of single pages would.
     #[test]
     fn clusters_are_judged_per_page() {
-        let mut l = Ladder::new(
-            LadderConfig {
-                cluster_pages: 4,
-                ..LadderConfig::default()
-            },
-            7,
-        );
-        let id = RegionId(1);
-        l.insert(id, 16, 0);
-        l.set_interval(0, 1);
+        let (mut l, id) = clustered(16);
         l.start_round(0);
         let mut n = 0;
         while let Some(first) = l.next_sample(0) {
