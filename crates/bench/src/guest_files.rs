@@ -65,7 +65,6 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const PAGE_MIB: f64 = PAGE_SIZE as f64 / (1024.0 * 1024.0);
@@ -114,22 +113,7 @@ pub fn build_image(
     let mut md5 = Vec::new();
     let mut payload = Vec::new();
     for f in &files {
-        let out = Command::new("md5sum")
-            .arg(f)
-            .output()
-            .map_err(|e| BenchError::Missing(format!("md5sum: {e}")))?;
-        let sum = String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        if !out.status.success() || sum.len() != 32 {
-            return Err(BenchError::Output(format!(
-                "md5sum {}: {out:?}",
-                f.display()
-            )));
-        }
-        md5.push(sum);
+        md5.push(crate::page_cache::md5_of(f)?);
         payload.push(PayloadFile {
             source: f.clone(),
             bytes: plan.file_mib << 20,

@@ -290,15 +290,7 @@ fn build_image(ctx: &Context, plan: &PageCachePlan) -> Result<(GuestImage, Strin
                 .map_err(|e| BenchError::Output(format!("{}: {e}", data.display())))?;
         }
     }
-    let md5 = Command::new("md5sum")
-        .arg(&data)
-        .output()
-        .map_err(|e| BenchError::Missing(format!("md5sum: {e}")))?;
-    let md5 = String::from_utf8_lossy(&md5.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string();
+    let md5 = md5_of(&data)?;
     let opts = ImageOptions {
         files: Some(vec![PayloadFile {
             source: data.clone(),
@@ -643,6 +635,27 @@ pub fn markdown(plan: &PageCachePlan, runs: &[RunResult], goals: &[Verdict]) -> 
         );
     }
     s
+}
+
+/// The md5 of a host file, as `md5sum` prints it (the guests check their
+/// reads with busybox's `md5sum`, so the host uses the same tool).
+pub(crate) fn md5_of(path: &std::path::Path) -> Result<String, BenchError> {
+    let out = Command::new("md5sum")
+        .arg(path)
+        .output()
+        .map_err(|e| BenchError::Missing(format!("md5sum: {e}")))?;
+    let sum = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    if !out.status.success() || sum.len() != 32 {
+        return Err(BenchError::Output(format!(
+            "md5sum {}: {out:?}",
+            path.display()
+        )));
+    }
+    Ok(sum)
 }
 
 #[cfg(test)]
