@@ -76,9 +76,14 @@
 //! instead of racing up several levels at once.
 //!
 //! A global round ends when every non-empty level has finished a round;
-//! then the strength controller adjusts, the stable set is re-keyed
-//! progressively if the strength changed, and the unstable set is rebuilt
-//! (UKSM §5.3; XLH rebuilds its hash table the same way).
+//! then the strength controller adjusts, and the unstable set is rebuilt
+//! at the new strength. The stable set keeps its own strength until a new
+//! one has held for [`REKEY_AFTER_ROUNDS`] global rounds (or it has been
+//! apart for [`REKEY_AT_LEAST_EVERY`]), and is then
+//! re-keyed (every stable page read again and hashed afresh); until then
+//! a sampled page is hashed at both strengths. (UKSM's code re-keys every
+//! stable node at each change, by delta hashing from its old hash: in the
+//! kernel a page costs a memory read, here a remote read of a few µs.)
 
 use crate::pipeline::governor::{
     CostEma, Governor, GovernorParams, pages_per_wakeup, sampling_interval,
@@ -255,6 +260,23 @@ struct RunWalk {
     read_limit: u64,
 }
 
+/// Global rounds a new strength must hold before the stable set is
+/// re-keyed to it. Re-keying reads every stable page again, and while the
+/// controller probes, the strength moves every round or two: re-keying at
+/// each move cost 16 % of the daemon's CPU on four Python interpreters
+/// sharing 72 MiB (a `perf` profile, 2026-11-25). Until then the stable
+/// set keeps its strength and a sampled page is hashed a second time at it
+/// for the stable lookup, which costs a few hundred word steps and no read.
+pub const REKEY_AFTER_ROUNDS: u32 = 3;
+
+/// Most global rounds the stable set stays at another strength than the
+/// controller's. The controller can settle into a cycle that never holds
+/// a strength for [`REKEY_AFTER_ROUNDS`] (on two regions of equal content
+/// the core tests see 1, 1, 1, 2, 1, …: the old rule re-keyed twice every
+/// four rounds), and a stable set left at a weak strength collides more
+/// often, each collision a futile remote read.
+pub const REKEY_AT_LEAST_EVERY: u32 = 16;
+
 /// One batch of pages sampled together: the pages, then what the source
 /// found.
 struct Batch {
@@ -298,6 +320,15 @@ pub struct Distiller {
     round_done: Vec<bool>,
     global_rounds: u64,
     zero_hash: u32,
+    /// The strength the stable set's hashes are at; it follows the
+    /// controller's only once a strength has held for
+    /// [`REKEY_AFTER_ROUNDS`] global rounds (see [`Distiller::end_global_round`]).
+    stable_strength: u32,
+    /// Global rounds since the strength last changed.
+    strength_held: u32,
+    /// Global rounds the stable set has spent at another strength than
+    /// the controller's.
+    stable_apart: u32,
     scratch: Scratch,
     /// The level walk's batch.
     batch: Batch,
@@ -309,7 +340,8 @@ impl Distiller {
     pub fn new(config: DistillerConfig) -> Self {
         let hasher = PartialHasher::new(config.seed, config.shifts);
         let controller = StrengthController::new(config.strength);
-        let zero_hash = hasher.hash(&[0; WORDS_PER_PAGE], controller.strength());
+        let strength = controller.strength();
+        let zero_hash = hasher.hash(&[0; WORDS_PER_PAGE], strength);
         let levels = config.ladder.levels;
         Distiller {
             params: config.governor.params(levels),
@@ -322,6 +354,9 @@ impl Distiller {
             round_done: vec![false; levels],
             global_rounds: 0,
             zero_hash,
+            stable_strength: strength,
+            strength_held: 0,
+            stable_apart: 0,
             scratch: Scratch {
                 page: Box::new([0; WORDS_PER_PAGE]),
                 other: Box::new([0; WORDS_PER_PAGE]),
@@ -632,22 +667,69 @@ impl Distiller {
         self.global_rounds += 1;
         self.round_done.iter_mut().for_each(|d| *d = false);
         let old = self.controller.strength();
+        self.strength_held += 1;
         if let Some(new) = self.controller.end_round()
             && new != old
         {
-            let hasher = &self.hasher;
-            let buf = &mut self.scratch.page;
-            self.index.rekey_stable(|page, hash| {
-                src.read_page(page, buf)
-                    .ok()
-                    .map(|()| hasher.rehash(buf, hash, old, new))
-            });
+            self.strength_held = 0;
             self.zero_hash = self.hasher.hash(&[0; WORDS_PER_PAGE], new);
+        }
+        let now = self.controller.strength();
+        if self.stable_strength == now {
+            self.stable_apart = 0;
+        } else {
+            self.stable_apart += 1;
+            if self.index.stable_len() == 0 {
+                self.stable_strength = now;
+                self.stable_apart = 0;
+            } else if self.strength_held >= REKEY_AFTER_ROUNDS
+                || self.stable_apart >= REKEY_AT_LEAST_EVERY
+            {
+                self.rekey_stable(src, now);
+                self.stable_strength = now;
+                self.stable_apart = 0;
+            }
         }
         self.index.clear_unstable();
         // Coordinated sampling restarts with the unstable set: regions of
         // one size sample the same offsets until the next global round.
         self.ladder.new_epoch();
+    }
+
+    /// Moves the stable set's hashes to strength `new`: every entry's page
+    /// is read again, in batches as the walk samples (one pagemap pass and
+    /// one vectored read per process and batch, where page-by-page reads
+    /// cost about three times as much), and hashed afresh. Refolding the
+    /// old hash (`PartialHasher::rehash`) would be cheaper by a few hundred
+    /// word steps, but the read costs more than the whole hash, and a page
+    /// written since it was indexed would keep a hash of neither content.
+    /// An entry whose page is gone or unreadable is dropped: it comes back
+    /// when the walk samples the page again.
+    fn rekey_stable(&mut self, src: &mut impl MemorySource, new: u32) {
+        const ZERO: PageWords = [0; WORDS_PER_PAGE];
+        let entries = self.index.stable_entries();
+        let mut fresh: HashMap<PageRef, u32> = HashMap::with_capacity(entries.len());
+        let b = &mut self.run_batch;
+        for chunk in entries.chunks(SAMPLE_BATCH) {
+            let n = chunk.len();
+            b.pages.clear();
+            b.pages.extend(chunk.iter().map(|&(page, _)| page));
+            src.sample_pages(
+                &b.pages,
+                &mut b.words[..n],
+                &mut b.states[..n],
+                &mut b.read[..n],
+            );
+            for (i, &(page, _)) in chunk.iter().enumerate() {
+                let words = match b.states[i] {
+                    Ok(PageState::Zero) => &ZERO,
+                    _ if b.read[i] => &b.words[i],
+                    _ => continue,
+                };
+                fresh.insert(page, self.hasher.hash(words, new));
+            }
+        }
+        self.index.rekey_stable(|page, _| fresh.get(&page).copied());
     }
 
     /// Takes one sample: `page` in `state`, its words in `scratch.page` if
@@ -684,12 +766,14 @@ impl Distiller {
             PageState::Zero => sample.merged = true,
             PageState::Merged => {
                 sample.merged = true;
-                if let Some(hash) = self.hash_read(read)
-                    && self
-                        .find(IndexSet::Stable, src, hash, page, report)
+                if let Some(hash) = self.hash_read(read) {
+                    let key = self.stable_key(hash);
+                    if self
+                        .find(IndexSet::Stable, src, key, page, report)
                         .is_none()
-                {
-                    self.index.insert_stable(hash, page);
+                    {
+                        self.index.insert_stable(key, page);
+                    }
                 }
             }
             PageState::Present => {
@@ -702,13 +786,15 @@ impl Distiller {
                     // KSM merges zero pages into the zero page (use_zero_pages)
                     // or with each other: a duplicate either way.
                     sample.duplicate = true;
-                } else if let Some(t) = self.find(IndexSet::Stable, src, hash, page, report) {
+                } else if let Some(t) =
+                    self.find(IndexSet::Stable, src, self.stable_key(hash), page, report)
+                {
                     sample.duplicate = true;
                     twin = Some(t);
                 } else if let Some(t) = self.find(IndexSet::Unstable, src, hash, page, report) {
                     twin = Some(t);
                     sample.duplicate = true;
-                    self.index.insert_stable(hash, t);
+                    self.index.insert_stable(self.stable_key(hash), t);
                     self.ladder.record(
                         t,
                         Sample {
@@ -990,10 +1076,12 @@ impl Distiller {
         self.controller.on_hashed(1);
         let twin = if hash == self.zero_hash && self.scratch.page.iter().all(|&w| w == 0) {
             None
-        } else if let Some(t) = self.find(IndexSet::Stable, src, hash, page, report) {
+        } else if let Some(t) =
+            self.find(IndexSet::Stable, src, self.stable_key(hash), page, report)
+        {
             Some(t)
         } else if let Some(t) = self.find(IndexSet::Unstable, src, hash, page, report) {
-            self.index.insert_stable(hash, t);
+            self.index.insert_stable(self.stable_key(hash), t);
             Some(t)
         } else {
             return;
@@ -1008,6 +1096,20 @@ impl Distiller {
     fn read_and_hash(&mut self, src: &mut impl MemorySource, page: PageRef) -> Option<u32> {
         src.read_page(page, &mut self.scratch.page).ok()?;
         self.hash_read(true)
+    }
+
+    /// The stable set's key for the words in `scratch.page`, whose hash at
+    /// the current strength is `hash`: the same hash, or while the stable
+    /// set is still at an earlier strength, the page hashed at that one.
+    /// The extra hash is not charged to the controller: it is the price of
+    /// a move, not of the strength moved to (and far below the re-reads it
+    /// saves).
+    fn stable_key(&self, hash: u32) -> u32 {
+        if self.stable_strength == self.controller.strength() {
+            hash
+        } else {
+            self.hasher.hash(&self.scratch.page, self.stable_strength)
+        }
     }
 
     /// The hash of the words in `scratch.page`, if they were `read`.
@@ -1167,6 +1269,58 @@ mod tests {
                 "{id:?} did not climb: {moves:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_stable_set_keeps_its_strength_through_a_probe_then_is_rekeyed() {
+        let mut src = InMemorySource::new();
+        let contents: Vec<u64> = (500..756).collect();
+        src.map(1, &contents);
+        src.map(2, &contents);
+        let mut d = distiller();
+        let mut now = 0;
+        // Every stable entry is keyed by its page's content at the stable
+        // set's strength, whatever the controller's strength is.
+        let check = |d: &Distiller, src: &mut InMemorySource| {
+            let mut words = [0; WORDS_PER_PAGE];
+            for (page, hash) in d.index.stable_entries() {
+                src.read_page(page, &mut words).unwrap();
+                assert_eq!(
+                    hash,
+                    d.hasher.hash(&words, d.stable_strength),
+                    "{page:?} is keyed at another strength"
+                );
+            }
+        };
+        let (mut apart, mut rekeys, mut streak) = (0, 0, 0);
+        for _ in 0..60 {
+            let before = d.index.stats().rekeyed;
+            one_global_round(&mut d, &mut src, &mut now);
+            check(&d, &mut src);
+            if d.index.stats().rekeyed > before {
+                rekeys += 1;
+                assert_eq!(d.stable_strength, d.controller.strength());
+                assert!(
+                    d.strength_held >= REKEY_AFTER_ROUNDS || streak + 1 >= REKEY_AT_LEAST_EVERY,
+                    "re-keyed after {} rounds held, {streak} apart",
+                    d.strength_held
+                );
+            }
+            if d.stable_strength != d.controller.strength() && d.index.stable_len() > 0 {
+                apart += 1;
+                streak += 1;
+                assert!(streak < REKEY_AT_LEAST_EVERY, "apart for {streak} rounds");
+            } else {
+                streak = 0;
+            }
+        }
+        assert!(
+            apart > 0,
+            "the strength never moved away from the stable set's"
+        );
+        assert!(rekeys > 0, "the stable set was never re-keyed");
+        // Duplicates were found throughout.
+        assert!(d.index.stable_len() > 0);
     }
 
     #[test]

@@ -876,6 +876,24 @@ impl SampleIndex {
         self.unstable.clear(&mut self.regions);
     }
 
+    /// Every stable entry: its page and the hash it is indexed under, in
+    /// the table's order. A caller that reads pages in batches collects
+    /// the new hashes from this list before [`rekey_stable`](Self::rekey_stable).
+    pub fn stable_entries(&self) -> Vec<(PageRef, u32)> {
+        self.stable
+            .full_order()
+            .into_iter()
+            .map(|i| {
+                let e = self.stable.slab[i as usize];
+                let page = PageRef {
+                    region: self.regions.id(e.region),
+                    page: e.page,
+                };
+                (page, e.hash)
+            })
+            .collect()
+    }
+
     /// Re-keys the stable set after a strength change: `rekey(page,
     /// old_hash)` returns the page's hash at the new strength, or `None` to
     /// drop the entry. O(entries); each entry is offered exactly once.
