@@ -283,6 +283,8 @@ pub struct BenchOptions {
     pub experiments: Option<Vec<Experiment>>,
     /// No progress output.
     pub quiet: bool,
+    /// Runs of every experiment (≥ 1), its systems interleaved.
+    pub repeat: u32,
 }
 
 impl BenchOptions {
@@ -301,6 +303,7 @@ impl BenchOptions {
             command_line: "pagesift bench".into(),
             experiments: None,
             quiet: false,
+            repeat: 1,
         }
     }
 }
@@ -325,8 +328,11 @@ pub struct ExperimentSummary {
     pub reference: String,
     /// The rows.
     pub rows: Vec<Row>,
-    /// Its goals, judged.
+    /// Its goals, judged on the first run.
     pub goals: Vec<report::Verdict>,
+    /// With `--repeat`: the goals judged on every run, first run first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub goals_by_run: Vec<Vec<report::Verdict>>,
 }
 
 /// Checks what a run needs and names what is missing.
@@ -402,6 +408,14 @@ pub fn run(opts: &BenchOptions) -> Result<Summary, BenchError> {
         ));
     }
     let page_cache = opts.only.iter().any(|o| o == "page-cache");
+    let alone = ["page-cache", numa::EXPERIMENT, hints_guest::EXPERIMENT];
+    if opts.repeat > 1 && opts.only.iter().any(|o| alone.contains(&o.as_str())) {
+        return Err(BenchError::Usage(
+            "--repeat applies to the experiments that run systems side by side; page-cache, \
+             numa and hints-guest run once"
+                .into(),
+        ));
+    }
     if page_cache && (opts.only.len() > 1 || !opts.systems.is_empty()) {
         return Err(BenchError::Usage(
             "--only page-cache runs alone (its three systems are fixed)".into(),
@@ -501,6 +515,7 @@ fn run_page_cache(ctx: &Context, opts: &BenchOptions) -> Result<Summary, BenchEr
             reference: page_cache::PageCachePlan::systems()[0].name(),
             rows: Vec::new(),
             goals,
+            goals_by_run: Vec::new(),
         }],
         out: opts.out.clone(),
     };
@@ -635,6 +650,7 @@ fn header(
         load_after: m.load_average,
         interval_s: opts.interval.as_secs_f64(),
         debug_build: cfg!(debug_assertions),
+        repeat: opts.repeat.max(1),
     }
 }
 
@@ -646,7 +662,8 @@ fn run_all(
     let t0 = Instant::now();
     let started = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let before = pagesift_linux::procstat::machine().load_average;
-    let total: usize = experiments.iter().map(|e| e.systems.len()).sum();
+    let repeat = opts.repeat.max(1) as usize;
+    let total: usize = experiments.iter().map(|e| e.systems.len()).sum::<usize>() * repeat;
     let mut done = 0;
     let mut results: Vec<ExperimentResult> = Vec::new();
     let mut summary = Summary {
@@ -655,38 +672,51 @@ fn run_all(
         out: opts.out.clone(),
     };
     for e in experiments {
-        let mut runs = Vec::new();
-        for &s in &e.systems {
-            done += 1;
-            ctx.progress.note(&format!(
-                "run {done}/{total}: {} · {} ({:.0} s window)",
-                e.name,
-                s.name(),
-                e.window_s
-            ));
-            match run::run_one(ctx, e, s) {
-                Ok(r) => runs.push(r),
-                Err(err @ BenchError::System(_)) => {
-                    // The system under test failed: say so in its row and go on.
-                    ctx.progress
-                        .note(&format!("{} · {}: FAILED: {err}", e.name, s.name()));
-                    runs.push(run::RunResult {
-                        experiment: e.name.clone(),
-                        system: s.name(),
-                        series: Vec::new(),
-                        target_pages: None,
-                        saved_by: e.saved_by,
-                        fill_seconds: 0.0,
-                        window_s: e.window_s,
-                        notes: vec![format!("FAILED: {err}")],
-                    });
+        // Repetitions interleave the systems (A, B, A, B), so that a drift
+        // of the machine's load falls on both rather than on one.
+        let mut by_run: Vec<Vec<run::RunResult>> = Vec::new();
+        for k in 0..repeat {
+            let mut runs = Vec::new();
+            for &s in &e.systems {
+                done += 1;
+                let of = if repeat > 1 {
+                    format!(", run {} of {repeat}", k + 1)
+                } else {
+                    String::new()
+                };
+                ctx.progress.note(&format!(
+                    "run {done}/{total}: {} · {} ({:.0} s window{of})",
+                    e.name,
+                    s.name(),
+                    e.window_s
+                ));
+                match run::run_one(ctx, e, s) {
+                    Ok(r) => runs.push(r),
+                    Err(err @ BenchError::System(_)) => {
+                        // The system under test failed: say so in its row and go on.
+                        ctx.progress
+                            .note(&format!("{} · {}: FAILED: {err}", e.name, s.name()));
+                        runs.push(run::RunResult {
+                            experiment: e.name.clone(),
+                            system: s.name(),
+                            series: Vec::new(),
+                            target_pages: None,
+                            saved_by: e.saved_by,
+                            fill_seconds: 0.0,
+                            window_s: e.window_s,
+                            notes: vec![format!("FAILED: {err}")],
+                        });
+                    }
+                    Err(err) => return Err(err),
                 }
-                Err(err) => return Err(err),
             }
+            by_run.push(runs);
         }
+        let runs = by_run.remove(0);
         let mut r = ExperimentResult {
             experiment: e.clone(),
             runs,
+            repeats: by_run,
             plots: Vec::new(),
         };
         report::write_csv(&opts.out, &r.runs)?;
@@ -706,6 +736,14 @@ fn run_all(
             reference: r.experiment.reference.name(),
             rows: report::rows(&r.runs, &r.experiment.reference.name()),
             goals: report::verdicts(&r.experiment, &r.runs),
+            goals_by_run: if r.repeats.is_empty() {
+                Vec::new()
+            } else {
+                std::iter::once(&r.runs)
+                    .chain(&r.repeats)
+                    .map(|runs| report::verdicts(&r.experiment, runs))
+                    .collect()
+            },
         })
         .collect();
     let json = serde_json::to_string_pretty(&summary).expect("a summary serializes");

@@ -196,6 +196,13 @@ struct BenchArgs {
     /// Only these systems (e.g. pagesift-full,ksm-1000).
     #[arg(long, value_delimiter = ',', value_name = "SYSTEM")]
     systems: Vec<String>,
+    /// Run every selected experiment N times, its systems interleaved
+    /// (A, B, A, B, ...): the report adds each run's figures, their median
+    /// and range, and how many runs met each goal. Not for page-cache,
+    /// numa or hints-guest.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=10))]
+    repeat: u32,
     /// Output directory (CSV, plots, report.md, results.json).
     #[arg(long, value_name = "DIR", default_value = "pagesift-bench")]
     out: PathBuf,
@@ -436,6 +443,7 @@ fn bench(a: BenchArgs) -> ExitCode {
     }
     opts.only = a.only;
     opts.systems = a.systems;
+    opts.repeat = a.repeat;
     opts.write_docs = a.write_docs;
     opts.command_line = std::env::args()
         .enumerate()
