@@ -333,6 +333,15 @@ pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
                 Some(f.cpu_window_s),
                 (g.cpu_window_s > 0.0).then_some(g.cpu_window_s),
             );
+            // Against a system that saved nothing (under 0.05 MiB), any
+            // saving is more than a multiple of it: the ratio is undefined
+            // but the saving half of the goal holds, and CPU decides.
+            let saved_ok = match saved_ratio {
+                Some(s) => Some(s >= min_saved_ratio),
+                None if g.saved_pss_mean_mib < 0.05 && f.saved_pss_mean_mib >= 0.05 => Some(true),
+                None => None,
+            };
+            let cpu_ok = cpu_ratio.map(|c| c <= max_cpu_ratio);
             v.evidence = format!(
                 "{system}: {:.1} MiB at {:.2} CPU-s; {against}: {:.1} MiB at {:.2} CPU-s; saved \
                  {}, CPU {}",
@@ -340,12 +349,17 @@ pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
                 f.cpu_window_s,
                 g.saved_pss_mean_mib,
                 g.cpu_window_s,
-                times(saved_ratio),
+                match (saved_ratio, saved_ok) {
+                    (None, Some(true)) => "something against nothing".to_string(),
+                    _ => times(saved_ratio),
+                },
                 times(cpu_ratio)
             );
-            if let (Some(s), Some(c)) = (saved_ratio, cpu_ratio) {
-                v.met = Some(s >= min_saved_ratio && c <= max_cpu_ratio);
-            }
+            v.met = match (saved_ok, cpu_ok) {
+                (Some(a), Some(b)) => Some(a && b),
+                (Some(false), _) | (_, Some(false)) => Some(false),
+                _ => None,
+            };
         }
         Goal::Sooner {
             fractions,
@@ -1121,7 +1135,20 @@ mod tests {
             &[(0.0, 0.0), (10.0, 80.0)],
             &[(0.0, 0.0), (10.0, 3.0)],
         );
-        assert_eq!(judge(&g, &[big, small], 10.0).met, Some(true));
+        assert_eq!(judge(&g, &[big.clone(), small], 10.0).met, Some(true));
+        // Against a system that saved nothing, the CPU decides.
+        let nothing = |cpu: f64| {
+            run(
+                "ksm-1000",
+                &[(0.0, 0.0), (10.0, 0.0)],
+                &[(0.0, 0.0), (10.0, cpu)],
+            )
+        };
+        let v = judge(&g, &[big.clone(), nothing(0.5)], 10.0);
+        assert_eq!(v.met, Some(false), "{v:?}");
+        assert!(v.evidence.contains("something against nothing"), "{v:?}");
+        assert!(v.evidence.contains("CPU × 4.00"), "{v:?}");
+        assert_eq!(judge(&g, &[big, nothing(2.0)], 10.0).met, Some(true));
     }
 
     #[test]
