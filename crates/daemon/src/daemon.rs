@@ -741,12 +741,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 .map(|(&id, _)| id)
                 .collect()
         };
-        let still = |id| lives.mode(id) == Some(Mode::Sampling) && !lives.is_hidden(id);
         let min_run = self.config.actuate.run_min_pages.max(1);
-        let Some(findings) = self
-            .sweeper
-            .step(&mut self.target, now, min_run, regions, still)
-        else {
+        let Some(findings) = self.sweeper.step(&mut self.target, now, min_run, regions) else {
             return;
         };
         // The new epoch's runs replace the last one's that still wait.

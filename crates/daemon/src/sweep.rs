@@ -137,10 +137,7 @@ impl Sweeper {
     }
 
     /// One wake-up's slice. `regions` lists the regions to sweep, asked
-    /// for only when an epoch starts; `still` says whether a region is
-    /// still one to sweep when its turn comes (sampling may have promoted
-    /// it since the epoch began: its findings would go unused, and walking
-    /// its marked pages costs most). Returns the findings when this slice
+    /// for only when an epoch starts. Returns the findings when this slice
     /// finished an epoch: each region's counts, and its duplicate runs of
     /// at least `min_run` pages joined over gaps of up to [`RUN_GAP`].
     pub fn step<T: Target>(
@@ -149,7 +146,6 @@ impl Sweeper {
         now: Nanos,
         min_run: u32,
         regions: impl FnOnce() -> Vec<RegionId>,
-        still: impl Fn(RegionId) -> bool,
     ) -> Option<Vec<RegionFinding>> {
         let since = now.saturating_sub(self.last_wake.unwrap_or(now));
         self.last_wake = Some(now);
@@ -178,13 +174,8 @@ impl Sweeper {
         let mut walked = 0u64;
         while budget > 0 {
             let (id, first) = match self.cursor {
-                Some((id, _)) if !still(id) => {
-                    self.cursor = None;
-                    continue;
-                }
                 Some(c) => c,
                 None => match self.queue.pop_front() {
-                    Some(id) if !still(id) => continue,
                     Some(id) => match target.span(id) {
                         Some(s) => {
                             self.sweep.begin_region(id, s.pages);
@@ -278,47 +269,5 @@ impl Sweeper {
             self.sweep.observe(*p, pagesift_scan::exact::page_hash(w));
         }
         self.stats.pages_hashed += got as u64;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sim::{SimTarget, distinct, world};
-
-    #[test]
-    fn a_region_that_stops_sampling_during_an_epoch_is_not_walked() {
-        let w = world();
-        let (a, b) = {
-            let mut m = w.borrow_mut();
-            m.spawn(40, "a", false);
-            m.spawn(41, "b", false);
-            (
-                m.map(40, &distinct(1_000, 2048), false),
-                m.map(41, &distinct(9_000, 2048), false),
-            )
-        };
-        let mut target = SimTarget(w.clone());
-        // A share that walks one chunk per wake-up.
-        let mut s = Sweeper::new(1.0, 1_000_000_000);
-        s.ns_per_page = 1e6;
-        let promoted = std::cell::Cell::new(None);
-        let mut now = 0;
-        let mut findings = None;
-        for _ in 0..100 {
-            now += 100_000_000;
-            let still = |id| promoted.get() != Some(id);
-            findings = s.step(&mut target, now, 1, || vec![a, b], still);
-            // Sampling promotes `b` once the walk is under way.
-            if s.stats.pages_walked > 0 {
-                promoted.set(Some(b));
-            }
-            if findings.is_some() {
-                break;
-            }
-        }
-        let findings = findings.expect("the epoch ended");
-        assert_eq!(s.stats.pages_walked, 2048, "only `a` is walked");
-        assert!(findings.iter().all(|f| f.region != b), "{findings:?}");
     }
 }
