@@ -1885,7 +1885,19 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             .sum();
         let target = self.config.merge_share();
         match self.ksm.pace(target, unmerged, scan_pages, now) {
-            Ok(p) => self.pacing = p,
+            Ok(p) => {
+                debug!(
+                    target: "pagesift::pace",
+                    unmerged,
+                    scan_pages,
+                    target,
+                    share = p.share,
+                    pages_to_scan = p.pages_to_scan,
+                    sleep_ms = p.sleep_ms,
+                    "ksmd paced"
+                );
+                self.pacing = p;
+            }
             Err(e) => warn!(error = %e, "pacing ksmd failed"),
         }
         self.pacing.share
