@@ -3,7 +3,8 @@
 //!
 //! ## Pacing
 //! An epoch walks every region that was sampling when it began, in id
-//! order, a chunk of [`CHUNK_PAGES`] pages at a time: page states from
+//! order, a chunk of [`CHUNK_PAGES`] pages at a time (the first epoch
+//! one [`Sweeper::min_epoch`] after the start: sampling looks first): page states from
 //! pagemap (and kpageflags), then one batched read of the present,
 //! unmerged pages, each hashed (XXH3-64). A wake-up may spend
 //! `share × (time since the last wake-up)` of CPU on it, converted to
@@ -108,7 +109,10 @@ impl Sweeper {
             cursor: None,
             sweep: Sweep::new(),
             epoch_started: None,
-            next_epoch_at: 0,
+            // Sampling looks first: the first epoch starts one spacing
+            // after the daemon, by when the duplicates sampling finds at
+            // once are merged, and merged pages are tallied without a read.
+            next_epoch_at: min_epoch,
             backoff: 1,
             quiet: HashMap::new(),
             last_wake: None,
@@ -269,5 +273,40 @@ impl Sweeper {
             self.sweep.observe(*p, pagesift_scan::exact::page_hash(w));
         }
         self.stats.pages_hashed += got as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::{SimTarget, distinct, world};
+
+    #[test]
+    fn the_first_epoch_waits_one_spacing_for_sampling() {
+        let w = world();
+        let a = {
+            let mut m = w.borrow_mut();
+            m.spawn(40, "a", false);
+            m.map(40, &distinct(1_000, 1024), false)
+        };
+        let mut target = SimTarget(w.clone());
+        let spacing: Nanos = 5_000_000_000;
+        let mut s = Sweeper::new(1.0, spacing);
+        let mut now = 0;
+        while now < spacing {
+            assert!(s.step(&mut target, now, 1, || vec![a]).is_none());
+            now += 100_000_000;
+        }
+        assert_eq!(
+            s.stats.pages_walked, 0,
+            "walked before sampling had its look"
+        );
+        let mut done = None;
+        while done.is_none() && now < 3 * spacing {
+            done = s.step(&mut target, now, 1, || vec![a]);
+            now += 100_000_000;
+        }
+        assert!(done.is_some(), "no epoch ended");
+        assert_eq!(s.stats.pages_walked, 1024);
     }
 }
