@@ -526,17 +526,21 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         // end, exactly, beside what this system had freed by then. It
         // tells a system that merged little of what was there from one
         // whose guests held little alike.
+        // A diagnostic: its failure is noted, and the run stands.
         let pids: Vec<u32> = guests.iter().map(|g| g.pid()).collect();
-        let exact = interpreters::exact_saving(&ctx.pagesift_bin, &pids)?;
-        notes.push(format!(
-            "at the window's end (`pagesift scan --exact`, {} ms): the guests' unmerged pages \
-             held {:.1} MiB of duplicates among themselves (not counting those of a page KSM \
-             had merged already) in {:.1} MiB present; freed by then: {:.1} MiB (PSS)",
-            exact.elapsed_ms,
-            exact.saving_pages as f64 * PAGE_MIB,
-            exact.present_pages as f64 * PAGE_MIB,
-            sampler.last(metric::SAVED_PSS).unwrap_or(0.0)
-        ));
+        notes.push(match interpreters::exact_saving(&ctx.pagesift_bin, &pids) {
+            Ok(exact) => format!(
+                "at the window's end (`pagesift scan --exact`, {} ms): the guests' unmerged \
+                 pages held {:.1} MiB of duplicates among themselves (not counting those of a \
+                 page KSM had merged already) in {:.1} MiB present; freed by then: {:.1} MiB \
+                 (PSS)",
+                exact.elapsed_ms,
+                exact.saving_pages as f64 * PAGE_MIB,
+                exact.present_pages as f64 * PAGE_MIB,
+                sampler.last(metric::SAVED_PSS).unwrap_or(0.0)
+            ),
+            Err(e) => format!("at the window's end, the exact scan of the guests failed: {e}"),
+        });
     }
     notes.extend(scan_cost(
         &sampler,
