@@ -23,6 +23,7 @@
 //!    `results.json`; at the end, optionally, the generated section of
 //!    docs/benchmarks.md.
 
+pub mod cycles;
 pub mod experiment;
 pub mod files;
 pub mod guest;
@@ -705,6 +706,7 @@ fn run_all(
                             fill_seconds: 0.0,
                             window_s: e.window_s,
                             notes: vec![format!("FAILED: {err}")],
+                            cycles: Vec::new(),
                         });
                     }
                     Err(err) => return Err(err),

@@ -353,6 +353,7 @@ fn failed(plan: &PageCachePlan, system: System, e: String) -> RunResult {
         fill_seconds: 0.0,
         window_s: plan.read_s as f64,
         notes: vec![format!("FAILED: {e}")],
+        cycles: Vec::new(),
     }
 }
 
@@ -551,6 +552,7 @@ fn run_system(
         fill_seconds: 0.0,
         window_s: plan.read_s as f64,
         notes,
+        cycles: Vec::new(),
     })
 }
 
@@ -668,16 +670,14 @@ mod tests {
         let names: Vec<String> = systems.iter().map(|s| s.name()).collect();
         assert_eq!(names, ["ksm-100", "fadvise-ksm-100", "pagesift-full-scrub"]);
         for g in PageCachePlan::goals() {
-            let (a, b) = match g.goal {
-                Goal::CacheSmaller {
-                    system, against, ..
-                }
-                | Goal::Throughput {
-                    system, against, ..
-                } => (system, against),
-                Goal::DataIntact { system } => (system, system),
-                _ => panic!("not a page-cache goal"),
-            };
+            assert!(
+                matches!(
+                    g.goal,
+                    Goal::CacheSmaller { .. } | Goal::Throughput { .. } | Goal::DataIntact { .. }
+                ),
+                "not a page-cache goal"
+            );
+            let (a, b) = g.goal.systems();
             assert!(systems.contains(&a) && systems.contains(&b));
         }
         for mode in [Mode::Quick, Mode::Full] {

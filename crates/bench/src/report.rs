@@ -9,6 +9,7 @@
 //! saved a tenth as much per CPU-second.
 
 use crate::BenchError;
+use crate::cycles::CycleStats;
 use crate::experiment::{Experiment, Goal, GoalSpec, SavedBy};
 use crate::measure::{self, ratio};
 use crate::run::{RunResult, sanitize};
@@ -247,24 +248,8 @@ fn or_dash(v: Option<f64>, unit: &str) -> String {
 
 /// Judges `spec` from `runs` (one experiment's runs, same invocation).
 pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
-    let (system, against) = match spec.goal {
-        Goal::ReachExact {
-            system, against, ..
-        }
-        | Goal::SaveAsMuch {
-            system, against, ..
-        }
-        | Goal::Sooner {
-            system, against, ..
-        }
-        | Goal::CacheSmaller {
-            system, against, ..
-        }
-        | Goal::Throughput {
-            system, against, ..
-        } => (system.name(), against.name()),
-        Goal::DataIntact { system } => (system.name(), system.name()),
-    };
+    let (system, against) = spec.goal.systems();
+    let (system, against) = (system.name(), against.name());
     let mut v = Verdict {
         source: spec.source.to_string(),
         goal: String::new(),
@@ -491,8 +476,64 @@ pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
             };
             v.met = ok.map(|x| x >= 1.0);
         }
+        Goal::EachCycle { share, .. } => {
+            let pct = share * 100.0;
+            v.goal = format!(
+                "under {system}, every cycle mapped and unmapped within the {window_s:.0} s window has ≥ {pct:.0} % of its pages merged before its unmap"
+            );
+            let stats = run_of(runs, &system).and_then(|r| CycleStats::of(&r.cycles));
+            v.evidence = cycle_evidence(&system, stats);
+            v.met = stats.map(|s| s.min >= share);
+        }
+        Goal::MoreOfEachCycle { .. } => {
+            v.goal = format!(
+                "{system} merges more of each cycle's pages before its unmap than {against} (mean over the cycles within the {window_s:.0} s window)"
+            );
+            let stats = |name: &str| run_of(runs, name).and_then(|r| CycleStats::of(&r.cycles));
+            let (me, them) = (stats(&system), stats(&against));
+            v.evidence = format!(
+                "{}; {}",
+                cycle_evidence(&system, me),
+                cycle_evidence(&against, them)
+            );
+            if let (Some(me), Some(them)) = (me, them) {
+                v.met = Some(me.mean > them.mean);
+            }
+        }
+        Goal::SkipsCycles { max_cpu_share, .. } => {
+            v.goal = format!(
+                "{system} leaves the cycles alone (< 10 % of their pages merged on average) at ≤ {:.1} % of a core over the {window_s:.0} s window",
+                max_cpu_share * 100.0
+            );
+            let Some(r) = run_of(runs, &system) else {
+                v.evidence = format!("{system} did not run");
+                return v;
+            };
+            let stats = CycleStats::of(&r.cycles);
+            let share = Figures::of(r).cpu_window_s / window_s;
+            v.evidence = format!(
+                "{}; CPU {:.2} % of a core",
+                cycle_evidence(&system, stats),
+                share * 100.0
+            );
+            v.met = stats.map(|s| s.mean < 0.1 && share <= max_cpu_share);
+        }
     }
     v
+}
+
+/// A system's cycles, for a verdict's evidence.
+fn cycle_evidence(system: &str, stats: Option<CycleStats>) -> String {
+    match stats {
+        Some(s) => format!(
+            "{system}: {} cycles, mean {:.1} % merged, least {:.1} %, {} with ≥ 90 %",
+            s.count,
+            s.mean * 100.0,
+            s.min * 100.0,
+            s.at_least_90
+        ),
+        None => format!("{system}: no cycle within the window"),
+    }
 }
 
 /// Per system: the target, the times to 50 % and 90 % of it and the CPU
@@ -924,6 +965,7 @@ mod tests {
             fill_seconds: 0.1,
             window_s: 10.0,
             notes: vec![],
+            cycles: vec![],
         }
     }
 

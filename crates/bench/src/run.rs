@@ -65,6 +65,9 @@ pub struct RunResult {
     pub window_s: f64,
     /// Anything the reader should know about this run.
     pub notes: Vec<String>,
+    /// The short-lived workload's cycles within the window
+    /// ([`crate::cycles`]); empty for the other workloads.
+    pub cycles: Vec<crate::cycles::Cycle>,
 }
 
 impl RunResult {
@@ -202,6 +205,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
     };
     // Step 3.
     let mut loads = Vec::new();
+    let mut cycle_logs = Vec::new();
     for args in &exp.workloads {
         if ctx.term.requested() {
             return Err(BenchError::Interrupted);
@@ -211,7 +215,19 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
             exp.name,
             args.join(" ")
         ));
-        let argv: Vec<String> = ctx.workload_prefix.iter().chain(args).cloned().collect();
+        let mut argv: Vec<String> = ctx.workload_prefix.iter().chain(args).cloned().collect();
+        if crate::cycles::logs_cycles(args) {
+            let path = ctx.work_dir.join(format!(
+                "{}-{}-cycles-{}.jsonl",
+                exp.name,
+                sanitize(&name),
+                loads.len()
+            ));
+            let _ = std::fs::remove_file(&path);
+            argv.push("--cycle-log".into());
+            argv.push(path.display().to_string());
+            cycle_logs.push(path);
+        }
         loads.push(Workload::start(
             &ctx.workload_bin,
             &argv,
@@ -357,6 +373,10 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
             }
         }
     }
+    // t = 0 on the clock the workloads' cycle logs use.
+    let t0_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
     let mut sampler = Sampler::start(&name, groups, daemon.as_ref().map(|(d, _, _)| d.pid()))?;
     if let Some(plan) = &exp.files {
         // t = 0: every reader reads its files now.
@@ -476,6 +496,18 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         }
     }
     // Step 6.
+    let mut cycles = Vec::new();
+    for path in &cycle_logs {
+        cycles.extend(
+            crate::cycles::read_log(path, t0_unix, exp.window_s).map_err(BenchError::Workload)?,
+        );
+    }
+    if !cycle_logs.is_empty() {
+        notes.push(match crate::cycles::CycleStats::of(&cycles) {
+            Some(s) => s.note(),
+            None => "no cycle was mapped and unmapped within the window".into(),
+        });
+    }
     if let Some(fc) = file_copies.as_mut() {
         if !fc.located() {
             notes.push(located_note(
@@ -595,6 +627,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         fill_seconds,
         window_s: exp.window_s,
         notes,
+        cycles,
     })
 }
 

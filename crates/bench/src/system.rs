@@ -148,14 +148,16 @@ impl System {
                  [scrub]\nenabled = true\nhost_readahead = false\nperiod_min_s = 1.0\n\
                  period_max_s = 5.0\nperiod_initial_s = 2.0\n"
                 .into(),
-            Tuning::ShortLived => "# pagesift bench: UKSM §8.1.3's short-lived setting\n\
-                 [scan]\nsleep_ms = 20\nround_time_ms = 100\ncpu_cap = 0.5\n\n\
-                 [ksm]\nmerge_share = 0.5\n"
-                .into(),
+            // The profile pagesift ships for it, as an operator would use it.
+            Tuning::ShortLived => SHORT_LIVED_PROFILE.into(),
             Tuning::NoHints => "# pagesift bench: I/O hints off\n[hints]\nenabled = false\n".into(),
         })
     }
 }
+
+/// `dist/profiles/short-lived.toml`: UKSM §8.1.3's setting for
+/// short-lived memory.
+pub const SHORT_LIVED_PROFILE: &str = include_str!("../../../dist/profiles/short-lived.toml");
 
 /// A share of one core as a percentage without trailing zeros.
 fn pct(share: f64) -> String {

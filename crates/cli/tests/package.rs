@@ -22,6 +22,7 @@ const PACKAGE: &str = "pagesift";
 const UNIT: &str = "/usr/lib/systemd/system/pagesift.service";
 const CONFIG: &str = "/etc/pagesift/pagesift.toml";
 const DASHBOARD: &str = "/usr/share/pagesift/grafana/pagesift-dashboard.json";
+const SHORT_LIVED: &str = "/usr/share/pagesift/profiles/short-lived.toml";
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -111,6 +112,7 @@ fn the_deb_installs_a_pagesift_that_runs_and_a_unit_that_verifies() {
         &format!(".{UNIT}"),
         &format!(".{CONFIG}"),
         &format!(".{DASHBOARD}"),
+        &format!(".{SHORT_LIVED}"),
         "./usr/share/doc/pagesift/README.md",
         "./usr/share/doc/pagesift/copyright",
     ] {
@@ -194,6 +196,10 @@ fn the_deb_installs_a_pagesift_that_runs_and_a_unit_that_verifies() {
         dist("pagesift-dashboard.json")
     );
     assert_eq!(
+        std::fs::read_to_string(SHORT_LIVED).unwrap(),
+        dist("profiles/short-lived.toml")
+    );
+    assert_eq!(
         std::fs::read_to_string(UNIT).unwrap(),
         dist("pagesift.service")
     );
@@ -206,7 +212,7 @@ fn the_deb_installs_a_pagesift_that_runs_and_a_unit_that_verifies() {
 
     drop(_installed);
     assert!(!installed(), "still installed after the purge");
-    for path in ["/usr/bin/pagesift", UNIT, CONFIG, DASHBOARD] {
+    for path in ["/usr/bin/pagesift", UNIT, CONFIG, DASHBOARD, SHORT_LIVED] {
         assert!(!Path::new(path).exists(), "{path} left after the purge");
     }
 }

@@ -86,6 +86,20 @@ impl RangeSet {
         }
     }
 
+    /// Keeps only the addresses that are also in `other` (the
+    /// intersection): what was known of mappings that are gone is dropped.
+    pub fn retain_within(&mut self, other: &RangeSet) {
+        let mut kept = RangeSet::new();
+        for (s, e) in self.iter() {
+            for (os, oe) in other.ranges.range(..e) {
+                if *oe > s {
+                    kept.insert(s.max(*os), e.min(*oe));
+                }
+            }
+        }
+        *self = kept;
+    }
+
     /// Whether some address of `[start, end)` is in the set.
     pub fn overlaps(&self, start: u64, end: u64) -> bool {
         start < end
@@ -146,6 +160,24 @@ mod tests {
     }
 
     proptest! {
+        /// The intersection holds exactly the addresses both sets hold.
+        #[test]
+        fn retain_within_is_the_intersection(a in proptest::collection::vec(op(), 0..20),
+                                             b in proptest::collection::vec(op(), 0..20)) {
+            let build = |ops: &[(bool, u64, u64)]| -> RangeSet {
+                ops.iter().map(|&(_, x, y)| (x, y)).collect()
+            };
+            let (mut s, t) = (build(&a), build(&b));
+            let addrs = |r: &RangeSet| -> BTreeSet<u64> { r.iter().flat_map(|(x, y)| x..y).collect() };
+            let want: BTreeSet<u64> = addrs(&s).intersection(&addrs(&t)).copied().collect();
+            s.retain_within(&t);
+            prop_assert_eq!(addrs(&s), want);
+            let v: Vec<(u64, u64)> = s.iter().collect();
+            for w in v.windows(2) {
+                prop_assert!(w[0].1 < w[1].0, "disjoint and not adjacent: {v:?}");
+            }
+        }
+
         /// The set answers like a plain set of addresses, and keeps its
         /// invariants, after any sequence of inserts and removes.
         #[test]

@@ -313,6 +313,13 @@ pub struct KsmSection {
     /// 0.2 % (§7); the daemon's own bottom-level sampling has the other
     /// half.
     pub trickle_share: Option<f64>,
+    /// Full scans a second of the promoted (marked) memory that ksmd's
+    /// merging share is capped at: a page merges on ksmd's second visit,
+    /// so memory that lives `T` seconds needs more than `2/T` of them.
+    /// Unset: two (`core::pipeline::pacing`), which settles a long-lived
+    /// region in 1.5 s without spinning ksmd over it; the short-lived
+    /// profile (`dist/profiles/short-lived.toml`) asks for 20.
+    pub scans_per_s: Option<f64>,
 }
 
 /// Matches processes. Within one kind any entry matches (OR).
@@ -791,6 +798,14 @@ impl Config {
                 );
             }
         }
+        if let Some(n) = self.ksm.scans_per_s
+            && !(n > 0.0 && n <= 1000.0)
+        {
+            return bad(
+                "ksm.scans_per_s",
+                format!("must be above 0 and at most 1000 full scans a second, got {n}"),
+            );
+        }
         if s.subregion_mib == 0
             || s.subregion_mib
                 .checked_mul(256)
@@ -1008,12 +1023,14 @@ impl Config {
     }
 
     /// The ksmd pacer's configuration: its defaults (`pagesift_core::pipeline::pacing`),
-    /// with the trickle share and the highest share from this config.
+    /// with the trickle share, the highest share and the scan rate from
+    /// this config.
     pub fn pacing(&self) -> PacingConfig {
         let d = PacingConfig::default();
         PacingConfig {
             trickle_share: self.trickle_share().min(d.max_share),
             max_share: d.max_share.max(self.merge_share().min(0.99)),
+            active_scans_per_s: self.ksm.scans_per_s.unwrap_or(d.active_scans_per_s),
             ..d
         }
     }
@@ -1291,6 +1308,10 @@ address = "9100"
             assert_eq!(e.key(), Some("scan.cluster_pages"), "{e}");
             assert!(e.to_string().contains("between 1 and 16"), "{e}");
         }
+        for n in ["0", "-1", "1001", "nan"] {
+            let e = err(&format!("[ksm]\nscans_per_s = {n}\n"));
+            assert_eq!(e.key(), Some("ksm.scans_per_s"), "{e}");
+        }
         let e = err("[actuate]\nwrite_hold_s = 0\n");
         assert_eq!(e.key(), Some("actuate.write_hold_s"), "{e}");
         assert!(e.to_string().contains("at least 1 second"), "{e}");
@@ -1412,6 +1433,21 @@ address = "9100"
             "0.0.0.0:9"
         );
         assert!(metrics_address("x").is_err());
+    }
+
+    #[test]
+    fn the_short_lived_profile_is_valid_and_paces_ksmd_for_it() {
+        let text = include_str!("../../../dist/profiles/short-lived.toml");
+        let c = Config::from_toml(text, "dist/profiles/short-lived.toml").unwrap();
+        assert_eq!(c.scan.sleep_ms, 20);
+        assert_eq!(c.scan.refresh_ms, 20);
+        assert!(!c.actuate.write_tracking);
+        // Two visits of a 200 ms region's pages fit in its life.
+        assert!(c.pacing().active_scans_per_s >= 2.0 / 0.2);
+        assert_eq!(
+            Config::default().pacing().active_scans_per_s,
+            PacingConfig::default().active_scans_per_s
+        );
     }
 
     #[test]

@@ -458,6 +458,8 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     pacing: Pacing,
     next_pace: Nanos,
     merging: bool,
+    /// `scan_pages` at the last pace (see [`Daemon::pace`]).
+    paced_scan_pages: u64,
     cow_ksm_start: Option<u64>,
     started: Nanos,
     cpu_start_ns: u64,
@@ -535,6 +537,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             ksm_start: None,
             pacing: Pacing::default(),
             next_pace: now,
+            paced_scan_pages: 0,
             merging: false,
             cow_ksm_start,
             tracked: 0,
@@ -1858,22 +1861,6 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             .filter(|l| l.merging())
             .map(|l| l.unmerged_now().max(1))
             .sum();
-        // Reading KSM's counters and ksmd's CPU costs a dozen file reads:
-        // once a second is enough (the pacer is built for that interval),
-        // but a change between merging and trickling acts at once.
-        let merging = unmerged > 0;
-        if now < self.next_pace && merging == self.merging {
-            return self.pacing.share;
-        }
-        self.next_pace = now + PACE_INTERVAL;
-        self.merging = merging;
-        match self.ksm.sample() {
-            Ok(s) => {
-                self.ksm_now = s;
-                self.ksm_start.get_or_insert(s);
-            }
-            Err(e) => debug!(error = %e, "reading KSM counters failed"),
-        }
         // And what one full scan of ksmd covers, as far as pagesift knows
         // (promoted and foreign regions; other processes' mergeable memory
         // is scanned too, unseen): the pacer spends no more than a few such
@@ -1883,6 +1870,29 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             .filter(|l| l.accounted())
             .map(|l| l.scan_pages())
             .sum();
+        // Reading KSM's counters and ksmd's CPU costs a dozen file reads:
+        // once a second is enough (the pacer is built for that interval),
+        // but a change between merging and trickling acts at once, and so
+        // does a promotion that more than doubles what ksmd has to scan:
+        // paced for the small set before it, ksmd would take up to a
+        // second to start on it (measured under the short-lived profile:
+        // a 64 MiB region promoted 150 ms before it was unmapped went
+        // unmerged at 53 pages a batch).
+        let merging = unmerged > 0;
+        let grew = crate::ksmd::demand_jumped(scan_pages, self.paced_scan_pages);
+        if now < self.next_pace && merging == self.merging && !grew {
+            return self.pacing.share;
+        }
+        self.next_pace = now + PACE_INTERVAL;
+        self.merging = merging;
+        self.paced_scan_pages = scan_pages;
+        match self.ksm.sample() {
+            Ok(s) => {
+                self.ksm_now = s;
+                self.ksm_start.get_or_insert(s);
+            }
+            Err(e) => debug!(error = %e, "reading KSM counters failed"),
+        }
         let target = self.config.merge_share();
         match self.ksm.pace(target, unmerged, scan_pages, now) {
             Ok(p) => {

@@ -72,17 +72,32 @@ pub trait KsmControl {
 /// would overwrite `pages_to_scan`), writes the pacer's first pace and
 /// starts ksmd (`run=1`). After that it ticks the pacer about once a second
 /// (the interval the pacer is designed for), and at once when the demand
-/// switches between merging and trickling.
+/// switches between merging and trickling or its full scan more than
+/// doubles ([`PACE_JUMP_PAGES`]).
 pub struct SysKsm {
     guard: KsmGuard,
     ksmd: Option<Ksmd>,
     pacer: Pacer,
     last: Option<(Nanos, u64)>,
     written: Option<KsmdPace>,
+    /// The demand's `scan_pages` at the last tick.
+    ticked_scan_pages: u64,
 }
 
 /// How often the pacer ticks while the demand does not change regime.
 const PACE_TICK: Nanos = 1_000_000_000;
+/// A demand whose full scan grew past twice its size at the last tick, by
+/// more than this many pages (a large promotion), is paced for at once.
+/// Below it the pacer's quick rate for small sets
+/// (`PacingConfig::quick_scans_per_s`) already covers the new pages.
+/// pagesift's choice: 4 MiB.
+pub(crate) const PACE_JUMP_PAGES: u64 = 1024;
+
+/// Whether a full scan of `scan_pages` pages is such a jump from
+/// `before` ([`PACE_JUMP_PAGES`]).
+pub(crate) fn demand_jumped(scan_pages: u64, before: u64) -> bool {
+    scan_pages > before.saturating_mul(2).saturating_add(PACE_JUMP_PAGES)
+}
 
 impl SysKsm {
     /// Takes ownership of KSM, waiting at most `wait` for the lock (another
@@ -115,6 +130,7 @@ impl SysKsm {
             pacer,
             last: None,
             written: None,
+            ticked_scan_pages: 0,
         })
     }
 
@@ -179,13 +195,18 @@ impl KsmControl for SysKsm {
                 }
                 let pace = self.pacer.start(demand);
                 self.write(pace)?;
+                self.ticked_scan_pages = scan_pages;
                 self.guard.set_run(Run::Run).map_err(|e| e.to_string())?;
                 self.last = Some((now, self.ksmd_cpu()));
             }
             Some((t, cpu)) => {
                 let active = self.pacer.mode() == PaceMode::Active;
                 let switch = active != (unmerged_pages > 0 && target_share > 0.0);
-                if switch || now.saturating_sub(t) >= PACE_TICK {
+                // The caller asks between ticks only when the demand jumped
+                // (a large promotion): tick then too, the pace in force so
+                // far is what the shorter window measured.
+                let jumped = demand_jumped(scan_pages, self.ticked_scan_pages);
+                if switch || jumped || now.saturating_sub(t) >= PACE_TICK {
                     let cpu_now = self.ksmd_cpu();
                     let tick = KsmdTick {
                         cpu_ns: cpu_now.saturating_sub(cpu),
@@ -194,6 +215,7 @@ impl KsmControl for SysKsm {
                     let pace = self.pacer.tick(tick, demand);
                     self.write(pace)?;
                     self.last = Some((now, cpu_now));
+                    self.ticked_scan_pages = scan_pages;
                 }
             }
         }
@@ -212,5 +234,25 @@ impl KsmControl for SysKsm {
         } else {
             Err(report.to_string())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_promotion_is_a_jump_and_small_growth_is_not() {
+        // A 64 MiB region promoted beside a few hundred pages of heap.
+        assert!(demand_jumped(16_384 + 133, 133));
+        // From nothing, anything past the floor.
+        assert!(demand_jumped(PACE_JUMP_PAGES + 1, 0));
+        assert!(!demand_jumped(PACE_JUMP_PAGES, 0));
+        // Doubling a large set is not enough; more than doubling is.
+        assert!(!demand_jumped(2 * 100_000 + PACE_JUMP_PAGES, 100_000));
+        assert!(demand_jumped(2 * 100_000 + PACE_JUMP_PAGES + 1, 100_000));
+        // Shrinking never is, and nothing overflows.
+        assert!(!demand_jumped(10, 20_000));
+        assert!(!demand_jumped(u64::MAX, u64::MAX));
     }
 }

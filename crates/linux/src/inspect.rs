@@ -180,6 +180,15 @@ impl PageInspector {
         Ok(Self::with(pagemap, kpageflags))
     }
 
+    /// [`PageInspector::open`] for this process itself
+    /// ([`Pagemap::open_own`]).
+    pub fn open_own() -> Result<PageInspector, LinuxError> {
+        let kpageflags = KPageFlags::open()?;
+        let pagemap = Pagemap::open_own()?;
+        pagemap.require_pfns()?;
+        Ok(Self::with(pagemap, kpageflags))
+    }
+
     /// Combines an open pagemap (which must show PFNs) with kpageflags.
     pub fn with(pagemap: Pagemap, kpageflags: KPageFlags) -> PageInspector {
         PageInspector {

@@ -98,6 +98,17 @@ impl Pagemap {
         if pid == crate::own_pid() {
             return Err(LinuxError::OwnProcess(pid));
         }
+        Self::open_unchecked(pid)
+    }
+
+    /// Opens this process's own pagemap, for a program that reports on its
+    /// own memory (the bench's workloads count their merged pages). The
+    /// daemon never looks at itself; [`Pagemap::open`] refuses to.
+    pub fn open_own() -> Result<Pagemap, LinuxError> {
+        Self::open_unchecked(crate::own_pid())
+    }
+
+    fn open_unchecked(pid: u32) -> Result<Pagemap, LinuxError> {
         let pfns_visible = caps::has(Capability::SysAdmin);
         let file = File::open(format!("/proc/{pid}/pagemap"))
             .map_err(|e| crate::proc::error(pid, e, "opening /proc/PID/pagemap", PTRACE))?;

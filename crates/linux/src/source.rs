@@ -41,7 +41,11 @@
 //! once the last smaps read is [`SMAPS_INTERVAL`] old; a mark made by the
 //! process itself in between is seen that late. A VMA that overlaps a
 //! known mergeable range counts as mergeable (its pages are then read
-//! through the unpinned path, which is always safe).
+//! through the unpinned path, which is always safe). What is known is cut
+//! to the process's VMAs at every maps read: a range that was unmapped is
+//! forgotten, so a VMA mapped there later counts as the new, unmarked
+//! memory it is (a munmap and an mmap of the same range between two
+//! refreshes are not told apart until the next smaps read).
 //!
 //! ## Page states
 //! [`MemorySource::page_state`] reads one pagemap entry and, for a present
@@ -549,6 +553,15 @@ impl LinuxSource {
                 .collect();
         } else {
             self.discovered_by.1 += 1;
+            // A range advised for a VMA that is gone says nothing of a VMA
+            // mapped there later (munmap drops VM_MERGEABLE with the VMA):
+            // keep only what lies inside the process's VMAs now, so that
+            // memory mapped again where a marked region was is seen as
+            // new, unmarked memory once a refresh has seen the gap.
+            let live: RangeSet = (regions.eligible.iter().map(|r| (r.start, r.end)))
+                .chain(regions.rejected.iter().map(|r| (r.start, r.end)))
+                .collect();
+            p.mergeable.retain_within(&live);
         }
         p.anonymous = regions
             .eligible

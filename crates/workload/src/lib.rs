@@ -127,6 +127,12 @@ enum Workload {
         /// T, in milliseconds.
         #[arg(long, default_value_t = 1000)]
         period_ms: u64,
+        /// Append a JSON line per cycle to this file, written right before
+        /// the region is unmapped: when it was mapped and unmapped (Unix
+        /// seconds), its pages, and how many of them were KSM pages then
+        /// (from /proc/self/pagemap and /proc/kpageflags, so root).
+        #[arg(long)]
+        cycle_log: Option<std::path::PathBuf>,
         #[command(flatten)]
         common: Common,
     },
@@ -391,8 +397,9 @@ fn run(w: Workload) -> Result<(), String> {
         Workload::ShortLived {
             mib,
             period_ms,
+            cycle_log,
             common,
-        } => short_lived(mib, period_ms, common, t0),
+        } => short_lived(mib, period_ms, cycle_log.as_deref(), common, t0),
         Workload::ForkFamily {
             shape,
             mix,
@@ -677,16 +684,27 @@ fn cow_broken(mib: u64, interval_ms: u64, common: Common, t0: Instant) -> Result
     Ok(())
 }
 
-fn short_lived(mib: u64, period_ms: u64, common: Common, t0: Instant) -> Result<(), String> {
+fn short_lived(
+    mib: u64,
+    period_ms: u64,
+    cycle_log: Option<&std::path::Path>,
+    common: Common,
+    t0: Instant,
+) -> Result<(), String> {
     let slots = identical_slots(mib);
     let maker = PageMaker::new(common.seed, 1);
     let period = Duration::from_millis(period_ms);
     let shared: Shared = Arc::new(Mutex::new(None));
+    let mut log = match cycle_log {
+        Some(path) => Some(CycleLog::create(path)?),
+        None => None,
+    };
     let mut first = true;
     let mut ready = Instant::now();
-    loop {
+    for cycle in 0u64.. {
         let mut mem =
             Memory::map(slots.clone(), HugePages::Never).map_err(|e| format!("mmap: {e}"))?;
+        let mapped_at = unix_now();
         mem.fill(&maker);
         if first {
             let mut r = report("short-lived", common.seed, &mem, t0);
@@ -696,8 +714,12 @@ fn short_lived(mib: u64, period_ms: u64, common: Common, t0: Instant) -> Result<
             ready = Instant::now();
             first = false;
         }
+        let (addr, pages) = (mem.addr(), mem.slots().len());
         *shared.lock().unwrap() = Some(mem);
         std::thread::sleep(period);
+        if let Some(log) = log.as_mut() {
+            log.record(cycle, mapped_at, addr, pages)?;
+        }
         // Unmap (drop) the region.
         *shared.lock().unwrap() = None;
         if deadline_passed(&common, ready) {
@@ -707,6 +729,67 @@ fn short_lived(mib: u64, period_ms: u64, common: Common, t0: Instant) -> Result<
         if deadline_passed(&common, ready) {
             return Ok(());
         }
+    }
+    Ok(())
+}
+
+/// Seconds since the Unix epoch: the bench compares these with its own t = 0.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The short-lived workload's record of each cycle: how much of the
+/// region was merged by the time it was unmapped.
+struct CycleLog {
+    file: std::fs::File,
+    inspector: pagesift_linux::inspect::PageInspector,
+    infos: Vec<pagesift_linux::inspect::PageInfo>,
+}
+
+impl CycleLog {
+    fn create(path: &std::path::Path) -> Result<CycleLog, String> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| format!("--cycle-log {}: {e}", path.display()))?;
+        let inspector = pagesift_linux::inspect::PageInspector::open_own()
+            .map_err(|e| format!("--cycle-log: {e}"))?;
+        Ok(CycleLog {
+            file,
+            inspector,
+            infos: Vec::new(),
+        })
+    }
+
+    /// Counts the KSM pages of `pages` pages at `addr` and appends the line.
+    fn record(
+        &mut self,
+        cycle: u64,
+        mapped_at: f64,
+        addr: u64,
+        pages: usize,
+    ) -> Result<(), String> {
+        use pagesift_linux::inspect::{PageClass, PageInfo};
+        use std::io::Write;
+        self.infos.clear();
+        self.infos.resize(pages, PageInfo::default());
+        self.inspector
+            .inspect(addr, &mut self.infos)
+            .map_err(|e| format!("--cycle-log: inspecting the region: {e}"))?;
+        let merged = (self.infos.iter())
+            .filter(|i| i.class() == PageClass::Merged)
+            .count();
+        let line = serde_json::json!({
+            "cycle": cycle,
+            "mapped_at": mapped_at,
+            "unmapped_at": unix_now(),
+            "pages": pages,
+            "merged": merged,
+        });
+        writeln!(self.file, "{line}").map_err(|e| format!("--cycle-log: {e}"))
     }
 }
 

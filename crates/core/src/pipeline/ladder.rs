@@ -764,7 +764,8 @@ impl Ladder {
             .unwrap_or_else(|| panic!("level {level} out of 0..{}", self.levels.len()))
     }
 
-    /// Appends `id` to `level`'s flat space (behind any round cursor).
+    /// Appends `id` to `level`'s flat space (at its end, so a round under
+    /// way reaches it before it ends).
     fn attach(&mut self, id: RegionId, level: usize) {
         let seq = self.next_seq;
         self.next_seq += 1;
