@@ -1034,10 +1034,16 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
 
     fn maybe_refresh(&mut self, now: Nanos) -> bool {
         if now >= self.next_check {
-            self.next_check = now + self.config.scan.refresh_ms * MS;
+            // The check reads /proc's pid list and one statm per selected
+            // process (about 2 µs each): with thousands of processes it is
+            // spaced out to stay within `scan.refresh_cpu` too.
+            let t0 = host::thread_cpu_ns();
             if self.target.processes_changed() {
                 self.pending_change = true;
             }
+            let cost = host::thread_cpu_ns().saturating_sub(t0);
+            let spacing = (cost as f64 / self.config.scan.refresh_cpu) as Nanos;
+            self.next_check = now + (self.config.scan.refresh_ms * MS).max(spacing);
         }
         let due = (self.force_refresh && now >= self.earliest_forced)
             || (self.pending_change && now >= self.earliest_refresh)
