@@ -7,7 +7,7 @@
 //! | `static-mixed-random-first` | the same, random process first: KSM's result depends on its scan order (`__ksm_enter` in `mm/ksm.c` queues a new mm just behind ksmd's cursor) | §8.1.1 |
 //! | `static-mixed-not-multiple` | the same with one identical page in 1000 left untouched, so the identical pages are *not* a multiple of max_page_sharing (256) and KSM's stable chains are not all full (`stable_node_chain` in `mm/ksm.c`) | §8.1.1 |
 //! | `cow-broken` | one region, one page rewritten every 10 ms; memory saved at equal CPU of 2, 10, 20 % of a core | §8.1.2, Fig. 9c |
-//! | `short-lived` | map N MiB of one content, keep it T, unmap, wait T; T = 2, 1, 0.5, 0.2 s | §8.1.3 |
+//! | `short-lived` | map N MiB of one content, keep it T, unmap, wait T; T = 2, 1, 0.5, 0.2 s; judged on the share of each cycle merged before its unmap (`crate::cycles`) | §8.1.3 |
 //! | `sparse-only` | random memory only: nothing to merge, every CPU-second is idle cost | idle-cost control |
 //! | `fork-family` | a parent and 3 children sharing frames after fork, each child rewriting a quarter of the pages | — |
 //! | `interpreter-workers` | real `python3` processes holding the same data file beside a private buffer they rewrite (4 × 24 + 8 MiB quick, 6 × 48 + 16 MiB full) | pagesift's real-workload goals |
