@@ -13,6 +13,7 @@
 //! Invariants: every kept cycle has `0 ≤ mapped_s ≤ unmapped_s ≤ window`,
 //! `pages > 0` and `merged ≤ pages`.
 
+use pagesift_workload::CycleRecord;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -42,21 +43,14 @@ pub fn logs_cycles(args: &[String]) -> bool {
     args.first().is_some_and(|a| a == "short-lived")
 }
 
-/// Reads a cycle log; keeps the cycles inside `[t0, t0 + window_s]` (Unix
+/// Reads a cycle log (the workload's [`CycleRecord`] lines); keeps the cycles inside `[t0, t0 + window_s]` (Unix
 /// seconds), in order. Lines that do not parse are an error: the workload
 /// writes every one whole.
 pub fn read_log(path: &Path, t0: f64, window_s: f64) -> Result<Vec<Cycle>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut kept = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        #[derive(Deserialize)]
-        struct Line {
-            mapped_at: f64,
-            unmapped_at: f64,
-            pages: u64,
-            merged: u64,
-        }
-        let l: Line = serde_json::from_str(line)
+        let l: CycleRecord = serde_json::from_str(line)
             .map_err(|e| format!("{} line {}: {e}", path.display(), i + 1))?;
         let c = Cycle {
             mapped_s: l.mapped_at - t0,

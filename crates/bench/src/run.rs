@@ -374,9 +374,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         }
     }
     // t = 0 on the clock the workloads' cycle logs use.
-    let t0_unix = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
+    let t0_unix = pagesift_workload::unix_now();
     let mut sampler = Sampler::start(&name, groups, daemon.as_ref().map(|(d, _, _)| d.pid()))?;
     if let Some(plan) = &exp.files {
         // t = 0: every reader reads its files now.

@@ -11,6 +11,7 @@
 mod support;
 
 use pagesift_testkit::{Target, Workload, require_root, serial, temp_dir};
+use pagesift_workload::CycleRecord;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 use support::*;
@@ -473,29 +474,20 @@ fn short_lived_cycles_are_merged_under_the_short_lived_profile() {
         include_str!("../../../dist/profiles/short-lived.toml"),
     )
     .unwrap();
-    let unix = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs_f64()
-    };
     let mut d = start_daemon(
         dir,
         &["--config", config.to_str().unwrap(), "--pid", &p],
         false,
     );
-    let started = unix();
+    let started = pagesift_workload::unix_now();
     std::thread::sleep(Duration::from_secs(7));
     assert!(alive(w.pid()), "the workload died");
-    let cycles: Vec<Value> = std::fs::read_to_string(&log)
+    let shares: Vec<f64> = std::fs::read_to_string(&log)
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|c: &Value| c["mapped_at"].as_f64().unwrap() > started)
-        .collect();
-    let shares: Vec<f64> = cycles
-        .iter()
-        .map(|c| c["merged"].as_f64().unwrap() / c["pages"].as_f64().unwrap())
+        .map(|l| serde_json::from_str::<CycleRecord>(l).unwrap())
+        .filter(|c| c.mapped_at > started)
+        .map(|c| c.merged as f64 / c.pages as f64)
         .collect();
     eprintln!("short-lived, T = 0.5 s, 32 MiB: merged share per cycle {shares:.2?}");
     assert!(shares.len() >= 4, "{} cycles:\n{}", shares.len(), d.log());

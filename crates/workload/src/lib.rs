@@ -733,11 +733,29 @@ fn short_lived(
     Ok(())
 }
 
-/// Seconds since the Unix epoch: the bench compares these with its own t = 0.
-fn unix_now() -> f64 {
+/// Seconds since the Unix epoch: the clock of the cycle log, which the
+/// bench compares with its own t = 0.
+pub fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One line of the short-lived workload's cycle log (`--cycle-log`),
+/// written right before the cycle's region is unmapped; the bench and the
+/// tests read it back with this type.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct CycleRecord {
+    /// The cycle's number, from 0.
+    pub cycle: u64,
+    /// When the region was mapped ([`unix_now`]).
+    pub mapped_at: f64,
+    /// When its KSM pages were counted, right before its unmap.
+    pub unmapped_at: f64,
+    /// Its pages.
+    pub pages: u64,
+    /// Those that were KSM pages then.
+    pub merged: u64,
 }
 
 /// The short-lived workload's record of each cycle: how much of the
@@ -782,13 +800,14 @@ impl CycleLog {
         let merged = (self.infos.iter())
             .filter(|i| i.class() == PageClass::Merged)
             .count();
-        let line = serde_json::json!({
-            "cycle": cycle,
-            "mapped_at": mapped_at,
-            "unmapped_at": unix_now(),
-            "pages": pages,
-            "merged": merged,
-        });
+        let line = serde_json::to_string(&CycleRecord {
+            cycle,
+            mapped_at,
+            unmapped_at: unix_now(),
+            pages: pages as u64,
+            merged: merged as u64,
+        })
+        .map_err(|e| format!("--cycle-log: {e}"))?;
         writeln!(self.file, "{line}").map_err(|e| format!("--cycle-log: {e}"))
     }
 }
