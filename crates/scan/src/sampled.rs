@@ -495,9 +495,10 @@ struct Reader {
     index: SampleIndex,
     /// Representative page → content group.
     rep_group: HashMap<PageRef, u32>,
-    /// Per group: its representative's region (census index), partial
-    /// hash, and full-page xxh3-64 (the filter that spares re-reads).
-    reps: Vec<(u32, u32, u64)>,
+    /// Per group: its representative's region (census index) and partial
+    /// hash. The index keeps its full-page xxh3-64 (the filter that spares
+    /// re-reads).
+    reps: Vec<(u32, u32)>,
     cache: HashMap<u32, Box<PageWords>>,
     buf: PageBuffer,
     other: Box<PageWords>,
@@ -589,14 +590,14 @@ impl Reader {
         // partial hash reads (mostly-zero pages): they share a bucket. A
         // full-page xxh3 rejects those candidates without re-reading them.
         let strong = crate::exact::page_hash(page);
-        let found = index.find_stable(hash, |cand| {
+        let found = index.find_stable(hash, |cand, cand_strong| {
+            if cand_strong != strong {
+                return false;
+            }
             let Some(&g) = rep_group.get(&cand) else {
                 return false;
             };
-            let (rep_region, rep_hash, rep_strong) = reps[g as usize];
-            if rep_strong != strong {
-                return false;
-            }
+            let (rep_region, rep_hash) = reps[g as usize];
             if let Some(c) = cache.get(&g) {
                 return **c == *page;
             }
@@ -620,9 +621,9 @@ impl Reader {
             None => {
                 let g = reps.len() as u32;
                 let me = refs[k];
-                reps.push((ri, hash, strong));
+                reps.push((ri, hash));
                 rep_group.insert(me, g);
-                index.insert_stable(hash, me);
+                index.insert_stable(hash, me, strong);
                 g
             }
         }

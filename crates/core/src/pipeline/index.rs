@@ -8,8 +8,12 @@
 //! then among the unstable set (sampled pages without a partner yet). A hash
 //! hit is **never trusted**: weak strengths collide a lot (UKSM §6.1), so
 //! every candidate with the hash is offered, one by one, to a comparator the
-//! caller supplies (a full-page comparison), and only a candidate it
-//! confirms is returned. The comparisons made and the ones that failed are
+//! caller supplies, and only a candidate it confirms is returned. Each entry
+//! carries the page's full-content fingerprint (a 64-bit hash of all its
+//! bytes) taken when it was indexed, and the candidate is offered with it,
+//! so the comparator can check the candidate without reading it again
+//! (the distiller does; see `distill`'s "Verification"). The comparisons
+//! made and the ones that failed are
 //! counted ([`IndexStats`]); the strength controller weighs those.
 //!
 //! ## Hash tables, not trees
@@ -68,7 +72,8 @@
 //! does not re-shard back and forth).
 //!
 //! ## Entries and memory per indexed page
-//! An entry is 20 bytes ([`SampleIndex::ENTRY_BYTES`]): the hash (u32), the
+//! An entry is 28 bytes ([`SampleIndex::ENTRY_BYTES`]): the hash (u32), the
+//! fingerprint (two u32), the
 //! region as a u32 slot in a small per-region table (a [`RegionId`] is 8
 //! bytes and a [`PageRef`] 16 with padding; regions are few, pages many),
 //! the page index (u32) and the two chain links (u32 slab indices, doubly
@@ -78,15 +83,15 @@
 //! 4-byte slab indices keyed by region and page) finds a page's entry for
 //! [`SampleIndex::remove_page`] without knowing its hash.
 //!
-//! Heap bytes per indexed page, at most: the slab, 20 × 1.5 (it grows by
-//! half, so at most a third of it is slack) = 30; the bucket heads, 4 × 2
+//! Heap bytes per indexed page, at most: the slab, 28 × 1.5 (it grows by
+//! half, so at most a third of it is slack) = 42; the bucket heads, 4 × 2
 //! (a shard's buckets double when its entries exceed them) = 8; the page
 //! map, 5 bytes per slot (index and control byte) at a load of 7/16..7/8
-//! (hashbrown) = 11.4; in all ≈ 49.4, plus per-shard (32 bytes) and
-//! per-region (about 30 bytes) overhead. [`MAX_HEAP_BYTES_PER_ENTRY`] (52)
+//! (hashbrown) = 11.4; in all ≈ 61.4, plus per-shard (32 bytes) and
+//! per-region (about 30 bytes) overhead. [`MAX_HEAP_BYTES_PER_ENTRY`] (64)
 //! is the bound the tests hold the measured [`SampleIndex::heap_bytes`] to.
-//! Measured while filling an index to 300 000 entries: 33.5 to 44.8 bytes
-//! per entry, 38.7 on average, 31.9 after [`SampleIndex::shrink_to_fit`].
+//! `heap_bytes_per_entry_stays_below_the_documented_bound` prints the
+//! measured bytes per entry while it fills an index to 300 000 entries.
 //! Capacity is kept when entries leave (the unstable set refills every
 //! round); `shrink_to_fit` gives it back.
 //!
@@ -114,8 +119,8 @@ pub const MAX_SHARD_BITS: u32 = 16;
 
 /// Bound on [`SampleIndex::heap_bytes`] per indexed page, once the index
 /// holds a few thousand entries (below that, fixed overheads dominate). The
-/// module header derives it: ≈ 49.4 worst case plus fixed overheads.
-pub const MAX_HEAP_BYTES_PER_ENTRY: usize = 52;
+/// module header derives it: ≈ 61.4 worst case plus fixed overheads.
+pub const MAX_HEAP_BYTES_PER_ENTRY: usize = 64;
 
 /// Fewest buckets a non-empty shard table gets.
 const MIN_BUCKETS: usize = 8;
@@ -208,11 +213,14 @@ impl IndexStats {
     }
 }
 
-/// One indexed page: 20 bytes, all u32 so there is no padding.
+/// One indexed page: 28 bytes, all u32 so there is no padding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Entry {
     /// Partial hash at the strength it was indexed with.
     hash: u32,
+    /// The page's full-content fingerprint when it was indexed (a 64-bit
+    /// hash of every byte, as two halves so the entry has no padding).
+    fingerprint: [u32; 2],
     /// Slot in [`Regions`], or [`FREE`] for a free slab entry.
     region: u32,
     /// Page index within the region.
@@ -221,6 +229,17 @@ struct Entry {
     next: u32,
     /// Previous entry in the bucket chain, or [`NIL`] at the head.
     prev: u32,
+}
+
+impl Entry {
+    fn fingerprint(&self) -> u64 {
+        u64::from(self.fingerprint[0]) | (u64::from(self.fingerprint[1]) << 32)
+    }
+}
+
+/// A fingerprint as the two halves an [`Entry`] stores.
+fn split(fingerprint: u64) -> [u32; 2] {
+    [fingerprint as u32, (fingerprint >> 32) as u32]
 }
 
 /// Spreads bits (splitmix64's finalizer): weak partial hashes and page
@@ -333,7 +352,7 @@ impl Table {
         &self,
         hash: u32,
         regions: &Regions,
-        same: &mut impl FnMut(PageRef) -> bool,
+        same: &mut impl FnMut(PageRef, u64) -> bool,
         compared: &mut u64,
     ) -> Option<u32> {
         let key = content_key(hash);
@@ -350,7 +369,7 @@ impl Table {
                     region: regions.id(e.region),
                     page: e.page,
                 };
-                if same(page) {
+                if same(page, e.fingerprint()) {
                     return Some(i);
                 }
             }
@@ -360,9 +379,10 @@ impl Table {
     }
 
     /// Adds an entry for a page that is not in this table.
-    fn insert(&mut self, hash: u32, region: u32, page: u32) -> u32 {
+    fn insert(&mut self, hash: u32, fingerprint: u64, region: u32, page: u32) -> u32 {
         let entry = Entry {
             hash,
+            fingerprint: split(fingerprint),
             region,
             page,
             next: NIL,
@@ -526,6 +546,7 @@ impl Table {
         }
         self.slab[idx as usize] = Entry {
             hash: 0,
+            fingerprint: [0; 2],
             region: FREE,
             page: 0,
             next: self.free,
@@ -570,12 +591,12 @@ impl Table {
         }
     }
 
-    /// Gives every entry the hash `rekey` returns, or drops it on `None`.
-    /// Returns (rekeyed, dropped).
+    /// Gives every entry the hash and fingerprint `rekey` returns, or
+    /// drops it on `None`. Returns (rekeyed, dropped).
     fn rekey(
         &mut self,
         regions: &mut Regions,
-        mut rekey: impl FnMut(PageRef, u32) -> Option<u32>,
+        mut rekey: impl FnMut(PageRef, u32) -> Option<(u32, u64)>,
     ) -> (u64, u64) {
         let mut order = self.full_order();
         let (mut kept, mut dropped) = (0, 0);
@@ -586,8 +607,9 @@ impl Table {
                 page: e.page,
             };
             match rekey(page, e.hash) {
-                Some(hash) => {
+                Some((hash, fingerprint)) => {
                     self.slab[i as usize].hash = hash;
+                    self.slab[i as usize].fingerprint = split(fingerprint);
                     kept += 1;
                     true
                 }
@@ -786,11 +808,16 @@ impl SampleIndex {
         1 << self.shard_bits
     }
 
-    /// Offers every stable page with `hash` to `same` (a full comparison
-    /// against the page being looked up) and returns the first it confirms.
-    /// Nothing is removed. If the page looked up is itself a stable entry,
-    /// it is among the candidates.
-    pub fn find_stable(&self, hash: u32, mut same: impl FnMut(PageRef) -> bool) -> Option<PageRef> {
+    /// Offers every stable page with `hash`, and the fingerprint it was
+    /// indexed with, to `same` (the caller's check against the page being
+    /// looked up) and returns the first it confirms. Nothing is removed.
+    /// If the page looked up is itself a stable entry, it is among the
+    /// candidates.
+    pub fn find_stable(
+        &self,
+        hash: u32,
+        mut same: impl FnMut(PageRef, u64) -> bool,
+    ) -> Option<PageRef> {
         let mut compared = 0;
         let found = self
             .stable
@@ -799,18 +826,20 @@ impl SampleIndex {
         found.map(|i| self.page_ref(&self.stable, i))
     }
 
-    /// Indexes `page` as a stable (merged) page under `hash`, first
-    /// removing any entry the page already has in either set.
-    pub fn insert_stable(&mut self, hash: u32, page: PageRef) {
+    /// Indexes `page` as a stable (merged) page under `hash`, with the
+    /// full-content `fingerprint` it has now, first removing any entry the
+    /// page already has in either set.
+    pub fn insert_stable(&mut self, hash: u32, page: PageRef, fingerprint: u64) {
         self.remove_page(page);
         let slot = self.regions.acquire(page.region);
-        self.stable.insert(hash, slot, page.page);
+        self.stable.insert(hash, fingerprint, slot, page.page);
     }
 
-    /// Offers every unstable candidate with this hash to `same`; returns the
-    /// first verified twin and removes it from the unstable set (the caller
-    /// will insert the pair's representative into stable); if none, inserts
-    /// `page` into the unstable set and returns None.
+    /// Offers every unstable candidate with this hash, and its fingerprint,
+    /// to `same`; returns the first verified twin and removes it from the
+    /// unstable set (the caller will insert the pair's representative into
+    /// stable); if none, inserts `page` with its `fingerprint` into the
+    /// unstable set and returns None.
     ///
     /// Any entry `page` already has (in either set) is removed first, so a
     /// page is never offered to itself.
@@ -818,7 +847,8 @@ impl SampleIndex {
         &mut self,
         hash: u32,
         page: PageRef,
-        mut same: impl FnMut(PageRef) -> bool,
+        fingerprint: u64,
+        mut same: impl FnMut(PageRef, u64) -> bool,
     ) -> Option<PageRef> {
         self.remove_page(page);
         let mut compared = 0;
@@ -835,7 +865,7 @@ impl SampleIndex {
             }
             None => {
                 let slot = self.regions.acquire(page.region);
-                self.unstable.insert(hash, slot, page.page);
+                self.unstable.insert(hash, fingerprint, slot, page.page);
                 None
             }
         }
@@ -895,9 +925,10 @@ impl SampleIndex {
     }
 
     /// Re-keys the stable set after a strength change: `rekey(page,
-    /// old_hash)` returns the page's hash at the new strength, or `None` to
-    /// drop the entry. O(entries); each entry is offered exactly once.
-    pub fn rekey_stable(&mut self, rekey: impl FnMut(PageRef, u32) -> Option<u32>) {
+    /// old_hash)` returns the page's hash at the new strength and its
+    /// fingerprint as read now, or `None` to drop the entry. O(entries);
+    /// each entry is offered exactly once.
+    pub fn rekey_stable(&mut self, rekey: impl FnMut(PageRef, u32) -> Option<(u32, u64)>) {
         let (kept, dropped) = self.stable.rekey(&mut self.regions, rekey);
         *self.counters.rekeyed.get_mut() += kept;
         *self.counters.rekey_dropped.get_mut() += dropped;
@@ -1066,9 +1097,10 @@ mod tests {
     }
 
     #[test]
-    fn entry_is_20_bytes() {
-        assert_eq!(SampleIndex::ENTRY_BYTES, 20);
-        assert!(SampleIndex::ENTRY_BYTES < size_of::<PageRef>() + 8);
+    fn entry_is_28_bytes() {
+        assert_eq!(SampleIndex::ENTRY_BYTES, 28);
+        // Smaller than the naive layout: page, fingerprint, hash, links.
+        assert!(SampleIndex::ENTRY_BYTES < size_of::<(PageRef, u64, u32, u32, u32)>());
     }
 
     #[test]
@@ -1098,13 +1130,17 @@ mod tests {
         let mut ix = small(1);
         // Three distinct pages collide on hash 7; one page with hash 8.
         for (i, pg) in [p(1, 0), p(1, 1), p(2, 5)].into_iter().enumerate() {
-            assert_eq!(ix.find_or_insert_unstable(7, pg, |_| false), None, "{i}");
+            assert_eq!(
+                ix.find_or_insert_unstable(7, pg, 0, |_, _| false),
+                None,
+                "{i}"
+            );
         }
-        ix.find_or_insert_unstable(8, p(3, 3), |_| false);
+        ix.find_or_insert_unstable(8, p(3, 3), 0, |_, _| false);
         assert_eq!(ix.unstable_len(), 4);
         let before = ix.stats();
         let mut offered = Vec::new();
-        let twin = ix.find_or_insert_unstable(7, p(9, 9), |c| {
+        let twin = ix.find_or_insert_unstable(7, p(9, 9), 0, |c, _| {
             offered.push(c);
             c == p(1, 0)
         });
@@ -1123,29 +1159,32 @@ mod tests {
     #[test]
     fn a_hash_hit_alone_is_never_trusted() {
         let mut ix = small(1);
-        ix.insert_stable(42, p(1, 1));
-        assert_eq!(ix.find_stable(42, |_| false), None);
-        assert_eq!(ix.find_stable(42, |c| c == p(1, 1)), Some(p(1, 1)));
-        assert_eq!(ix.find_stable(43, |_| true), None);
+        ix.insert_stable(42, p(1, 1), 0);
+        assert_eq!(ix.find_stable(42, |_, _| false), None);
+        assert_eq!(ix.find_stable(42, |c, _| c == p(1, 1)), Some(p(1, 1)));
+        assert_eq!(ix.find_stable(43, |_, _| true), None);
         let s = ix.stats();
         assert_eq!((s.stable_compared, s.stable_collisions), (2, 1));
-        assert_eq!(ix.find_or_insert_unstable(42, p(2, 2), |_| false), None);
+        assert_eq!(
+            ix.find_or_insert_unstable(42, p(2, 2), 0, |_, _| false),
+            None
+        );
         assert_eq!(ix.lookup_page(p(2, 2)), Some((IndexSet::Unstable, 42)));
     }
 
     #[test]
     fn a_page_is_indexed_once_and_never_offered_to_itself() {
         let mut ix = small(1);
-        ix.find_or_insert_unstable(5, p(1, 1), |_| false);
+        ix.find_or_insert_unstable(5, p(1, 1), 0, |_, _| false);
         // Re-sampled with a new hash: the old entry goes.
         let mut offered = Vec::new();
-        ix.find_or_insert_unstable(5, p(1, 1), |c| {
+        ix.find_or_insert_unstable(5, p(1, 1), 0, |c, _| {
             offered.push(c);
             true
         });
         assert!(offered.is_empty());
         assert_eq!(ix.unstable_len(), 1);
-        ix.insert_stable(6, p(1, 1));
+        ix.insert_stable(6, p(1, 1), 0);
         assert_eq!(ix.lookup_page(p(1, 1)), Some((IndexSet::Stable, 6)));
         assert_eq!((ix.stable_len(), ix.unstable_len()), (1, 0));
         check_invariants(&ix);
@@ -1155,7 +1194,7 @@ mod tests {
     fn removing_from_the_middle_of_a_long_collision_chain_keeps_the_rest() {
         let mut ix = small(1);
         for page in 0..1000 {
-            ix.insert_stable(1, p(1, page));
+            ix.insert_stable(1, p(1, page), 0);
         }
         for page in (0..1000).step_by(3) {
             assert!(ix.remove_page(p(1, page)));
@@ -1163,7 +1202,7 @@ mod tests {
         assert!(!ix.remove_page(p(1, 0)));
         check_invariants(&ix);
         let mut offered = HashSet::new();
-        assert_eq!(ix.find_stable(1, |c| !offered.insert(c)), None);
+        assert_eq!(ix.find_stable(1, |c, _| !offered.insert(c)), None);
         let expected: HashSet<_> = (0..1000).filter(|x| x % 3 != 0).map(|x| p(1, x)).collect();
         assert_eq!(offered, expected);
     }
@@ -1172,9 +1211,9 @@ mod tests {
     fn remove_region_takes_only_that_region_from_both_sets() {
         let mut ix = small(1);
         for page in 0..50 {
-            ix.insert_stable(page % 7, p(1, page));
-            ix.find_or_insert_unstable(page % 5, p(2, page), |_| false);
-            ix.find_or_insert_unstable(page % 5, p(1, 100 + page), |_| false);
+            ix.insert_stable(page % 7, p(1, page), 0);
+            ix.find_or_insert_unstable(page % 5, p(2, page), 0, |_, _| false);
+            ix.find_or_insert_unstable(page % 5, p(1, 100 + page), 0, |_, _| false);
         }
         assert_eq!(ix.remove_region(RegionId(1)), 100);
         assert_eq!(ix.remove_region(RegionId(1)), 0);
@@ -1191,8 +1230,8 @@ mod tests {
     fn clear_unstable_keeps_stable_and_capacity() {
         let mut ix = small(1);
         for page in 0..500 {
-            ix.insert_stable(page, p(1, page));
-            ix.find_or_insert_unstable(page, p(2, page), |_| false);
+            ix.insert_stable(page, p(1, page), 0);
+            ix.find_or_insert_unstable(page, p(2, page), 0, |_, _| false);
         }
         let bytes = ix.heap_bytes();
         let unstable_bytes = ix.unstable.heap_bytes();
@@ -1204,11 +1243,37 @@ mod tests {
             "capacity kept for the next round"
         );
         assert!(ix.regions.lookup(RegionId(2)).is_none());
-        assert_eq!(ix.find_stable(3, |c| c == p(1, 3)), Some(p(1, 3)));
+        assert_eq!(ix.find_stable(3, |c, _| c == p(1, 3)), Some(p(1, 3)));
         check_invariants(&ix);
         ix.shrink_to_fit();
         assert!(ix.heap_bytes() < bytes, "shrink_to_fit returns capacity");
-        assert_eq!(ix.find_stable(3, |c| c == p(1, 3)), Some(p(1, 3)));
+        assert_eq!(ix.find_stable(3, |c, _| c == p(1, 3)), Some(p(1, 3)));
+        check_invariants(&ix);
+    }
+
+    #[test]
+    fn each_candidate_is_offered_with_the_fingerprint_it_was_indexed_with() {
+        let mut ix = small(1);
+        let big = 0xdead_beef_0123_4567_u64;
+        ix.insert_stable(9, p(1, 1), big);
+        ix.find_or_insert_unstable(9, p(2, 2), 0, |_, _| false);
+        ix.find_or_insert_unstable(9, p(2, 3), u64::MAX, |_, _| false);
+        let mut stable = Vec::new();
+        ix.find_stable(9, |c, f| {
+            stable.push((c, f));
+            false
+        });
+        assert_eq!(stable, vec![(p(1, 1), big)]);
+        let mut unstable = Vec::new();
+        let twin = ix.find_or_insert_unstable(9, p(3, 3), 7, |c, f| {
+            unstable.push((c, f));
+            f == 0
+        });
+        assert_eq!(unstable, vec![(p(2, 3), u64::MAX), (p(2, 2), 0)]);
+        assert_eq!(twin, Some(p(2, 2)));
+        // Re-inserting a page replaces its fingerprint.
+        ix.insert_stable(9, p(1, 1), 1);
+        assert_eq!(ix.find_stable(9, |_, f| f == 1), Some(p(1, 1)));
         check_invariants(&ix);
     }
 
@@ -1217,18 +1282,24 @@ mod tests {
         let mut ix = small(4);
         ix.set_tracked_pages(64); // 16 shards
         for page in 0..200 {
-            ix.insert_stable(page, p(1, page));
+            ix.insert_stable(page, p(1, page), 0);
         }
         let mut seen = Vec::new();
         ix.rekey_stable(|pg, old| {
             seen.push((pg, old));
             assert_eq!(pg.page, old);
-            (old % 10 != 0).then_some(old + 1000)
+            (old % 10 != 0).then_some((old + 1000, u64::from(old)))
         });
         assert_eq!(seen.len(), 200, "each entry offered once");
         assert_eq!(ix.stable_len(), 180);
-        assert_eq!(ix.find_stable(5, |_| true), None, "old key gone");
-        assert_eq!(ix.find_stable(1005, |c| c == p(1, 5)), Some(p(1, 5)));
+        assert_eq!(ix.find_stable(5, |_, _| true), None, "old key gone");
+        assert_eq!(ix.find_stable(1005, |c, _| c == p(1, 5)), Some(p(1, 5)));
+        let mut fp = None;
+        ix.find_stable(1005, |_, f| {
+            fp = Some(f);
+            false
+        });
+        assert_eq!(fp, Some(5), "rekey gives the entry its new fingerprint");
         assert_eq!(ix.lookup_page(p(1, 10)), None);
         let s = ix.stats();
         assert_eq!((s.rekeyed, s.rekey_dropped), (180, 20));
@@ -1239,12 +1310,12 @@ mod tests {
     fn resharding_keeps_every_entry_and_the_candidate_order() {
         let mut ix = small(10);
         for page in 0..300 {
-            ix.find_or_insert_unstable(page % 17, p(1, page), |_| false);
-            ix.insert_stable(page % 13, p(2, page));
+            ix.find_or_insert_unstable(page % 17, p(1, page), 0, |_, _| false);
+            ix.insert_stable(page % 13, p(2, page), 0);
         }
         let order = |ix: &SampleIndex, h: u32| {
             let mut v = Vec::new();
-            ix.find_stable(h, |c| {
+            ix.find_stable(h, |c, _| {
                 v.push(c);
                 false
             });
@@ -1272,13 +1343,13 @@ mod tests {
         let mut ix = small(1);
         ix.set_tracked_pages(256);
         for page in 0..2000 {
-            ix.insert_stable(page % 50, p(page as u64 % 7, page));
+            ix.insert_stable(page % 50, p(page as u64 % 7, page), 0);
         }
         for h in 0..50 {
             let s = ix.stable.shard_of(content_key(h));
             let in_shard = ix.stable.shards[s].len;
             let mut n = 0;
-            ix.find_stable(h, |_| {
+            ix.find_stable(h, |_, _| {
                 n += 1;
                 false
             });
@@ -1308,9 +1379,9 @@ mod tests {
             let r = rand();
             let page = p(u64::from(i / 4096), i % 4096);
             if r % 4 == 0 {
-                ix.insert_stable(r as u32 >> 2, page);
+                ix.insert_stable(r as u32 >> 2, page, 0);
             } else {
-                ix.find_or_insert_unstable(r as u32 >> 2, page, |_| false);
+                ix.find_or_insert_unstable(r as u32 >> 2, page, 0, |_, _| false);
             }
             let len = (i + 1) as usize;
             if len >= 4096 && len.is_multiple_of(97) {
@@ -1440,13 +1511,13 @@ mod tests {
                 match op {
                     Op::Track(t) => ix.set_tracked_pages(t),
                     Op::InsertStable(h, pg) => {
-                        ix.insert_stable(h, pg);
+                        ix.insert_stable(h, pg, 0);
                         model.retain(|e| e.2 != pg);
                         model.push((IndexSet::Stable, h, pg));
                     }
                     Op::FindStable(h, want) => {
                         let mut offered = Vec::new();
-                        let found = ix.find_stable(h, |c| { offered.push(c); content(c) == want });
+                        let found = ix.find_stable(h, |c, _| { offered.push(c); content(c) == want });
                         let cands: Vec<_> = model.iter()
                             .filter(|e| e.0 == IndexSet::Stable && e.1 == h).map(|e| e.2).collect();
                         check_lookup(&cands, &offered, found, want, ix.stats().since(&before), IndexSet::Stable);
@@ -1454,7 +1525,7 @@ mod tests {
                     Op::FindOrInsert(h, pg) => {
                         let mut offered = Vec::new();
                         let want = content(pg);
-                        let found = ix.find_or_insert_unstable(h, pg, |c| { offered.push(c); content(c) == want });
+                        let found = ix.find_or_insert_unstable(h, pg, 0, |c, _| { offered.push(c); content(c) == want });
                         model.retain(|e| e.2 != pg);
                         let cands: Vec<_> = model.iter()
                             .filter(|e| e.0 == IndexSet::Unstable && e.1 == h).map(|e| e.2).collect();
@@ -1484,7 +1555,7 @@ mod tests {
                             (!mixed.is_multiple_of(4)).then_some(h.wrapping_mul(seed | 1).wrapping_add(seed) % 8)
                         };
                         let mut calls = Vec::new();
-                        ix.rekey_stable(|pg, h| { calls.push((pg, h)); f(pg, h) });
+                        ix.rekey_stable(|pg, h| { calls.push((pg, h)); f(pg, h).map(|nh| (nh, 0)) });
                         let mut expected: Vec<_> = model.iter()
                             .filter(|e| e.0 == IndexSet::Stable).map(|e| (e.2, e.1)).collect();
                         calls.sort();

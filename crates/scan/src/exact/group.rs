@@ -58,8 +58,10 @@ const CACHE_AT_CREATION: usize = 1024;
 /// took 87 ns per cached page on this machine against 131 ns for
 /// xxhash-rust, whose SIMD is chosen at compile time (SSE2 for the default
 /// target); both give the same value.
+/// It is the daemon's page fingerprint, so the two agree on what "the
+/// same content" means.
 pub fn page_hash(page: &PageWords) -> u64 {
-    twox_hash::XxHash3_64::oneshot(bytemuck::bytes_of(page))
+    pagesift_core::pipeline::hash::fingerprint(page)
 }
 
 /// Where a page lives: its region (census numbering) and address.
