@@ -1861,11 +1861,13 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     }
 
     fn pace(&mut self, now: Nanos) -> f64 {
-        // Pages ksmd still has to look at: present pages of unsettled
-        // regions (at least one per region until its first pass ends).
+        // Pages waiting for ksmd: those of unsettled regions that a full
+        // scan covers (a region not yet counted through counts whole, so
+        // that a fresh promotion gets the full pace; at least one page per
+        // region). The pacer weighs them against the full scan below.
         let unmerged: u64 = (self.lives.values())
             .filter(|l| l.merging())
-            .map(|l| l.unmerged_now().max(1))
+            .map(|l| l.scan_pages().max(1))
             .sum();
         // And what one full scan of ksmd covers, as far as pagesift knows
         // (promoted and foreign regions; other processes' mergeable memory

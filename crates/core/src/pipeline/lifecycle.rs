@@ -287,15 +287,6 @@ impl Lifecycle {
         }
     }
 
-    /// Present pages not merged, as far as accounting knows.
-    pub fn unmerged_now(&self) -> u64 {
-        if self.passes == 0 {
-            self.pass.present
-        } else {
-            self.last.present
-        }
-    }
-
     /// What one ksmd full scan of it covers: all of it until a pass has
     /// counted it, then its unmerged present pages.
     pub fn scan_pages(&self) -> u64 {

@@ -67,7 +67,12 @@
 //!    governor's share is an upper bound. When the daemon says how many
 //!    pages one full scan covers ([`PacingDemand::scan_pages`]), the active
 //!    share is capped at what [`PacingConfig::active_scans_per_s`] full
-//!    scans a second cost at the estimated cost per page; a small set
+//!    scans a second cost at the estimated cost per page, in proportion
+//!    to the share of the scan that waits to be merged below
+//!    [`PacingConfig::full_pace_unmerged`] (half): every page marked
+//!    makes ksmd pass over everything merged before it twice, so a small
+//!    run beside a large merged set is worth fewer scans a second than a
+//!    fresh promotion; a small set
 //!    gets [`PacingConfig::quick_scans_per_s`] (four) as long as they cost
 //!    at most [`PacingConfig::quick_pages_per_s`] pages a second (a small
 //!    set is cheap to re-scan and should merge at once). A small run
@@ -116,6 +121,11 @@ pub struct PacingConfig {
     /// Full scans per second that the active share is capped at, when the
     /// demand says how many pages a full scan covers (0: no cap).
     pub active_scans_per_s: f64,
+    /// Share of a full scan that, waiting to be merged, earns the whole
+    /// [`active_scans_per_s`](Self::active_scans_per_s); less earns
+    /// proportionally fewer scans a second (never below the quick rate),
+    /// in (0, 1].
+    pub full_pace_unmerged: f64,
     /// Full scans per second of a small promoted set: as many as cost at
     /// most [`quick_pages_per_s`](Self::quick_pages_per_s) pages a second
     /// (a small set is cheap to re-scan, and merges at once).
@@ -168,6 +178,14 @@ impl Default for PacingConfig {
             // saving 278 and 267 MiB; with one it saved only 224 MiB
             // (2.36 CPU-s, 2026-11-25): marked regions waited.
             active_scans_per_s: 2.0,
+            // pagesift's choice: a set at least half unmerged is a fresh
+            // promotion and gets the full rate. A few small runs marked
+            // beside hundreds of MiB already merged get a rate in
+            // proportion: in the quick vm-boot experiment (2026-11-25),
+            // ksmd went on at about 1800 pages a batch for the last 12 s
+            // of the window, for 10 MiB more, because each new run restarts
+            // the two scans a second over everything merged before.
+            full_pace_unmerged: 0.5,
             // Small sets as before the cap fell to two scans: with two
             // alone, 4 readers' 12 k pages of freshly read file data (the
             // files experiment) merged to 90 % at 1.77 s instead of 0.99 s.
@@ -269,6 +287,12 @@ impl PacingConfig {
             if !(v.is_finite() && v >= 0.0) {
                 return err(key, format!("{v} is not a number ≥ 0"));
             }
+        }
+        if !(self.full_pace_unmerged > 0.0 && self.full_pace_unmerged <= 1.0) {
+            return err(
+                "full_pace_unmerged",
+                format!("{} is not in (0, 1]", self.full_pace_unmerged),
+            );
         }
         if !(self.active_scans_per_s.is_finite() && self.active_scans_per_s >= 0.0) {
             return err(
@@ -465,7 +489,10 @@ impl Pacer {
             d.target_share.min(self.config.max_share)
         };
         let (mode, share) = if d.unmerged_pages > 0 && wanted > 0.0 {
-            (PaceMode::Active, self.enough(wanted, d.scan_pages))
+            (
+                PaceMode::Active,
+                self.enough(wanted, d.scan_pages, d.unmerged_pages),
+            )
         } else if wanted > 0.0 {
             // A trickle never costs more than the active budget would.
             (PaceMode::Trickle, self.config.trickle_share.min(wanted))
@@ -484,16 +511,18 @@ impl Pacer {
     /// costs at the estimated cost per page (a page rate `r` at cost `c`
     /// keeps ksmd busy a fraction `r·c` of the time), never below the
     /// trickle. The rate is `active_scans_per_s` full scans of
-    /// `scan_pages` pages, or `quick_scans_per_s` of them up to
-    /// `quick_pages_per_s` pages a second if that is more.
-    fn enough(&self, wanted: f64, scan_pages: u64) -> f64 {
+    /// `scan_pages` pages, in proportion to the share of them that waits
+    /// (`unmerged`) up to `full_pace_unmerged`, or `quick_scans_per_s` of
+    /// them up to `quick_pages_per_s` pages a second if that is more.
+    fn enough(&self, wanted: f64, scan_pages: u64, unmerged: u64) -> f64 {
         let c = &self.config;
         if scan_pages == 0 || c.active_scans_per_s == 0.0 {
             return wanted;
         }
         let n = scan_pages as f64;
         let quick = (c.quick_scans_per_s * n).min(c.quick_pages_per_s);
-        let rate = (c.active_scans_per_s * n).max(quick);
+        let worth = (unmerged as f64 / (n * c.full_pace_unmerged)).min(1.0);
+        let rate = (c.active_scans_per_s * worth * n).max(quick);
         let needed = rate * self.cost_active * 1e-9;
         wanted.min(needed.max(c.trickle_share))
     }
@@ -747,9 +776,10 @@ mod tests {
     #[test]
     fn the_active_share_is_capped_at_a_few_full_scans_a_second() {
         let c = PacingConfig::default();
-        let demand = |scan_pages| PacingDemand {
+        // A fresh promotion: everything the scan covers waits.
+        let demand = |scan_pages: u64| PacingDemand {
             target_share: 0.95,
-            unmerged_pages: 10,
+            unmerged_pages: scan_pages.max(1),
             scan_pages,
         };
         let mut p = Pacer::new(c).unwrap();
@@ -791,6 +821,50 @@ mod tests {
     }
 
     #[test]
+    fn a_few_pages_waiting_beside_a_merged_set_get_fewer_scans_a_second() {
+        let c = PacingConfig::default();
+        let mut p = Pacer::new(c).unwrap();
+        let share = |p: &mut Pacer, unmerged_pages| {
+            p.start(PacingDemand {
+                target_share: 0.95,
+                unmerged_pages,
+                scan_pages: 400_000,
+            });
+            assert_eq!(p.mode(), PaceMode::Active);
+            p.target_share()
+        };
+        // Half or more of the scan waiting: two full scans a second,
+        // 800 000 pages at 3 µs, more than the governor's share.
+        assert_eq!(share(&mut p, 200_000), 0.95);
+        assert_eq!(share(&mut p, 400_000), 0.95);
+        // A tenth waiting: a fifth of the rate, 160 000 pages a second
+        // (48 %).
+        let tenth = share(&mut p, 40_000);
+        assert!((tenth - 0.48).abs() < 1e-9, "{tenth}");
+        // A few pages: the quick rate, 50 000 pages a second (15 %),
+        // never less.
+        for few in [4_000, 10, 1] {
+            let s = share(&mut p, few);
+            assert!((s - 0.15).abs() < 1e-9, "{few}: {s}");
+        }
+    }
+
+    #[test]
+    fn full_pace_unmerged_is_validated_by_name() {
+        for bad in [0.0, -0.5, 1.5, f64::NAN] {
+            let c = PacingConfig {
+                full_pace_unmerged: bad,
+                ..PacingConfig::default()
+            };
+            assert_eq!(
+                c.validate().unwrap_err().field,
+                "full_pace_unmerged",
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
     fn the_capped_share_follows_the_learnt_cost() {
         // ksmd really costs 1 µs a page (the pacer starts from 3 µs): 2 full
         // scans a second of 50 000 pages are 10 % of a core, and the loop
@@ -799,7 +873,7 @@ mod tests {
         let mut k = SimKsmd::new(1_000.0, 20_000.0);
         let d = PacingDemand {
             target_share: 0.95,
-            unmerged_pages: 10,
+            unmerged_pages: 50_000,
             scan_pages: 50_000,
         };
         p.start(d);
