@@ -126,7 +126,7 @@ use pagesift_core::pipeline::governor::{MAX_SLEEP, sleep_for_share};
 use pagesift_core::pipeline::lifecycle::{AccountRules, Lifecycles};
 pub use pagesift_core::pipeline::lifecycle::{MAX_HOLD, Mode, SETTLE_SCANS};
 use pagesift_core::pipeline::savings::{Breakdown, ProcessSavings, Savings, breakdown};
-use pagesift_core::pipeline::write_watch::{WriteRules, WriteVerdict, WriteWatch};
+use pagesift_core::pipeline::write_watch::{DupMap, WriteRules, WriteVerdict, WriteWatch};
 use pagesift_core::source::{PageState, SourceError};
 use pagesift_core::text::printable;
 use pagesift_core::{Nanos, RegionId};
@@ -181,6 +181,12 @@ pub const MIN_BREAKS_FOR_DEMOTION: u64 = 16;
 /// that runs found near each other mark overlapping ranges that join into
 /// one VMA instead of splitting it again and again. pagesift's choice.
 pub const RUN_ALIGN_PAGES: u64 = 16;
+/// Fewest unmerged duplicates (pages) a sweep must find in a settled
+/// promoted region to make ksmd merge it again at the active pace: fewer
+/// are left to the trickle. The n-th such remerge of a region waits 2^n
+/// sweep spacings after the last (at most 64). pagesift's choice (a
+/// 64-page run is 256 KiB).
+const REMERGE_MIN_PAGES: u32 = 64;
 /// Longest a region raised by the sweep waits for a write watch before it
 /// may be marked without one (the watch's capacity is bounded).
 const RAISED_WATCH_WAIT: Nanos = 5 * SEC;
@@ -188,9 +194,6 @@ const RAISED_WATCH_WAIT: Nanos = 5 * SEC;
 /// without being marked or held (its process was skipped, its watch kept
 /// saying "watching"): then it is sampled again like any top-level region.
 const RAISED_PARK_MAX: Nanos = 30 * SEC;
-/// Fewest present pages a region needs before the sweep's duplicate
-/// ratio raises it (fewer are too few to judge by).
-const SWEEP_MIN_PRESENT: u32 = 64;
 /// Most runs marked in one process per wake-up: bounds the VMA splits one
 /// wake can add (two per run at most) well below any split budget.
 pub const MAX_RUN_MARKS_PER_WAKE: usize = 16;
@@ -325,6 +328,14 @@ struct Book {
     /// Since when it is parked on the top level (raised by the sweep,
     /// waiting for its write watch's verdict): see [`RAISED_PARK_MAX`].
     parked_at: Option<Nanos>,
+    /// Its duplicate pages, as the last sweep epoch found them: its watch
+    /// counts the writes that land on them (core::pipeline::write_watch).
+    dups: Option<DupMap>,
+    /// Times a sweep found it settled with duplicates left and made ksmd
+    /// merge it again, and the earliest time it may do so again (see
+    /// [`REMERGE_MIN_PAGES`]).
+    sweep_remerges: u32,
+    sweep_remerge_after: Nanos,
 }
 
 impl Book {
@@ -348,14 +359,28 @@ impl Book {
             exclude: None,
             raised_at: None,
             parked_at: None,
+            dups: None,
+            sweep_remerges: 0,
+            sweep_remerge_after: 0,
         }
     }
 
     /// Its length changed (its lifecycle follows in `Lifecycles::track`).
     fn resized(&mut self) {
-        // Zones are offsets into the old span.
+        // Zones and duplicate maps are offsets into the old span.
         self.exclude = None;
         self.watch = None;
+        self.dups = None;
+    }
+
+    /// A watch of it armed at `now`, told where its duplicates are if a
+    /// sweep has said.
+    fn arm_watch(&mut self, now: Nanos) {
+        let mut w = WriteWatch::new(self.span.pages, now);
+        if let Some(m) = &self.dups {
+            w.locate(m.clone(), now);
+        }
+        self.watch = Some(w);
     }
 }
 
@@ -732,11 +757,16 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     fn sweep(&mut self, now: Nanos) {
         let (books, lives, allowed, managed) =
             (&self.books, &self.lives, &self.allowed, &self.self_managed);
-        let regions = || {
+        let regions = |filling: bool| {
             books
                 .iter()
                 .filter(|&(&id, b)| {
-                    lives.mode(id) == Some(Mode::Sampling)
+                    // Sampling regions; and, while memory fills (a guest
+                    // filling its RAM after its regions were marked),
+                    // promoted ones ksmd settled: new duplicates in them
+                    // would wait for the trickle.
+                    (lives.mode(id) == Some(Mode::Sampling)
+                        || (filling && lives.mode(id) == Some(Mode::Promoted)))
                         && !lives.is_hidden(id)
                         && allowed.contains_key(&b.span.proc.pid)
                         && !managed.contains(&b.span.proc.pid)
@@ -745,6 +775,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 .collect()
         };
         let min_run = self.config.actuate.run_min_pages.max(1);
+        self.sweeper.note_filled(self.target.filled_pages());
         let Some(findings) = self.sweeper.step(&mut self.target, now, min_run, regions) else {
             return;
         };
@@ -752,15 +783,52 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         self.sweep_runs.clear();
         let watching = self.config.actuate.write_tracking && self.config.ladder.v_cow < 1.0;
         let top = self.distiller.ladder().levels() - 1;
-        let (mut raised, mut runs) = (0u64, 0u64);
-        for f in findings {
-            if !self.books.contains_key(&f.region)
-                || self.lives.mode(f.region) != Some(Mode::Sampling)
-                || self.lives.is_hidden(f.region)
-            {
+        let (mut raised, mut runs, mut remerged) = (0u64, 0u64, 0u64);
+        for mut f in findings {
+            // Its watch, now or later, learns where its duplicates are.
+            if let Some(b) = self.books.get_mut(&f.region) {
+                let map = std::mem::take(&mut f.map);
+                if let Some(w) = &mut b.watch {
+                    w.locate(map.clone(), now);
+                }
+                b.dups = Some(map);
+            }
+            if !self.books.contains_key(&f.region) || self.lives.is_hidden(f.region) {
                 continue;
             }
-            if f.present >= SWEEP_MIN_PRESENT && self.distiller.raise(f.region, f.dup_ratio(), now)
+            if self.lives.mode(f.region) == Some(Mode::Promoted) {
+                // Settled, yet holding duplicates ksmd has not merged: a
+                // guest that went on filling its RAM after its regions
+                // were marked. ksmd's trickle would take minutes; the
+                // region merges again at the active pace.
+                let b = self.books.get_mut(&f.region).expect("checked above");
+                if f.unmerged_dups >= REMERGE_MIN_PAGES
+                    && now >= b.sweep_remerge_after
+                    && self.lives.remerge(f.region, self.ksm_now.full_scans, now)
+                {
+                    // Duplicates ksmd cannot merge (pinned pages, say)
+                    // would send it back every epoch: each time it waits
+                    // twice as long, up to 64 sweep spacings.
+                    b.sweep_remerges += 1;
+                    b.sweep_remerge_after =
+                        now + self.sweeper.min_epoch() * (1 << b.sweep_remerges.min(6));
+                    remerged += 1;
+                    self.counters.remerges += 1;
+                    info!(
+                        pid = b.span.proc.pid,
+                        start = b.span.start,
+                        pages = b.span.pages,
+                        unmerged_dups = f.unmerged_dups,
+                        "sweep: new duplicates in a merged region: merging it again"
+                    );
+                }
+                continue;
+            }
+            if self.lives.mode(f.region) != Some(Mode::Sampling) {
+                continue;
+            }
+            if f.present >= crate::sweep::MIN_PRESENT
+                && self.distiller.raise(f.region, f.dup_ratio(), now)
             {
                 raised += 1;
                 // Parked on the top level until its watch decides: top-level
@@ -796,7 +864,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 });
             }
         }
-        self.sweeper.fruitful(raised + runs > 0);
+        self.sweeper.fruitful(raised + runs + remerged > 0);
         self.sweeper.stats.raised += raised;
         self.sweeper.stats.runs += runs;
         info!(
@@ -805,6 +873,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             ns_per_page = self.sweeper.ns_per_page() as u64,
             raised,
             runs,
+            remerged,
             "sweep done"
         );
     }
@@ -1024,7 +1093,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     .written_runs(s.proc.pid, s.start, s.end())
                     .is_some()
                 {
-                    b.watch = Some(WriteWatch::new(s.pages, now));
+                    b.arm_watch(now);
                     // The watch takes over from the wait for one.
                     b.raised_at = None;
                 }
@@ -1359,14 +1428,34 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 WriteVerdict::Hot => {
                     // Out of the ladder while held (see `release_holds`).
                     self.lives.hold(id, now, self.config.actuate.write_hold_s);
+                    let w = b.watch.as_ref();
                     info!(
                         pid = b.span.proc.pid,
                         start = b.span.start,
+                        pages = b.span.pages,
+                        dup,
+                        writes = w.map_or(0, |w| w.writes()),
+                        on_duplicates = w.and_then(|w| w.writes_on_duplicates()),
+                        watched_s =
+                            w.map_or(0.0, |w| now.saturating_sub(w.since()) as f64 / SEC as f64),
                         "writes would break its merged pages: not promoted, held"
                     );
                     continue;
                 }
-                WriteVerdict::Watching => continue,
+                WriteVerdict::Watching => {
+                    // Watched long enough but waiting for the sweep's map
+                    // of its duplicates: parked, as a raised region is,
+                    // since top-level samples would only spend the top
+                    // level's share re-finding what got it here.
+                    let waiting = b
+                        .watch
+                        .as_ref()
+                        .is_some_and(|w| now >= w.since() + WRITE_WATCH_MIN);
+                    if waiting && b.parked_at.is_none() && self.distiller.park(id) {
+                        b.parked_at = Some(now);
+                    }
+                    continue;
+                }
                 WriteVerdict::Cold => None,
                 WriteVerdict::ColdExcept(zones) => Some(zones),
             };
@@ -1719,11 +1808,15 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                                 if let Some(b) = self.books.get(&id) {
                                     // Out of the ladder while held (see
                                     // `release_holds`).
+                                    let pass = self.lives[id].last_pass();
                                     self.lives.hold(id, now, self.config.actuate.demote_hold_s);
                                     summary.demoted.push(id);
                                     info!(
                                         pid,
                                         start = b.span.start,
+                                        pages = b.span.pages,
+                                        merged = pass.merged,
+                                        cow = pass.cow,
                                         "demoted: thrashing, unmarked"
                                     );
                                 }
@@ -2166,14 +2259,22 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
 
 /// The rules of the write verdict under `config` (see
 /// `core::pipeline::write_watch`): a pass is `actuate.recheck_s`, the floor the one
-/// accounting uses to unmark.
+/// accounting uses to unmark; a watch that the estimate would hold waits
+/// up to two sweep spacings for the sweep's duplicate map (none without a
+/// sweep).
 fn write_rules(config: &Config) -> WriteRules {
+    let sweeping = config.scan.sweep_share > 0.0;
     WriteRules {
         watch_min: WRITE_WATCH_MIN,
         pass: config.actuate.recheck_s * SEC,
         min_breaks: MIN_BREAKS_FOR_DEMOTION,
         align: RUN_ALIGN_PAGES as u32,
         v_cow: config.ladder.v_cow,
+        await_map: if sweeping {
+            2 * config.scan.sweep_every_s * SEC
+        } else {
+            0
+        },
         ..WriteRules::default()
     }
 }

@@ -15,8 +15,24 @@
 //! previous one began (a sweep of little memory would otherwise start over
 //! at once), or a multiple of it after epochs that found nothing new
 //! ([`Sweeper::fruitful`]). A region in which a sweep found no duplicate
-//! at all sits out the next 2, 4, … up to 64 epochs: distinct memory is
-//! hashed rarely, and the ladder's sampling keeps watching it meanwhile.
+//! left to merge sits out the next 2, 4, … up to 64 epochs: distinct (or
+//! merged) memory is hashed rarely, and the ladder's sampling keeps
+//! watching it meanwhile.
+//! One with fewer than [`MIN_PRESENT`] present pages does not: a guest's
+//! RAM is empty when the guest starts and was sent out for a minute
+//! before it had booted.
+//!
+//! An epoch also starts at once, spacing and back-off waived, when at
+//! least [`FILL_PAGES`] pages filled mappings that kept their size since
+//! the last one began ([`Sweeper::note_filled`], from `statm`, read with
+//! the check for changed processes): new memory is where new duplicates
+//! are, and a guest that boots fills hundreds of MiB of RAM that was
+//! mapped before it started. A process that maps new memory (a
+//! short-lived region) changes its size and counts nothing: that stays the
+//! ladder's, whose V_life skips memory that does not last. Such an epoch
+//! also walks the promoted regions ksmd has settled (the daemon lists
+//! them): a guest goes on filling RAM that was marked early, and the
+//! duplicates that appear there would otherwise wait for ksmd's trickle.
 //!
 //! ## What it touches
 //! Nothing is written: pages are read through the source's checked paths
@@ -44,6 +60,11 @@ pub const MAX_BACKOFF: u64 = 16;
 /// Most CPU time one wake-up gives the sweep, in ns, however long the
 /// sleep before it was.
 const MAX_SLICE_NS: f64 = 50e6;
+/// Pages that filled existing mappings since the last epoch began that
+/// start the next one at once (32 MiB: about two seconds of a booting
+/// guest, measured at 15–20 MiB/s in `pagesift bench --only vm-boot`).
+/// pagesift's choice.
+pub const FILL_PAGES: u64 = 8192;
 
 /// A region left out of the sweep: until the epoch `until`, after
 /// `streak` fruitless sweeps in a row.
@@ -57,6 +78,11 @@ struct Quiet {
 /// epochs, up to 2^this (64 epochs, minutes), so distinct memory is hashed
 /// rarely; the ladder's sampling goes on watching it meanwhile.
 pub const MAX_QUIET_SHIFT: u32 = 6;
+
+/// Fewest present pages a sweep needs to judge a region: fewer neither
+/// raise it (the daemon) nor send it out of the next epochs. pagesift's
+/// choice.
+pub const MIN_PRESENT: u32 = 64;
 
 /// Figures for status and metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -90,6 +116,10 @@ pub struct Sweeper {
     /// Regions whose last sweeps found no duplicate, skipped for a while.
     quiet: HashMap<RegionId, Quiet>,
     last_wake: Option<Nanos>,
+    /// The fill count ([`Sweeper::note_filled`]) now, and when the last
+    /// epoch began.
+    filled: u64,
+    filled_at_epoch: u64,
     ns_per_page: f64,
     states: Vec<PageState>,
     pages: Vec<PageRef>,
@@ -116,6 +146,8 @@ impl Sweeper {
             backoff: 1,
             quiet: HashMap::new(),
             last_wake: None,
+            filled: 0,
+            filled_at_epoch: 0,
             ns_per_page: INITIAL_NS_PER_PAGE,
             states: Vec::new(),
             pages: Vec::new(),
@@ -135,13 +167,30 @@ impl Sweeper {
         self.min_epoch = min_epoch;
     }
 
+    /// Pages that filled mappings which kept their size, counted since
+    /// the daemon started (`Target::filled_pages`). When
+    /// [`FILL_PAGES`] more than when the last epoch began (or the count's
+    /// first value) filled, the next epoch is due at once.
+    pub fn note_filled(&mut self, filled: u64) {
+        if self.filled == 0 && self.filled_at_epoch == 0 {
+            self.filled_at_epoch = filled;
+        }
+        self.filled = filled;
+        if self.epoch_started.is_none() && filled >= self.filled_at_epoch.saturating_add(FILL_PAGES)
+        {
+            self.next_epoch_at = 0;
+            self.backoff = 1;
+        }
+    }
+
     /// Measured CPU per walked page, in ns.
     pub fn ns_per_page(&self) -> f64 {
         self.ns_per_page
     }
 
     /// One wake-up's slice. `regions` lists the regions to sweep, asked
-    /// for only when an epoch starts. Returns the findings when this slice
+    /// for only when an epoch starts, and told whether memory filled
+    /// ([`FILL_PAGES`]) since the last one began. Returns the findings when this slice
     /// finished an epoch: each region's counts, and its duplicate runs of
     /// at least `min_run` pages joined over gaps of up to [`RUN_GAP`].
     pub fn step<T: Target>(
@@ -149,7 +198,7 @@ impl Sweeper {
         target: &mut T,
         now: Nanos,
         min_run: u32,
-        regions: impl FnOnce() -> Vec<RegionId>,
+        regions: impl FnOnce(bool) -> Vec<RegionId>,
     ) -> Option<Vec<RegionFinding>> {
         let since = now.saturating_sub(self.last_wake.unwrap_or(now));
         self.last_wake = Some(now);
@@ -162,13 +211,15 @@ impl Sweeper {
             None => {
                 let epoch = self.stats.epochs;
                 let quiet = &self.quiet;
-                self.queue = regions()
+                let filling = self.filled >= self.filled_at_epoch.saturating_add(FILL_PAGES);
+                self.queue = regions(filling)
                     .into_iter()
                     .filter(|id| quiet.get(id).is_none_or(|q| q.until <= epoch))
                     .collect();
                 self.cursor = None;
                 self.sweep = Sweep::new();
                 self.epoch_started = Some(now);
+                self.filled_at_epoch = self.filled;
                 now
             }
         };
@@ -218,7 +269,10 @@ impl Sweeper {
         let findings = std::mem::take(&mut self.sweep).finish(min_run, RUN_GAP);
         let epoch = self.stats.epochs;
         for f in &findings {
-            if f.dups > 0 {
+            // A region with (next to) nothing present says nothing about
+            // what it will hold: a guest's RAM is empty when its guest
+            // starts, and fills with duplicates while it boots.
+            if f.unmerged_dups > 0 || f.present < MIN_PRESENT {
                 self.quiet.remove(&f.region);
             } else {
                 let q = self.quiet.entry(f.region).or_default();
@@ -282,6 +336,38 @@ mod tests {
     use crate::sim::{SimTarget, distinct, world};
 
     #[test]
+    fn memory_that_fills_starts_an_epoch_at_once() {
+        let w = world();
+        let a = {
+            let mut m = w.borrow_mut();
+            m.spawn(40, "a", false);
+            m.map(40, &distinct(1_000, 1024), false)
+        };
+        let mut target = SimTarget(w.clone());
+        let spacing: Nanos = 5_000_000_000;
+        let mut s = Sweeper::new(1.0, spacing);
+        s.note_filled(100);
+        assert!(s.step(&mut target, 0, 1, |_| vec![a]).is_none());
+        // Less than FILL_PAGES: the spacing stands.
+        s.note_filled(100 + FILL_PAGES - 1);
+        assert!(s.step(&mut target, 100_000_000, 1, |_| vec![a]).is_none());
+        assert_eq!(s.stats.pages_walked, 0);
+        // FILL_PAGES since the count's first value: due now.
+        s.note_filled(100 + FILL_PAGES);
+        let mut now = 200_000_000;
+        let mut done = None;
+        while done.is_none() && now < spacing {
+            done = s.step(&mut target, now, 1, |_| vec![a]);
+            now += 100_000_000;
+        }
+        assert!(done.is_some(), "no epoch before the spacing");
+        // Counted again from that epoch's start: nothing new, not due.
+        s.fruitful(false);
+        assert!(s.step(&mut target, now, 1, |_| vec![a]).is_none());
+        assert_eq!(s.stats.epochs, 1);
+    }
+
+    #[test]
     fn the_first_epoch_waits_one_spacing_for_sampling() {
         let w = world();
         let a = {
@@ -294,7 +380,7 @@ mod tests {
         let mut s = Sweeper::new(1.0, spacing);
         let mut now = 0;
         while now < spacing {
-            assert!(s.step(&mut target, now, 1, || vec![a]).is_none());
+            assert!(s.step(&mut target, now, 1, |_| vec![a]).is_none());
             now += 100_000_000;
         }
         assert_eq!(
@@ -303,7 +389,7 @@ mod tests {
         );
         let mut done = None;
         while done.is_none() && now < 3 * spacing {
-            done = s.step(&mut target, now, 1, || vec![a]);
+            done = s.step(&mut target, now, 1, |_| vec![a]);
             now += 100_000_000;
         }
         assert!(done.is_some(), "no epoch ended");

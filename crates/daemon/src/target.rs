@@ -102,6 +102,14 @@ pub trait Target: MemorySource {
     fn ksm_stat(&self, _pid: u32) -> Option<ksm::ProcessKsmStat> {
         None
     }
+    /// Pages that joined the resident sets of the selected processes in
+    /// mappings that kept their size (a guest filling its RAM, a heap
+    /// growing in place, not a process mapping something new), counted
+    /// from start at each [`Target::processes_changed`]; monotonic. The
+    /// default counts none.
+    fn filled_pages(&self) -> u64 {
+        0
+    }
     /// Whether the process `key` names still lives as that process (its
     /// pid was not reused, it did not exec), selected or not, as of now:
     /// checked before every injection. The default knows the selected ones.
@@ -165,6 +173,12 @@ pub struct LinuxTarget {
     /// refresh: a change means it mapped or unmapped something, which the
     /// next check turns into a refresh (see [`Target::processes_changed`]).
     vm_pages: BTreeMap<u32, u64>,
+    /// Each selected process's `statm` at the last check, for
+    /// [`Target::filled_pages`].
+    statm: BTreeMap<u32, proc::Statm>,
+    /// Pages that joined the resident sets of selected processes whose
+    /// address space kept its size, since start.
+    filled: u64,
     max_map_count: u64,
     infos: Vec<PageInfo>,
     /// Injects the write tracker's userfaultfd calls.
@@ -187,6 +201,8 @@ impl LinuxTarget {
             pids: host::pids().unwrap_or_default(),
             procs: Vec::new(),
             vm_pages: BTreeMap::new(),
+            statm: BTreeMap::new(),
+            filled: 0,
             max_map_count: proc::max_map_count().unwrap_or(65_530),
             infos: Vec::new(),
             #[cfg(target_arch = "x86_64")]
@@ -245,9 +261,26 @@ impl LinuxTarget {
     }
 
     /// Whether a selected process's address space changed size since the
-    /// last refresh (one `statm` read each, about 2 µs measured).
-    fn mappings_changed(&self) -> bool {
-        (self.vm_pages.iter()).any(|(&pid, &seen)| proc::vm_pages(pid).is_ok_and(|n| n != seen))
+    /// last refresh (one `statm` read each, about 2 µs measured). The same
+    /// read counts the pages that filled mappings that kept their size
+    /// ([`Target::filled_pages`]).
+    fn mappings_changed(&mut self) -> bool {
+        let mut changed = false;
+        let mut now = BTreeMap::new();
+        for (&pid, &seen) in &self.vm_pages {
+            let Ok(m) = proc::statm(pid) else {
+                continue;
+            };
+            changed |= m.size != seen;
+            if let Some(before) = self.statm.get(&pid)
+                && before.size == m.size
+            {
+                self.filled += m.resident.saturating_sub(before.resident);
+            }
+            now.insert(pid, m);
+        }
+        self.statm = now;
+        changed
     }
 }
 
@@ -320,6 +353,10 @@ impl Target for LinuxTarget {
 
     fn processes(&self) -> Vec<ProcEntry> {
         self.procs.clone()
+    }
+
+    fn filled_pages(&self) -> u64 {
+        self.filled
     }
 
     fn discovery_skipped(&self) -> Vec<(u32, String)> {

@@ -154,12 +154,33 @@ pub fn map_count(pid: u32) -> Result<u64, LinuxError> {
 /// `brk` that changes the mapped size changes it. (A `munmap` and an
 /// `mmap` of the same size between two looks leave it unchanged.)
 pub fn vm_pages(pid: u32) -> Result<u64, LinuxError> {
+    statm(pid).map(|s| s.size)
+}
+
+/// The first two fields of `/proc/PID/statm`, in pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Statm {
+    /// The address space's size (`mm->total_vm`, see [`vm_pages`]).
+    pub size: u64,
+    /// Resident pages (file, anonymous and shmem RSS counters): read as
+    /// cheaply as the size, no page table walked.
+    pub resident: u64,
+}
+
+/// `/proc/PID/statm`'s size and resident set, one read.
+pub fn statm(pid: u32) -> Result<Statm, LinuxError> {
     let text = read_bytes(pid, "statm", PTRACE)?;
-    let first = text.split(|&b| b == b' ').next().unwrap_or_default();
-    std::str::from_utf8(first)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .ok_or_else(|| LinuxError::Parse(format!("/proc/{pid}/statm: no size in {text:?}")))
+    let mut fields = text.split(|&b| b == b' ').map(|f| {
+        std::str::from_utf8(f)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    });
+    match (fields.next().flatten(), fields.next().flatten()) {
+        (Some(size), Some(resident)) => Ok(Statm { size, resident }),
+        _ => Err(LinuxError::Parse(format!(
+            "/proc/{pid}/statm: no size and resident set in {text:?}"
+        ))),
+    }
 }
 
 /// `vm.max_map_count`: the most VMAs a process may have (65530 by default);
@@ -219,9 +240,25 @@ mod tests {
         // pages. Other tests' threads map and unmap meanwhile, far less
         // than the 64 MiB of slack allowed for them.
         let (len, slack) = (1u64 << 30, (64u64 << 20) / 4096);
-        let m = crate::sys::AnonMapping::new(len as usize, crate::sys::HugePages::Never).unwrap();
+        let mut m =
+            crate::sys::AnonMapping::new(len as usize, crate::sys::HugePages::Never).unwrap();
         let mapped = vm_pages(me).unwrap();
         assert!(mapped + slack >= before + len / 4096, "{before} → {mapped}");
+        // Touched, its pages join the resident set; the size stays.
+        let touched = (256u64 << 20) / 4096;
+        let rss = statm(me).unwrap();
+        for p in 0..touched {
+            m.as_mut_slice()[(p * 4096) as usize] = 1;
+        }
+        let filled = statm(me).unwrap();
+        assert!(
+            filled.resident + slack >= rss.resident + touched,
+            "{rss:?} → {filled:?}"
+        );
+        assert!(
+            filled.size.abs_diff(rss.size) < slack,
+            "{rss:?} → {filled:?}"
+        );
         drop(m);
         let after = vm_pages(me).unwrap();
         assert!(after + len / 4096 <= mapped + slack, "{mapped} → {after}");

@@ -27,6 +27,11 @@
 //! before it merges. Pages already merged (KSM or zero-page mappings) count
 //! as duplicates without being read.
 //!
+//! - every region's finding carries its duplicate pages as a [`DupMap`], so
+//!   that the write watch can tell writes that land on duplicates (they
+//!   would break merged pages) from writes beside them (they would not:
+//!   [`crate::pipeline::write_watch`]).
+//!
 //! ## Invariants
 //! `first` holds, per hash seen this epoch, the first location seen with
 //! it. A page's bit in its region's tally is set iff another observed page
@@ -36,26 +41,103 @@
 use crate::{PageRef, RegionId};
 use std::collections::{BTreeMap, HashMap};
 
+/// Which pages of a region an epoch found duplicated (or merged): a bit
+/// per page.
+///
+/// Invariant: `bits` covers exactly `pages` pages (`pages.div_ceil(64)`
+/// words), and no bit at or past `pages` is set.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DupMap {
+    pages: u32,
+    bits: Vec<u64>,
+}
+
+impl DupMap {
+    /// A map of `pages` pages, none of them duplicated.
+    pub fn new(pages: u32) -> DupMap {
+        DupMap {
+            pages,
+            bits: vec![0; pages.div_ceil(64) as usize],
+        }
+    }
+
+    /// Pages the map covers.
+    pub fn pages(&self) -> u32 {
+        self.pages
+    }
+
+    /// Marks `page` duplicated; returns whether it was not yet. Pages past
+    /// the end are ignored.
+    pub fn set(&mut self, page: u32) -> bool {
+        if page >= self.pages {
+            return false;
+        }
+        let (w, b) = ((page / 64) as usize, page % 64);
+        let new = self.bits[w] & (1 << b) == 0;
+        self.bits[w] |= 1 << b;
+        new
+    }
+
+    /// Whether `page` is duplicated (false past the end).
+    pub fn get(&self, page: u32) -> bool {
+        page < self.pages && self.bits[(page / 64) as usize] & (1 << (page % 64)) != 0
+    }
+
+    /// Duplicated pages in `[first, end)` (clipped to the map).
+    pub fn count_in(&self, first: u32, end: u32) -> u64 {
+        let end = end.min(self.pages);
+        if first >= end {
+            return 0;
+        }
+        let (fw, lw) = ((first / 64) as usize, ((end - 1) / 64) as usize);
+        let mut n = 0u64;
+        for w in fw..=lw {
+            let mut word = self.bits[w];
+            if w == fw {
+                word &= u64::MAX << (first % 64);
+            }
+            if w == lw && !end.is_multiple_of(64) {
+                word &= u64::MAX >> (64 - end % 64);
+            }
+            n += u64::from(word.count_ones());
+        }
+        n
+    }
+
+    /// Duplicated pages in all.
+    pub fn count(&self) -> u64 {
+        self.count_in(0, self.pages)
+    }
+}
+
 /// One region's tally.
 #[derive(Clone, Debug, Default)]
 struct Tally {
-    pages: u32,
     present: u32,
     dups: u32,
-    bits: Vec<u64>,
+    map: DupMap,
+    /// Pages observed present and not merged.
+    unmerged: DupMap,
 }
 
 impl Tally {
     fn set(&mut self, page: u32) {
-        let (w, b) = ((page / 64) as usize, page % 64);
-        if self.bits[w] & (1 << b) == 0 {
-            self.bits[w] |= 1 << b;
+        if self.map.set(page) {
             self.dups += 1;
         }
     }
 
+    /// Duplicates observed unmerged: what ksmd could still merge.
+    fn unmerged_dups(&self) -> u32 {
+        let mut n = 0;
+        for (a, b) in self.map.bits.iter().zip(&self.unmerged.bits) {
+            n += (a & b).count_ones();
+        }
+        n
+    }
+
     fn get(&self, page: u32) -> bool {
-        self.bits[(page / 64) as usize] & (1 << (page % 64)) != 0
+        self.map.get(page)
     }
 }
 
@@ -71,6 +153,11 @@ pub struct RegionFinding {
     /// Runs `[first, end)` of duplicate pages, joined over gaps of up to
     /// the `gap` given to [`Sweep::finish`], at least `min_run` long.
     pub runs: Vec<(u32, u32)>,
+    /// Every duplicate (or merged) page.
+    pub map: DupMap,
+    /// Of the duplicates, those observed present and not merged: what
+    /// ksmd could still merge (all of them in a region never marked).
+    pub unmerged_dups: u32,
 }
 
 impl RegionFinding {
@@ -107,8 +194,8 @@ impl Sweep {
         self.regions.insert(
             region,
             Tally {
-                pages,
-                bits: vec![0; pages.div_ceil(64) as usize],
+                map: DupMap::new(pages),
+                unmerged: DupMap::new(pages),
                 ..Tally::default()
             },
         );
@@ -120,7 +207,9 @@ impl Sweep {
         if !self.counts(page) {
             return;
         }
-        self.regions.get_mut(&page.region).expect("counted").present += 1;
+        let t = self.regions.get_mut(&page.region).expect("counted");
+        t.present += 1;
+        t.unmerged.set(page.page);
         match self.first.get(&hash) {
             None => {
                 self.first.insert(hash, page);
@@ -150,7 +239,7 @@ impl Sweep {
     fn counts(&self, page: PageRef) -> bool {
         self.regions
             .get(&page.region)
-            .is_some_and(|t| page.page < t.pages)
+            .is_some_and(|t| page.page < t.map.pages())
     }
 
     /// Ends the epoch: per region, its counts and its duplicate runs of at
@@ -160,14 +249,15 @@ impl Sweep {
             .into_iter()
             .map(|(region, t)| {
                 let mut runs: Vec<(u32, u32)> = Vec::new();
+                let pages = t.map.pages();
                 let mut p = 0;
-                while p < t.pages {
+                while p < pages {
                     if !t.get(p) {
                         p += 1;
                         continue;
                     }
                     let s = p;
-                    while p < t.pages && t.get(p) {
+                    while p < pages && t.get(p) {
                         p += 1;
                     }
                     match runs.last_mut() {
@@ -181,6 +271,8 @@ impl Sweep {
                     present: t.present,
                     dups: t.dups,
                     runs,
+                    unmerged_dups: t.unmerged_dups(),
+                    map: t.map,
                 }
             })
             .collect()
@@ -249,6 +341,24 @@ mod tests {
     }
 
     proptest! {
+        /// `count_in` counts exactly the set pages of any range, clipped.
+        #[test]
+        fn count_in_counts_the_set_pages(
+            pages in 0u32..400,
+            set in proptest::collection::vec(0u32..420, 0..120),
+            first in 0u32..420,
+            len in 0u32..420,
+        ) {
+            let mut m = DupMap::new(pages);
+            for &p in &set {
+                m.set(p);
+            }
+            let end = first.saturating_add(len);
+            let want = (first..end.min(pages)).filter(|&p| set.contains(&p)).count() as u64;
+            prop_assert_eq!(m.count_in(first, end), want);
+            prop_assert!(m.count() <= u64::from(pages));
+        }
+
         /// A page is a duplicate iff some other observed page has its hash
         /// (or it is merged), and the counts agree with the runs.
         #[test]
@@ -282,6 +392,14 @@ mod tests {
             }
             prop_assert_eq!(&got, &want);
             prop_assert_eq!(f[0].dups as usize, want.iter().filter(|&&d| d).count());
+            for (p, &w) in want.iter().enumerate() {
+                prop_assert_eq!(f[0].map.get(p as u32), w);
+            }
+            prop_assert_eq!(f[0].map.count(), u64::from(f[0].dups));
+            let unmerged = hashes.iter().enumerate()
+                .filter(|&(p, h)| matches!(h, Some(h) if !merged[p] && count[h] > 1))
+                .count();
+            prop_assert_eq!(f[0].unmerged_dups as usize, unmerged);
             prop_assert_eq!(f[0].present as usize, hashes.iter().filter(|h| h.is_some()).count());
         }
     }

@@ -18,12 +18,18 @@
 //! next to the pages it is filling. Counting writes against the whole
 //! region held all of it for the writes of a few MiB. So the watch keeps
 //! *where* the writes landed, as a short sorted list of zones (written
-//! pages, joined when closer than `zone_gap` pages), and the verdict is:
+//! pages, joined when closer than `zone_gap` pages), and, once the exact
+//! sweep has said which pages are duplicates ([`WriteWatch::locate`], a
+//! [`DupMap`]), how many writes landed on a duplicate. Only those break a
+//! merged page: a write to a page with no twin changes nothing ksmd would
+//! merge. Without a map, the writes on duplicates are estimated as the
+//! writes times the region's duplicate share (`dup`), as if writes fell
+//! anywhere. The verdict:
 //!
 //! 1. watched for less than `watch_min`: **Watching** (too early to say);
 //! 2. the breaks one accounting pass (`pass`) would see if the whole
-//!    region were merged (writes × the region's duplicate share × pass /
-//!    watched time) are below `min_breaks`: **Cold**, mark it all;
+//!    region were merged (the writes on duplicates × pass / watched time)
+//!    are below `min_breaks`: **Cold**, mark it all;
 //! 3. else, if the writes fell into at most `max_zones` zones covering at
 //!    most `max_zone_share` of the region: a zone still spreading (it
 //!    covers more than a quarter beyond what it covered at half the watch)
@@ -34,10 +40,24 @@
 //!    regions of their own once the marks split the VMA);
 //! 4. else the writes are scattered (a guest's page allocator, say):
 //!    **Hot** if the predicted breaks per pass exceed V_cow of the region's
-//!    duplicates (`v_cow × dup × pages`), the same ratio accounting
+//!    duplicates (`v_cow × dup × pages`, or V_cow of the map's duplicates),
+//!    the same ratio accounting
 //!    demotes a merged region at; otherwise **Cold**: merging saves more
 //!    than the writes undo, and accounting backs out after the fact if
-//!    they outgrow it.
+//!    they outgrow it;
+//! 5. a **Hot** verdict from the estimate alone, while the watch is younger
+//!    than `await_map`, is **Watching** instead: the map is due within a
+//!    sweep epoch or two, and the estimate errs towards holding. (Cold and
+//!    ColdExcept need no map: they mark at once, as before it.)
+//!
+//! The map makes step 2 exact where the estimate was not. Three booting
+//! guests (`pagesift bench --quick --only vm-boot`, 2026-11-26) wrote all
+//! over their RAM, on pages that are mostly not duplicates: counted as
+//! writes × the duplicate share, about 20 of their 64 MiB regions were
+//! held a run, and the run saved 218–282 MiB where the kernel's KSM saved
+//! 290–306; with no watch at all the same experiment saved 302 MiB at 964
+//! COW breaks, the kernel's KSM about 9 500. A writer that rewrites
+//! duplicates (UKSM §8.1.2) writes nothing but duplicates and stays hot.
 //!
 //! The spreading test tells a buffer rewritten in place (its zone is as
 //! wide after a quarter second as after a second) from a writer sweeping
@@ -53,11 +73,15 @@
 //!   Hot), which bounds memory per watched region;
 //! - `history` holds (time, pages covered by the zones) at checkpoints in
 //!   time order, at most [`MAX_CHECKPOINTS`] of them (every other one is
-//!   dropped when full, so they stay spread over the whole watch).
+//!   dropped when full, so they stay spread over the whole watch);
+//! - once located, `located.on_dups` counts exactly the written pages
+//!   (each read) that the map in force when they were recorded calls
+//!   duplicates, since `located.since`; the map covers the region's pages.
 //!
 //! Pure: time is passed in.
 
 use crate::Nanos;
+pub use crate::pipeline::sweep::DupMap;
 
 /// Zones kept per watch before it is called diffuse. pagesift's choice: far
 /// more than any verdict uses, few enough to cost nothing.
@@ -92,6 +116,10 @@ pub struct WriteRules {
     /// V_cow: the share of a region's duplicates that scattered writes may
     /// break per pass before the region counts as hot.
     pub v_cow: f64,
+    /// How long a watch whose writes the estimate calls not cold waits
+    /// for a duplicate map (and then `watch_min` of writes counted on it)
+    /// before the estimate judges it (0: never waits).
+    pub await_map: Nanos,
 }
 
 impl Default for WriteRules {
@@ -105,6 +133,7 @@ impl Default for WriteRules {
             max_zones: 4,
             max_zone_share: 0.5,
             v_cow: 0.5,
+            await_map: 0,
         }
     }
 }
@@ -124,6 +153,15 @@ pub enum WriteVerdict {
     Hot,
 }
 
+/// Where a region's duplicates are, and the writes that landed on them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Located {
+    map: DupMap,
+    /// When the first map arrived: writes on duplicates are counted since.
+    since: Nanos,
+    on_dups: u64,
+}
+
 /// The writes of one region since it began to be watched.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WriteWatch {
@@ -133,6 +171,7 @@ pub struct WriteWatch {
     zones: Vec<(u32, u32)>,
     diffuse: bool,
     history: Vec<(Nanos, u64)>,
+    located: Option<Located>,
 }
 
 impl WriteWatch {
@@ -145,7 +184,36 @@ impl WriteWatch {
             zones: Vec::new(),
             diffuse: false,
             history: Vec::new(),
+            located: None,
         }
+    }
+
+    /// Tells the watch where the region's duplicates are (the exact
+    /// sweep's last word, `map` over the region's pages; a map of another
+    /// size is ignored). From now on the writes landing on duplicates are
+    /// counted, and they, not the writes times the duplicate share, decide
+    /// the verdict once they have been counted for `watch_min`. A later
+    /// map replaces the earlier one; the count goes on.
+    pub fn locate(&mut self, map: DupMap, now: Nanos) {
+        if map.pages() != self.pages {
+            return;
+        }
+        match &mut self.located {
+            Some(l) => l.map = map,
+            None => {
+                self.located = Some(Located {
+                    map,
+                    since: now,
+                    on_dups: 0,
+                });
+            }
+        }
+    }
+
+    /// Writes counted on known duplicates since the first map (`None`
+    /// before one).
+    pub fn writes_on_duplicates(&self) -> Option<u64> {
+        self.located.as_ref().map(|l| l.on_dups)
     }
 
     /// Pages the zones cover now.
@@ -209,6 +277,9 @@ impl WriteWatch {
             return;
         }
         self.writes += u64::from(end - first);
+        if let Some(l) = &mut self.located {
+            l.on_dups += l.map.count_in(first, end);
+        }
         if self.diffuse {
             return;
         }
@@ -236,16 +307,50 @@ impl WriteWatch {
         if watched < rules.watch_min {
             return WriteVerdict::Watching;
         }
-        let per_pass = self.writes as f64 * dup * rules.pass as f64 / watched.max(1) as f64;
+        let per_pass_of =
+            |writes: f64, over: Nanos| writes * rules.pass as f64 / over.max(1) as f64;
+        // The breaks a pass would see, and the duplicates they are weighed
+        // against: counted where the map is known long enough, estimated
+        // from the duplicate share otherwise.
+        let (per_pass, dups, counted) = match &self.located {
+            Some(l) if now.saturating_sub(l.since) >= rules.watch_min => (
+                per_pass_of(l.on_dups as f64, now.saturating_sub(l.since)),
+                l.map.count() as f64,
+                true,
+            ),
+            _ => (
+                per_pass_of(self.writes as f64 * dup, watched),
+                dup * f64::from(self.pages),
+                false,
+            ),
+        };
         if per_pass < rules.min_breaks as f64 {
             return WriteVerdict::Cold;
         }
+        let verdict = self.judge_writes(per_pass, dups, now, rules);
+        // The estimate alone would keep it from merging: wait a while for
+        // the map that tells whether the writes land on its duplicates.
+        if verdict == WriteVerdict::Hot && !counted && watched < rules.await_map {
+            return WriteVerdict::Watching;
+        }
+        verdict
+    }
+
+    /// Steps 3 and 4 of the verdict, for writes that would break
+    /// `per_pass` merged pages a pass of a region with `dups` duplicates.
+    fn judge_writes(
+        &self,
+        per_pass: f64,
+        dups: f64,
+        now: Nanos,
+        rules: &WriteRules,
+    ) -> WriteVerdict {
         // Scattered writes: hot only if a pass would break more than V_cow
         // of the region's duplicates; below that, merging saves more than
         // the writes undo, and accounting demotes the region after the
         // fact if its breaks outgrow its merges.
         let scattered = |per_pass: f64| {
-            if per_pass > rules.v_cow * dup * f64::from(self.pages) {
+            if per_pass > rules.v_cow * dups {
                 WriteVerdict::Hot
             } else {
                 WriteVerdict::Cold
@@ -372,6 +477,123 @@ mod tests {
         assert_eq!(
             w.verdict(1.0, S, &rules()),
             WriteVerdict::ColdExcept(vec![(992, 1024)])
+        );
+    }
+
+    /// A map of `pages` pages whose pages `dups` are duplicated.
+    fn map(pages: u32, dups: impl IntoIterator<Item = u32>) -> DupMap {
+        let mut m = DupMap::new(pages);
+        for p in dups {
+            m.set(p);
+        }
+        m
+    }
+
+    #[test]
+    fn writes_beside_the_duplicates_break_nothing() {
+        // A guest's RAM: its first half duplicates (kernel text, files
+        // read by every guest), its allocator writing 200 pages a second
+        // all over the second half. Estimated from the duplicate share
+        // the writes are hot; located, none lands on a duplicate.
+        let writes = |w: &mut WriteWatch| {
+            for i in 0..400u32 {
+                let p = 8192 + i.wrapping_mul(2_654_435_761) % 8192;
+                w.record(p, p + 1, 64);
+            }
+        };
+        let mut w = WriteWatch::new(16_384, 0);
+        writes(&mut w);
+        assert_eq!(w.verdict(0.5, S, &rules()), WriteVerdict::Hot);
+        let mut w = WriteWatch::new(16_384, 0);
+        w.locate(map(16_384, 0..8192), 0);
+        writes(&mut w);
+        assert_eq!(w.writes_on_duplicates(), Some(0));
+        assert_eq!(w.verdict(0.5, S, &rules()), WriteVerdict::Cold);
+        // The same writes landing on the duplicates are hot again.
+        let mut w = WriteWatch::new(16_384, 0);
+        w.locate(map(16_384, 8192..16_384), 0);
+        writes(&mut w);
+        assert_eq!(w.writes_on_duplicates(), Some(400));
+        assert_eq!(w.verdict(0.5, S, &rules()), WriteVerdict::Hot);
+    }
+
+    #[test]
+    fn a_sweeping_writer_of_duplicates_stays_hot_once_located() {
+        // UKSM §8.1.2 again, every page a duplicate.
+        let mut w = WriteWatch::new(16_384, 0);
+        w.locate(map(16_384, 0..16_384), 0);
+        for i in 0..100u32 {
+            w.record(1000 + i, 1001 + i, 64);
+            if i % 25 == 24 {
+                w.checkpoint(Nanos::from(i + 1) * S / 100);
+            }
+        }
+        assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Hot);
+        // Sweeping pages that have no twin: nothing to break.
+        let mut w = WriteWatch::new(16_384, 0);
+        w.locate(map(16_384, 4096..16_384), 0);
+        for i in 0..100u32 {
+            w.record(1000 + i, 1001 + i, 64);
+            if i % 25 == 24 {
+                w.checkpoint(Nanos::from(i + 1) * S / 100);
+            }
+        }
+        assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Cold);
+    }
+
+    #[test]
+    fn a_map_counts_only_from_its_arrival_and_only_when_it_fits() {
+        let mut w = WriteWatch::new(1000, 0);
+        // Of another size (the region changed): ignored.
+        w.locate(map(999, 0..999), 0);
+        assert_eq!(w.writes_on_duplicates(), None);
+        w.record(0, 600, 64);
+        // Located after the writes: they are not counted as on duplicates,
+        // and the estimate decides until the map is watch_min old.
+        w.locate(map(1000, 0..1000), S / 2);
+        assert_eq!(w.writes_on_duplicates(), Some(0));
+        assert_eq!(w.verdict(1.0, S / 2 + S / 4, &rules()), WriteVerdict::Hot);
+        assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Cold);
+        // A new map replaces the old one; the count goes on.
+        w.record(0, 10, 64);
+        w.locate(map(1000, 500..1000), S);
+        w.record(0, 10, 64);
+        w.record(600, 610, 64);
+        assert_eq!(w.writes_on_duplicates(), Some(20));
+    }
+
+    #[test]
+    fn an_estimate_that_would_hold_waits_for_the_map() {
+        let r = WriteRules {
+            await_map: 4 * S,
+            ..rules()
+        };
+        let mut w = WriteWatch::new(1000, 0);
+        w.record(0, 600, 64);
+        assert_eq!(w.verdict(1.0, S, &r), WriteVerdict::Watching);
+        // No map in time: the estimate decides.
+        assert_eq!(w.verdict(1.0, 4 * S, &r), WriteVerdict::Hot);
+        // A map that arrived meanwhile decides once it is watch_min old.
+        let mut w = WriteWatch::new(1000, 0);
+        w.record(0, 600, 64);
+        w.locate(map(1000, 900..1000), S);
+        assert_eq!(w.verdict(1.0, S + S / 4, &r), WriteVerdict::Watching);
+        assert_eq!(w.verdict(1.0, 2 * S, &r), WriteVerdict::Cold);
+        // Cold by the estimate needs no map, nor does a buffer rewritten
+        // in place (an interpreter's private bytearray): marked around.
+        let w = WriteWatch::new(1000, 0);
+        assert_eq!(w.verdict(1.0, S, &r), WriteVerdict::Cold);
+        let mut w = WriteWatch::new(16_384, 0);
+        for i in 0..200u32 {
+            let p = 12_300 + (i * 7) % 100;
+            w.record(p, p + 1, 64);
+            if i % 50 == 49 {
+                w.checkpoint(Nanos::from(i + 1) * S / 200);
+            }
+        }
+        assert_eq!(
+            w.verdict(0.75, S, &r),
+            WriteVerdict::ColdExcept(vec![(12_288, 12_400)])
         );
     }
 
