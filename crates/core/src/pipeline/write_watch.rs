@@ -28,29 +28,30 @@
 //!
 //! 1. watched for less than `watch_min`: **Watching** (too early to say);
 //! 2. the breaks one accounting pass (`pass`) would see if the whole
-//!    region were merged (the writes on duplicates × pass / watched time)
-//!    are below `min_breaks`: **Cold**, mark it all;
+//!    region were merged, estimated (writes × duplicate share × pass /
+//!    watched time), are below `min_breaks`: **Cold**, mark it all;
 //! 3. else, if the writes fell into at most `max_zones` zones covering at
-//!    most `max_zone_share` of the region: a zone still spreading (it
-//!    covers more than a quarter beyond what it covered at half the watch)
-//!    is a writer sweeping the region, **Hot**; zones that stopped
-//!    spreading give **ColdExcept** those zones
-//!    (widened to `align` pages): mark the rest, which no write touched
-//!    while it was watched, and leave the zones to the ladder (they become
-//!    regions of their own once the marks split the VMA);
+//!    most `max_zone_share` of the region: zones that stopped spreading
+//!    give **ColdExcept** those zones (widened to `align` pages): mark the
+//!    rest, which no write touched while it was watched, and leave the
+//!    zones to the ladder (they become regions of their own once the
+//!    marks split the VMA); a zone still spreading (it covers more than a
+//!    quarter beyond what it covered at half the watch) is a writer
+//!    sweeping the region, **Hot** if its breaks reach `min_breaks`;
 //! 4. else the writes are scattered (a guest's page allocator, say):
-//!    **Hot** if the predicted breaks per pass exceed V_cow of the region's
-//!    duplicates (`v_cow × dup × pages`, or V_cow of the map's duplicates),
-//!    the same ratio accounting
-//!    demotes a merged region at; otherwise **Cold**: merging saves more
-//!    than the writes undo, and accounting backs out after the fact if
-//!    they outgrow it;
+//!    **Hot** if the breaks per pass reach `min_breaks` and exceed V_cow of
+//!    the region's duplicates, the same ratio accounting demotes a merged
+//!    region at; otherwise **Cold**: merging saves more than the writes
+//!    undo, and accounting backs out after the fact if they outgrow it.
+//!    In steps 3 and 4 the breaks are the writes counted on the map's
+//!    duplicates (and the duplicates the map's) once the map has been in
+//!    force for `watch_min`, the estimate before;
 //! 5. a **Hot** verdict from the estimate alone, while the watch is younger
 //!    than `await_map`, is **Watching** instead: the map is due within a
 //!    sweep epoch or two, and the estimate errs towards holding. (Cold and
-//!    ColdExcept need no map: they mark at once, as before it.)
+//!    ColdExcept need no map: they mark at once.)
 //!
-//! The map makes step 2 exact where the estimate was not. Three booting
+//! The map makes steps 3 and 4 exact where the estimate was not. Three booting
 //! guests (`pagesift bench --quick --only vm-boot`, 2026-11-26) wrote all
 //! over their RAM, on pages that are mostly not duplicates: counted as
 //! writes × the duplicate share, about 20 of their 64 MiB regions were
@@ -309,6 +310,11 @@ impl WriteWatch {
         }
         let per_pass_of =
             |writes: f64, over: Nanos| writes * rules.pass as f64 / over.max(1) as f64;
+        // Few writes at all: nothing to fear, whatever they land on.
+        let estimate = per_pass_of(self.writes as f64 * dup, watched);
+        if estimate < rules.min_breaks as f64 {
+            return WriteVerdict::Cold;
+        }
         // The breaks a pass would see, and the duplicates they are weighed
         // against: counted where the map is known long enough, estimated
         // from the duplicate share otherwise.
@@ -318,15 +324,8 @@ impl WriteWatch {
                 l.map.count() as f64,
                 true,
             ),
-            _ => (
-                per_pass_of(self.writes as f64 * dup, watched),
-                dup * f64::from(self.pages),
-                false,
-            ),
+            _ => (estimate, dup * f64::from(self.pages), false),
         };
-        if per_pass < rules.min_breaks as f64 {
-            return WriteVerdict::Cold;
-        }
         let verdict = self.judge_writes(per_pass, dups, now, rules);
         // The estimate alone would keep it from merging: wait a while for
         // the map that tells whether the writes land on its duplicates.
@@ -349,8 +348,9 @@ impl WriteWatch {
         // of the region's duplicates; below that, merging saves more than
         // the writes undo, and accounting demotes the region after the
         // fact if its breaks outgrow its merges.
+        let breaks = per_pass >= rules.min_breaks as f64;
         let scattered = |per_pass: f64| {
-            if per_pass > rules.v_cow * dups {
+            if breaks && per_pass > rules.v_cow * dups {
                 WriteVerdict::Hot
             } else {
                 WriteVerdict::Cold
@@ -375,6 +375,8 @@ impl WriteWatch {
         }
         match self.spreading(now) {
             None => WriteVerdict::Watching,
+            // A writer sweeping pages that have no twin breaks nothing.
+            Some(true) if !breaks => WriteVerdict::Cold,
             Some(true) => WriteVerdict::Hot,
             Some(false) => WriteVerdict::ColdExcept(widened),
         }
@@ -539,6 +541,27 @@ mod tests {
             }
         }
         assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Cold);
+    }
+
+    #[test]
+    fn a_buffer_rewritten_in_place_is_marked_around_even_beside_duplicates() {
+        // The interpreter again, its duplicate block known: the writes land
+        // on none of it, but the buffer they rewrite is still left out, so
+        // ksmd is not handed pages that change under it.
+        let mut w = WriteWatch::new(16_384, 0);
+        w.locate(map(16_384, 0..12_288), 0);
+        for i in 0..200u32 {
+            let p = 12_300 + (i * 7) % 100;
+            w.record(p, p + 1, 64);
+            if i % 50 == 49 {
+                w.checkpoint(Nanos::from(i + 1) * S / 200);
+            }
+        }
+        assert_eq!(w.writes_on_duplicates(), Some(0));
+        assert_eq!(
+            w.verdict(0.75, S, &rules()),
+            WriteVerdict::ColdExcept(vec![(12_288, 12_400)])
+        );
     }
 
     #[test]
