@@ -45,12 +45,13 @@
 //! it instead of finishing a useless one.
 //!
 //! At the end of each pass a promoted region is flagged for demotion when
-//! its COW-broken ratio is above V_cow: breaks in this pass over the larger
+//! its COW-broken ratio is above V_cow in [`THRASHING_PASSES`] passes in a
+//! row: breaks in a pass over the larger
 //! of the pages newly seen merged in it and the pages merged at the end of
 //! the previous pass (UKSM's `cal_dedup_ratio` has the first alone, which
-//! calls any region with steady churn thrashing). It needs two passes, at
-//! least `min_merged` pages merged before and `min_breaks` breaks; V_cow =
-//! 100 % turns demotion off. The caller unmarks a flagged region, then
+//! calls any region with steady churn thrashing). Each such pass needs a
+//! pass before it, at least `min_merged` pages merged before and
+//! `min_breaks` breaks; V_cow = 100 % turns demotion off. The caller unmarks a flagged region, then
 //! [`hold`](Lifecycles::hold)s it.
 //!
 //! ## Invariants (kept by [`Lifecycles`], property-tested below)
@@ -84,6 +85,16 @@ pub const SETTLE_SCANS: u64 = 3;
 
 /// Longest hold of a region.
 pub const MAX_HOLD: Nanos = 3600 * SEC;
+
+/// Passes in a row above V_cow that flag a promoted region for demotion.
+/// One is a burst: a booting guest rewrote all 2 512 merged pages of a
+/// 64 MiB region of its RAM within a pass, once (`pagesift bench --quick
+/// --only vm-boot`, 2026-11-26, in two runs of five), and the region, held
+/// for `actuate.demote_hold_s`, left about 60 MiB unmerged for the rest
+/// of the window. Pages rewritten with new content are no duplicates and
+/// are not merged again; only a region whose pages merge and break again
+/// thrashes in the next pass too. pagesift's choice.
+pub const THRASHING_PASSES: u32 = 2;
 
 /// The `n`-th hold of a region (`n` ≥ 1): `base_s` seconds, doubling with
 /// each hold, at most [`MAX_HOLD`].
@@ -178,6 +189,8 @@ pub struct Lifecycle {
     /// When ksmd got it (marked, or first seen mergeable).
     merging_since: Nanos,
     cow_total: u64,
+    /// Passes in a row whose breaks were above V_cow.
+    thrashing_passes: u32,
     pages: u32,
     /// A bit per page: seen merged by the last look at it.
     seen_merged: Vec<u64>,
@@ -199,6 +212,7 @@ impl Lifecycle {
             marked_scan: 0,
             merging_since: now,
             cow_total: 0,
+            thrashing_passes: 0,
             pages,
             seen_merged: vec![0; (pages as usize).div_ceil(64)],
             cursor: 0,
@@ -416,12 +430,18 @@ impl Lifecycle {
                 || self.pass_started_scan >= self.settle_scan(rules.settle_scans));
         self.settled |= settled;
         self.pass_started_scan = full_scans;
-        let demote = self.mode == Mode::Promoted
+        let above = self.mode == Mode::Promoted
             && rules.v_cow < 1.0
             && self.passes >= 2
             && prev_merged >= rules.min_merged.max(1)
             && self.last.cow >= rules.min_breaks
             && self.last.cow as f64 / self.last.fresh.max(prev_merged).max(1) as f64 > rules.v_cow;
+        self.thrashing_passes = if above {
+            self.thrashing_passes.saturating_add(1)
+        } else {
+            0
+        };
+        let demote = self.thrashing_passes >= THRASHING_PASSES;
         PassEnd { settled, demote }
     }
 }
@@ -858,11 +878,15 @@ mod tests {
         let mut s = states(128, 128);
         let end = l.record(R, &s, 0, 0, &rules).unwrap();
         assert!(!end.demote);
-        // Merged again, then 129 breaks over the 256 pages merged before.
+        // Merged again, then 129 breaks over the 256 pages merged before:
+        // one pass above V_cow is a burst, not yet thrashing.
         s = vec![PageState::Merged; 256];
         l.record(R, &s, 0, 0, &rules);
         s = states(127, 129);
-        assert!(l.record(R, &s, 0, 0, &rules).unwrap().demote);
+        assert!(!l.record(R, &s, 0, 0, &rules).unwrap().demote);
+        // The 127 still merged broken too in the very next pass:
+        // thrashing.
+        assert!(l.record(R, &states(0, 256), 0, 0, &rules).unwrap().demote);
         // V_cow = 100 % turns demotion off.
         let off = AccountRules {
             v_cow: 1.0,
@@ -870,6 +894,21 @@ mod tests {
         };
         l.record(R, &[PageState::Merged; 256], 0, 0, &off);
         assert!(!l.record(R, &states(127, 129), 0, 0, &off).unwrap().demote);
+    }
+
+    #[test]
+    fn a_burst_that_rewrites_every_merged_page_once_is_no_thrashing() {
+        let rules = AccountRules::default();
+        let mut l = one(2512);
+        l.mark(R, 0, 0);
+        l.record(R, &states(2512, 0), 0, 0, &rules);
+        l.record(R, &states(2512, 0), 0, 0, &rules);
+        // Every merged page written with new content, then left alone.
+        for _ in 0..5 {
+            let end = l.record(R, &states(0, 2512), 0, 0, &rules).unwrap();
+            assert!(!end.demote);
+        }
+        assert_eq!(l[R].cow_total(), 2512);
     }
 
     #[test]
