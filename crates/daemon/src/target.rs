@@ -173,9 +173,9 @@ pub struct LinuxTarget {
     /// refresh: a change means it mapped or unmapped something, which the
     /// next check turns into a refresh (see [`Target::processes_changed`]).
     vm_pages: BTreeMap<u32, u64>,
-    /// Each selected process's `statm` at the last check, for
-    /// [`Target::filled_pages`].
-    statm: BTreeMap<u32, proc::Statm>,
+    /// Each selected process's `statm` at the last check, and whether its
+    /// size was the same at the check before, for [`Target::filled_pages`].
+    statm: BTreeMap<u32, (proc::Statm, bool)>,
     /// Pages that joined the resident sets of selected processes whose
     /// address space kept its size, since start.
     filled: u64,
@@ -272,12 +272,19 @@ impl LinuxTarget {
                 continue;
             };
             changed |= m.size != seen;
-            if let Some(before) = self.statm.get(&pid)
-                && before.size == m.size
-            {
-                self.filled += m.resident.saturating_sub(before.resident);
-            }
-            now.insert(pid, m);
+            // Counted only where the size held over two checks: a
+            // short-lived region mapped just before a check and filled
+            // after it is not memory that was there before.
+            let stable = match self.statm.get(&pid) {
+                Some(&(before, steady)) if before.size == m.size => {
+                    if steady {
+                        self.filled += m.resident.saturating_sub(before.resident);
+                    }
+                    true
+                }
+                _ => false,
+            };
+            now.insert(pid, (m, stable));
         }
         self.statm = now;
         changed

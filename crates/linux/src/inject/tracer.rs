@@ -16,8 +16,9 @@
 //! Kept between attempts ([`Tracer`]), each bounded at 65,536 entries and
 //! keyed by pid or tid together with the process's start time, so a
 //! reused id never inherits a stale entry: the gadgets per process, the
-//! cgroup path per process, the threads known to sit in EINTR-prone
-//! calls, and the call a thread was restarting through `restart_syscall`.
+//! cgroup path per process, the VMA count after its last batch, the
+//! threads known to sit in EINTR-prone calls, and the call a thread was
+//! restarting through `restart_syscall`.
 
 use super::calls::{ERESTART_RESTARTBLOCK, Syscall, nr};
 use super::facts::{ProcStat, ThreadStatus, cgroup_frozen, cgroup_path, map_budget};
@@ -73,7 +74,23 @@ pub(super) struct Tracer {
     /// If it moved into a frozen one, the call timeout catches it (the
     /// batch is abandoned cleanly) and the entry is dropped.
     cgroups: HashMap<u32, (u64, Option<String>)>,
+    /// pid → (start time, VMAs counted after its last batch, when): the
+    /// next batch's budget check starts from it while it is fresh (see
+    /// [`VMA_COUNT_FRESH`]).
+    vmas: HashMap<u32, (u64, u64, Instant)>,
 }
+
+/// How long a process's VMA count, read after a batch, stands for the next
+/// batch's budget check. Reading `/proc/PID/maps` twice a batch was a
+/// tenth of the daemon's CPU on three booting QEMU guests (perf,
+/// `pagesift bench --quick --only vm-boot`, 2026-11-26: the maps of a
+/// guest whose RAM marks had split run to hundreds of lines, each path
+/// formatted by the kernel). pagesift's choice.
+const VMA_COUNT_FRESH: std::time::Duration = std::time::Duration::from_secs(2);
+/// VMAs a process may add by itself within [`VMA_COUNT_FRESH`], on top of
+/// a cached count, for the budget check to stand on it: a count that
+/// close to the budget is read again. pagesift's choice.
+const VMA_COUNT_SLACK: u64 = 1024;
 
 impl Tracer {
     /// Whether the process's cgroup is frozen (its path cached).
@@ -171,14 +188,28 @@ impl Tracer {
         }
         let splitting = job.calls.iter().filter(|c| c.may_split()).count();
         let vmas_before = if splitting > 0 {
-            let count = match map_count(pid) {
+            let limit = max_map_count()?;
+            // The count after the last batch stands while it is fresh and,
+            // with room for what the process may have mapped since, well
+            // inside the budget; else it is read again.
+            let cached = self
+                .vmas
+                .get(&pid)
+                .filter(|&&(st, n, at)| {
+                    st == stat.start_time
+                        && at.elapsed() < VMA_COUNT_FRESH
+                        && map_budget(n + VMA_COUNT_SLACK, splitting, limit, cfg.max_map_fraction)
+                            .is_ok()
+                })
+                .map(|&(_, n, _)| n);
+            let count = match cached.map_or_else(|| map_count(pid), Ok) {
                 Ok(c) => c,
                 Err(LinuxError::Gone(_) | LinuxError::NoSuchProcess(_)) => {
                     return gone(false, vec![]);
                 }
                 Err(e) => return Err(e.into()),
             };
-            if let Err(r) = map_budget(count, splitting, max_map_count()?, cfg.max_map_fraction) {
+            if let Err(r) = map_budget(count, splitting, limit, cfg.max_map_fraction) {
                 return Ok(Outcome::Skipped(r));
             }
             Some(count)
@@ -424,6 +455,12 @@ impl Tracer {
             Some(_) => map_count(pid).ok(),
             None => None,
         };
+        if let Some(n) = vmas_after {
+            if self.vmas.len() >= 65_536 {
+                self.vmas.clear();
+            }
+            self.vmas.insert(pid, (stat.start_time, n, Instant::now()));
+        }
         let interrupted_syscall = ((saved.orig_rax as i64) >= 0).then_some(saved.orig_rax as i64);
         if let Some(nr) = interrupted_syscall
             && EINTR_AFTER_STOP.contains(&nr)
