@@ -335,15 +335,20 @@ mod tests {
     use super::*;
     use crate::sim::{SimTarget, distinct, world};
 
-    #[test]
-    fn memory_that_fills_starts_an_epoch_at_once() {
+    /// A process with one region of 1024 distinct pages.
+    fn one_region() -> (SimTarget, RegionId) {
         let w = world();
         let a = {
             let mut m = w.borrow_mut();
             m.spawn(40, "a", false);
             m.map(40, &distinct(1_000, 1024), false)
         };
-        let mut target = SimTarget(w.clone());
+        (SimTarget(w), a)
+    }
+
+    #[test]
+    fn memory_that_fills_starts_an_epoch_at_once() {
+        let (mut target, a) = one_region();
         let spacing: Nanos = 5_000_000_000;
         let mut s = Sweeper::new(1.0, spacing);
         s.note_filled(100);
@@ -369,13 +374,7 @@ mod tests {
 
     #[test]
     fn the_first_epoch_waits_one_spacing_for_sampling() {
-        let w = world();
-        let a = {
-            let mut m = w.borrow_mut();
-            m.spawn(40, "a", false);
-            m.map(40, &distinct(1_000, 1024), false)
-        };
-        let mut target = SimTarget(w.clone());
+        let (mut target, a) = one_region();
         let spacing: Nanos = 5_000_000_000;
         let mut s = Sweeper::new(1.0, spacing);
         let mut now = 0;

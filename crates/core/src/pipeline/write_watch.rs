@@ -394,6 +394,29 @@ mod tests {
         WriteRules::default()
     }
 
+    /// An interpreter's private buffer over one second: 200 writes to
+    /// pages 12 300..12 400, read back every 250 ms.
+    fn rewrite_buffer(w: &mut WriteWatch) {
+        for i in 0..200u32 {
+            let p = 12_300 + (i * 7) % 100;
+            w.record(p, p + 1, 64);
+            if i % 50 == 49 {
+                w.checkpoint(Nanos::from(i + 1) * S / 200);
+            }
+        }
+    }
+
+    /// UKSM §8.1.2's writer over one second: one page every 10 ms from
+    /// page 1000 on, read back every 250 ms.
+    fn sweep_pages(w: &mut WriteWatch) {
+        for i in 0..100u32 {
+            w.record(1000 + i, 1001 + i, 64);
+            if i % 25 == 24 {
+                w.checkpoint(Nanos::from(i + 1) * S / 100);
+            }
+        }
+    }
+
     #[test]
     fn too_early_to_tell() {
         let mut w = WriteWatch::new(1000, 0);
@@ -416,13 +439,7 @@ mod tests {
         // An interpreter's heap: a duplicate block of 12288 pages, its
         // allocator writing pages 12300..12400 over and over.
         let mut w = WriteWatch::new(16384, 0);
-        for i in 0..200u32 {
-            let p = 12300 + (i * 7) % 100;
-            w.record(p, p + 1, 64);
-            if i % 50 == 49 {
-                w.checkpoint(Nanos::from(i + 1) * S / 200);
-            }
-        }
+        rewrite_buffer(&mut w);
         assert_eq!(w.zones().len(), 1);
         match w.verdict(0.75, S, &rules()) {
             WriteVerdict::ColdExcept(z) => {
@@ -460,12 +477,7 @@ mod tests {
         // UKSM §8.1.2: one page every 10 ms from start to end, read back
         // every 250 ms: one zone, always growing.
         let mut w = WriteWatch::new(524_288, 0);
-        for i in 0..100u32 {
-            w.record(1000 + i, 1001 + i, 64);
-            if i % 25 == 24 {
-                w.checkpoint(Nanos::from(i + 1) * S / 100);
-            }
-        }
+        sweep_pages(&mut w);
         assert_eq!(w.zones().len(), 1);
         assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Hot);
         // The same writes confined to 16 pages, over and over: not spreading.
@@ -524,22 +536,12 @@ mod tests {
         // UKSM §8.1.2 again, every page a duplicate.
         let mut w = WriteWatch::new(16_384, 0);
         w.locate(map(16_384, 0..16_384), 0);
-        for i in 0..100u32 {
-            w.record(1000 + i, 1001 + i, 64);
-            if i % 25 == 24 {
-                w.checkpoint(Nanos::from(i + 1) * S / 100);
-            }
-        }
+        sweep_pages(&mut w);
         assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Hot);
         // Sweeping pages that have no twin: nothing to break.
         let mut w = WriteWatch::new(16_384, 0);
         w.locate(map(16_384, 4096..16_384), 0);
-        for i in 0..100u32 {
-            w.record(1000 + i, 1001 + i, 64);
-            if i % 25 == 24 {
-                w.checkpoint(Nanos::from(i + 1) * S / 100);
-            }
-        }
+        sweep_pages(&mut w);
         assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Cold);
     }
 
@@ -550,13 +552,7 @@ mod tests {
         // ksmd is not handed pages that change under it.
         let mut w = WriteWatch::new(16_384, 0);
         w.locate(map(16_384, 0..12_288), 0);
-        for i in 0..200u32 {
-            let p = 12_300 + (i * 7) % 100;
-            w.record(p, p + 1, 64);
-            if i % 50 == 49 {
-                w.checkpoint(Nanos::from(i + 1) * S / 200);
-            }
-        }
+        rewrite_buffer(&mut w);
         assert_eq!(w.writes_on_duplicates(), Some(0));
         assert_eq!(
             w.verdict(0.75, S, &rules()),
@@ -607,13 +603,7 @@ mod tests {
         let w = WriteWatch::new(1000, 0);
         assert_eq!(w.verdict(1.0, S, &r), WriteVerdict::Cold);
         let mut w = WriteWatch::new(16_384, 0);
-        for i in 0..200u32 {
-            let p = 12_300 + (i * 7) % 100;
-            w.record(p, p + 1, 64);
-            if i % 50 == 49 {
-                w.checkpoint(Nanos::from(i + 1) * S / 200);
-            }
-        }
+        rewrite_buffer(&mut w);
         assert_eq!(
             w.verdict(0.75, S, &r),
             WriteVerdict::ColdExcept(vec![(12_288, 12_400)])
