@@ -89,7 +89,7 @@ pub const MAX_HOLD: Nanos = 3600 * SEC;
 /// Passes in a row above V_cow that flag a promoted region for demotion.
 /// One is a burst: a booting guest rewrote all 2 512 merged pages of a
 /// 64 MiB region of its RAM within a pass, once (`pagesift bench --quick
-/// --only vm-boot`, 2026-11-26, in two runs of five), and the region, held
+/// --only vm-boot`, 2026-11-26, in two of the seven runs read), and the region, held
 /// for `actuate.demote_hold_s`, left about 60 MiB unmerged for the rest
 /// of the window. Pages rewritten with new content are no duplicates and
 /// are not merged again; only a region whose pages merge and break again
