@@ -61,9 +61,10 @@ pub const MAX_BACKOFF: u64 = 16;
 /// sleep before it was.
 const MAX_SLICE_NS: f64 = 50e6;
 /// Pages that filled existing mappings since the last epoch began that
-/// start the next one at once (32 MiB: about two seconds of a booting
-/// guest, measured at 15–20 MiB/s in `pagesift bench --only vm-boot`).
-/// pagesift's choice.
+/// start the next one at once (32 MiB: under two seconds of a booting
+/// guest, whose present RAM grew by about 190 MiB in its first 9 s in
+/// `pagesift bench --quick --only vm-boot` on 2026-11-26, read by hand
+/// from its pagemap). pagesift's choice.
 pub const FILL_PAGES: u64 = 8192;
 
 /// A region left out of the sweep: until the epoch `until`, after

@@ -78,9 +78,10 @@
 //!    set is cheap to re-scan and should merge at once), and that rate too
 //!    is weighed by the share that waits: a quick rate paid in full for a
 //!    few waiting pages kept ksmd at the kernel's own pages_to_scan 1000
-//!    pace through most of a vm-boot window (three booting guests,
-//!    2026-11-26: 1 000–1 800 pages every 20 ms while 2 to 10 000 of 45 000
-//!    pages waited), as costly as KSM scanning everything. A small run
+//!    pace through most of a vm-boot window (three booting guests, the
+//!    daemon's `pagesift::pace` log of one run on 2026-11-26: 1 000–1 800
+//!    pages every 20 ms while 2 to 10 000 of 45 000 pages waited), as
+//!    costly as KSM scanning everything. A small run
 //!    marked beside a large merged region thus no longer sends ksmd
 //!    re-scanning that region at 95 % of a core for the second or two it
 //!    takes to settle; a large promotion still gets the whole share.

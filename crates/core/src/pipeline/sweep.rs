@@ -39,74 +39,53 @@
 //! the set bits. `present <= pages` for every tally.
 
 use crate::{PageRef, RegionId};
+use fixedbitset::FixedBitSet;
 use std::collections::{BTreeMap, HashMap};
 
 /// Which pages of a region an epoch found duplicated (or merged): a bit
-/// per page.
-///
-/// Invariant: `bits` covers exactly `pages` pages (`pages.div_ceil(64)`
-/// words), and no bit at or past `pages` is set.
+/// per page (a `FixedBitSet` of exactly the region's pages).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DupMap {
-    pages: u32,
-    bits: Vec<u64>,
-}
+pub struct DupMap(FixedBitSet);
 
 impl DupMap {
     /// A map of `pages` pages, none of them duplicated.
     pub fn new(pages: u32) -> DupMap {
-        DupMap {
-            pages,
-            bits: vec![0; pages.div_ceil(64) as usize],
-        }
+        DupMap(FixedBitSet::with_capacity(pages as usize))
     }
 
     /// Pages the map covers.
     pub fn pages(&self) -> u32 {
-        self.pages
+        self.0.len() as u32
     }
 
     /// Marks `page` duplicated; returns whether it was not yet. Pages past
     /// the end are ignored.
     pub fn set(&mut self, page: u32) -> bool {
-        if page >= self.pages {
-            return false;
-        }
-        let (w, b) = ((page / 64) as usize, page % 64);
-        let new = self.bits[w] & (1 << b) == 0;
-        self.bits[w] |= 1 << b;
-        new
+        (page < self.pages()) && !self.0.put(page as usize)
     }
 
     /// Whether `page` is duplicated (false past the end).
     pub fn get(&self, page: u32) -> bool {
-        page < self.pages && self.bits[(page / 64) as usize] & (1 << (page % 64)) != 0
+        self.0.contains(page as usize)
     }
 
     /// Duplicated pages in `[first, end)` (clipped to the map).
     pub fn count_in(&self, first: u32, end: u32) -> u64 {
-        let end = end.min(self.pages);
+        let end = end.min(self.pages());
         if first >= end {
             return 0;
         }
-        let (fw, lw) = ((first / 64) as usize, ((end - 1) / 64) as usize);
-        let mut n = 0u64;
-        for w in fw..=lw {
-            let mut word = self.bits[w];
-            if w == fw {
-                word &= u64::MAX << (first % 64);
-            }
-            if w == lw && !end.is_multiple_of(64) {
-                word &= u64::MAX >> (64 - end % 64);
-            }
-            n += u64::from(word.count_ones());
-        }
-        n
+        self.0.count_ones(first as usize..end as usize) as u64
     }
 
     /// Duplicated pages in all.
     pub fn count(&self) -> u64 {
-        self.count_in(0, self.pages)
+        self.0.count_ones(..) as u64
+    }
+
+    /// Pages set in both maps.
+    fn common(&self, other: &DupMap) -> u32 {
+        self.0.intersection_count(&other.0) as u32
     }
 }
 
@@ -129,11 +108,7 @@ impl Tally {
 
     /// Duplicates observed unmerged: what ksmd could still merge.
     fn unmerged_dups(&self) -> u32 {
-        let mut n = 0;
-        for (a, b) in self.map.bits.iter().zip(&self.unmerged.bits) {
-            n += (a & b).count_ones();
-        }
-        n
+        self.map.common(&self.unmerged)
     }
 
     fn get(&self, page: u32) -> bool {

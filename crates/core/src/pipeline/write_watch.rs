@@ -52,7 +52,8 @@
 //!    ColdExcept need no map: they mark at once.)
 //!
 //! The map makes steps 3 and 4 exact where the estimate was not. Three booting
-//! guests (`pagesift bench --quick --only vm-boot`, 2026-11-26) wrote all
+//! guests (single runs of `pagesift bench --quick --only vm-boot` on
+//! 2026-11-26, their daemon logs read by hand) wrote all
 //! over their RAM, on pages that are mostly not duplicates: counted as
 //! writes × the duplicate share, about 20 of their 64 MiB regions were
 //! held a run, and the run saved 218–282 MiB where the kernel's KSM saved
@@ -506,7 +507,7 @@ mod tests {
     #[test]
     fn writes_beside_the_duplicates_break_nothing() {
         // A guest's RAM: its first half duplicates (kernel text, files
-        // read by every guest), its allocator writing 200 pages a second
+        // read by every guest), its allocator writing 400 pages a second
         // all over the second half. Estimated from the duplicate share
         // the writes are hot; located, none lands on a duplicate.
         let writes = |w: &mut WriteWatch| {
