@@ -473,6 +473,25 @@ fn sqpoll_uring() -> i32 {
         "io_uring_setup: {}",
         std::io::Error::last_os_error()
     );
+    // The polling thread names itself ("iou-sqp-PID") only when it first
+    // runs; until then it carries this process's name. On a busy machine
+    // that can be after setup returns, so "ready" waits for the name: the
+    // test looks the thread up by it.
+    let named = || {
+        std::fs::read_dir("/proc/self/task").is_ok_and(|d| {
+            d.filter_map(|e| e.ok()).any(|e| {
+                std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.starts_with("iou-"))
+            })
+        })
+    };
+    let start = std::time::Instant::now();
+    while !named() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "the SQPOLL thread never named itself"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     fd as i32
 }
 
