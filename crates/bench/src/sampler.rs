@@ -12,7 +12,8 @@
 //!   breaks; file pages (shared libraries of several QEMUs) stay out of
 //!   it;
 //! - CPU: ksmd's (`schedstat`), the pagesift daemon's (`/proc/PID/stat`,
-//!   all threads, from its start, so its start-up counts), and ksmtuned's
+//!   all threads, from t = 0: the run starts the clock once the daemon
+//!   has started and notes its start-up CPU apart), and ksmtuned's
 //!   (the caller passes it in), plus their sum;
 //! - COW breaks of KSM pages: `cow_ksm` of `/proc/vmstat` since t = 0.
 //!
@@ -39,7 +40,8 @@ pub mod metric {
     pub const CPU: &str = "cpu_seconds";
     /// Cumulative ksmd CPU since t = 0, s.
     pub const KSMD_CPU: &str = "ksmd_cpu_seconds";
-    /// Cumulative pagesift daemon CPU since its start, s.
+    /// Cumulative pagesift daemon CPU since t = 0 (its start-up, before
+    /// t = 0, is left out and noted by the run), s.
     pub const DAEMON_CPU: &str = "daemon_cpu_seconds";
     /// Cumulative ksmtuned CPU since its start, s.
     pub const KSMTUNED_CPU: &str = "ksmtuned_cpu_seconds";
@@ -78,6 +80,8 @@ pub struct Sampler {
     base_scanned: Option<u64>,
     base_cow: u64,
     base_shared_kib: Option<f64>,
+    /// The daemon's CPU at t = 0 (its start-up), left out of the window.
+    base_daemon_ns: u64,
     last_daemon_s: f64,
     /// saved, saved_pss, pss, cpu, ksmd, daemon, ksmtuned, cow, pages_to_scan.
     series: [Series; 9],
@@ -119,6 +123,7 @@ impl Sampler {
             base_scanned,
             base_cow,
             base_shared_kib: None,
+            base_daemon_ns: daemon.and_then(|p| procstat::cpu_ns(p).ok()).unwrap_or(0),
             last_daemon_s: 0.0,
             series: names.map(|(m, u)| Series::new(system, m, u)),
         })
@@ -185,7 +190,7 @@ impl Sampler {
         let daemon_s = match self.daemon {
             // Keep the last reading once it has exited (its CPU is spent).
             Some(pid) => procstat::cpu_ns(pid)
-                .map(|ns| ns as f64 / 1e9)
+                .map(|ns| ns.saturating_sub(self.base_daemon_ns) as f64 / 1e9)
                 .unwrap_or(self.last_daemon_s),
             None => 0.0,
         };

@@ -203,6 +203,13 @@ pub struct ScanSection {
     pub sweep_share: f64,
     /// Shortest time between the starts of two sweeps, in seconds.
     pub sweep_every_s: u64,
+    /// Seconds a region must have been known before the sweep hashes it
+    /// (0: at once). Hashing every page is worth it for memory that stays;
+    /// memory younger than this is left to the ladder, whose V_life skips
+    /// what does not last. pagesift's choice: one default sweep spacing,
+    /// so that memory mapped and unmapped within seconds (UKSM §8.1.3's
+    /// short-lived regions) costs no sweep under the defaults.
+    pub sweep_min_age_s: f64,
     /// Pages per sample point of the ladder's walk: a point samples this
     /// many consecutive pages (1: page by page, as UKSM). Scattered pages
     /// cost the most per page to look at from user space (a page-table
@@ -226,6 +233,7 @@ impl Default for ScanSection {
             refresh_cpu: 0.0005,
             sweep_share: 0.03,
             sweep_every_s: 5,
+            sweep_min_age_s: 5.0,
             cluster_pages: 4,
             seed: 0x7061_6765_7369_6674,
         }
@@ -859,6 +867,15 @@ impl Config {
                 format!("must be between 1 s and a day, got {}", s.sweep_every_s),
             );
         }
+        if !(0.0..=86_400.0).contains(&s.sweep_min_age_s) {
+            return bad(
+                "scan.sweep_min_age_s",
+                format!(
+                    "must be between 0 (at once) and a day, got {}",
+                    s.sweep_min_age_s
+                ),
+            );
+        }
         let a = &self.actuate;
         if !(a.max_map_count_fraction > 0.0 && a.max_map_count_fraction <= 1.0) {
             return bad(
@@ -1307,6 +1324,10 @@ address = "9100"
             let e = err(&format!("[scan]\ncluster_pages = {n}\n"));
             assert_eq!(e.key(), Some("scan.cluster_pages"), "{e}");
             assert!(e.to_string().contains("between 1 and 16"), "{e}");
+        }
+        for n in ["-1.0", "nan", "1e9"] {
+            let e = err(&format!("[scan]\nsweep_min_age_s = {n}\n"));
+            assert_eq!(e.key(), Some("scan.sweep_min_age_s"), "{e}");
         }
         for n in ["0", "-1", "1001", "nan"] {
             let e = err(&format!("[ksm]\nscans_per_s = {n}\n"));

@@ -26,8 +26,8 @@
 //!    wake, per sampled page, feeds `observe_cost` (UKSM measures its
 //!    scanner the same way, `uksm.c`'s `uksm_sleep_real`).
 //!    Then one slice of the **exact sweep** ([`crate::sweep`],
-//!    `scan.sweep_share`): every present page of the sampling regions is
-//!    hashed, a slice per wake-up, so that duplicates are found wherever
+//!    `scan.sweep_share`): every present page of the sampling regions
+//!    known for `scan.sweep_min_age_s` is hashed, a slice per wake-up, so that duplicates are found wherever
 //!    their twins live (sampling meets twins at unrelated offsets only by
 //!    chance). At the end of an epoch a region whose present pages are at
 //!    least V_dup duplicates is raised straight to the top level; it then
@@ -758,6 +758,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     fn sweep(&mut self, now: Nanos) {
         let (books, lives, allowed, managed) =
             (&self.books, &self.lives, &self.allowed, &self.self_managed);
+        let min_age = (self.config.scan.sweep_min_age_s * SEC as f64) as Nanos;
         let regions = |filling: bool| {
             books
                 .iter()
@@ -771,6 +772,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                         && !lives.is_hidden(id)
                         && allowed.contains_key(&b.span.proc.pid)
                         && !managed.contains(&b.span.proc.pid)
+                        && now.saturating_sub(b.first_seen) >= min_age
                 })
                 .map(|(&id, _)| id)
                 .collect()

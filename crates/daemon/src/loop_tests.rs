@@ -9,6 +9,7 @@ use pagesift_core::source::PageState;
 use pagesift_core::{Nanos, PageRef, RegionId};
 
 const WAKE: Nanos = 100_000_000;
+const SEC: Nanos = 1_000_000_000;
 
 type D = Daemon<SimTarget, SimActuator, SimKsm>;
 
@@ -1059,7 +1060,7 @@ fn the_sweep_raises_regions_whose_duplicates_sit_at_other_offsets_and_they_merge
     };
     let mut d = daemon(
         &w,
-        "[eligible]\nall = true\n[scan]\nsweep_every_s = 1\n",
+        "[eligible]\nall = true\n[scan]\nsweep_every_s = 1\nsweep_min_age_s = 0.0\n",
         &[],
     );
     let mut now = 0;
@@ -1072,6 +1073,36 @@ fn the_sweep_raises_regions_whose_duplicates_sit_at_other_offsets_and_they_merge
     assert!(!m.spans[&rand].mergeable, "the distinct region was marked");
     assert_eq!(m.count(a, PageState::Merged), 512);
     assert_eq!(m.count(b, PageState::Merged), 512);
+}
+
+/// The sweep leaves a region alone until it has been known for
+/// `scan.sweep_min_age_s`, then hashes it: memory that comes and goes
+/// within seconds costs no sweep.
+#[test]
+fn the_sweep_waits_for_a_region_to_reach_its_minimum_age() {
+    let w = world();
+    {
+        let mut m = w.borrow_mut();
+        m.spawn(40, "guest-a", false);
+        m.map(40, &distinct(100_000, 1024), false);
+    }
+    let config = "[eligible]\nall = true\n[scan]\nsweep_every_s = 1\nsweep_min_age_s = 4.0\n";
+    let mut d = daemon(&w, config, &[]);
+    let mut now = 0;
+    while now < 3 * SEC {
+        run(&mut d, &mut now, 1);
+    }
+    let st = d.status(now);
+    assert_eq!(st.daemon.sweep.pages_hashed, 0, "{:?}", st.daemon.sweep);
+    while now < 12 * SEC {
+        run(&mut d, &mut now, 1);
+    }
+    let st = d.status(now);
+    assert!(
+        st.daemon.sweep.pages_hashed >= 1024,
+        "{:?}",
+        st.daemon.sweep
+    );
 }
 
 /// A hint source that hands out what the test queued.

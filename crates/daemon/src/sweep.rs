@@ -34,6 +34,11 @@
 //! them): a guest goes on filling RAM that was marked early, and the
 //! duplicates that appear there would otherwise wait for ksmd's trickle.
 //!
+//! An epoch takes only regions the daemon has known for
+//! `scan.sweep_min_age_s` (the daemon's list): hashing every page pays
+//! for memory that stays, and memory mapped and unmapped within seconds
+//! is the ladder's.
+//!
 //! ## What it touches
 //! Nothing is written: pages are read through the source's checked paths
 //! (only pages pagemap showed present a moment before, KSM and shared

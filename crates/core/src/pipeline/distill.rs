@@ -544,6 +544,14 @@ impl Distiller {
         let mut report = WakeReport::default();
         let (mut spent, mut linear) = (0u64, 0u64);
         while spent < total {
+            if stack.is_empty() {
+                // No hint can come before the wake-up ends: the rest is
+                // the ladder's.
+                interleave.skip_linear(total - spent);
+                linear += total - spent;
+                spent = total;
+                break;
+            }
             match interleave.next(stack, now) {
                 Next::Hint(h) => {
                     let read_before = report.run_pages_read;
