@@ -191,6 +191,9 @@ pub struct Context {
     pub guest_files_image: std::cell::OnceCell<guest_files::GuestFilesImage>,
     /// Time spent waiting for KSM's lock so far.
     pub lock_wait: std::cell::Cell<Duration>,
+    /// With `--repeat`: the run under way (1, 2, …), which names its
+    /// daemon log so that each run keeps its own.
+    pub repetition: std::cell::Cell<Option<usize>>,
 }
 
 impl Context {
@@ -485,6 +488,7 @@ pub fn run(opts: &BenchOptions) -> Result<Summary, BenchError> {
         guest_image: std::cell::OnceCell::new(),
         guest_files_image: std::cell::OnceCell::new(),
         lock_wait: std::cell::Cell::new(Duration::ZERO),
+        repetition: std::cell::Cell::new(None),
     };
     let result = if page_cache {
         run_page_cache(&ctx, opts)
@@ -691,6 +695,7 @@ fn run_all(
                     s.name(),
                     e.window_s
                 ));
+                ctx.repetition.set((repeat > 1).then_some(k + 1));
                 match run::run_one(ctx, e, s) {
                     Ok(r) => runs.push(r),
                     Err(err @ BenchError::System(_)) => {

@@ -317,7 +317,10 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
     let mut tuned: Option<Ksmtuned> = None;
     match system {
         System::Pagesift { governor, .. } => {
-            let stem = format!("{}-{}", exp.name, sanitize(&name));
+            let mut stem = format!("{}-{}", exp.name, sanitize(&name));
+            if let Some(k) = ctx.repetition.get() {
+                stem.push_str(&format!("-run{k}"));
+            }
             let mut text = system.config_toml().unwrap_or_default();
             if exp.guests.is_some() {
                 // Guests start after the daemon: eligible by executable.
