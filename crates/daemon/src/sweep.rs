@@ -37,7 +37,9 @@
 //! An epoch takes only regions the daemon has known for
 //! `scan.sweep_min_age_s` (the daemon's list): hashing every page pays
 //! for memory that stays, and memory mapped and unmapped within seconds
-//! is the ladder's.
+//! is the ladder's. While no region qualifies no epoch starts (an empty
+//! one would count as fruitless and space the next out); the sweep looks
+//! again [`EMPTY_RETRY`] later.
 //!
 //! ## What it touches
 //! Nothing is written: pages are read through the source's checked paths
@@ -65,6 +67,8 @@ pub const MAX_BACKOFF: u64 = 16;
 /// Most CPU time one wake-up gives the sweep, in ns, however long the
 /// sleep before it was.
 const MAX_SLICE_NS: f64 = 50e6;
+/// How soon a sweep that found no region to walk looks again.
+const EMPTY_RETRY: Nanos = 1_000_000_000;
 /// Pages that filled existing mappings since the last epoch began that
 /// start the next one at once (32 MiB: under two seconds of a booting
 /// guest, whose present RAM grew by about 190 MiB in its first 9 s in
@@ -222,6 +226,13 @@ impl Sweeper {
                     .into_iter()
                     .filter(|id| quiet.get(id).is_none_or(|q| q.until <= epoch))
                     .collect();
+                if self.queue.is_empty() {
+                    // Nothing to walk yet (no region old enough, say): no
+                    // epoch, so no fruitless one that would space the next
+                    // out, and the fill stays counted. Look again shortly.
+                    self.next_epoch_at = now + EMPTY_RETRY.min(self.min_epoch);
+                    return None;
+                }
                 self.cursor = None;
                 self.sweep = Sweep::new();
                 self.epoch_started = Some(now);
