@@ -331,6 +331,22 @@ impl Target for SimTarget {
         }
         Ok(())
     }
+    fn present_runs(&mut self, id: RegionId) -> Option<Vec<(u32, u32)>> {
+        let pages = self.span(id)?.pages;
+        let w = self.0.borrow();
+        let mut runs: Vec<(u32, u32)> = Vec::new();
+        for page in 0..pages {
+            let state = w.mem.state(PageRef { region: id, page }).ok()?;
+            if state == PageState::NotPresent {
+                continue;
+            }
+            match runs.last_mut() {
+                Some(run) if run.1 == page => run.1 = page + 1,
+                _ => runs.push((page, page + 1)),
+            }
+        }
+        Some(runs)
+    }
     fn vma_count(&self, pid: u32) -> Option<u64> {
         Some(self.0.borrow().vma_counts.get(&pid).copied().unwrap_or(20))
     }

@@ -119,6 +119,9 @@ pub struct Sweeper {
     min_epoch: Nanos,
     queue: VecDeque<RegionId>,
     cursor: Option<(RegionId, u32)>,
+    /// The present page runs of the region under the cursor, read when
+    /// its walk began (`None`: unknown, every page is looked at).
+    present: Option<Vec<(u32, u32)>>,
     sweep: Sweep,
     epoch_started: Option<Nanos>,
     next_epoch_at: Nanos,
@@ -147,6 +150,7 @@ impl Sweeper {
             min_epoch,
             queue: VecDeque::new(),
             cursor: None,
+            present: None,
             sweep: Sweep::new(),
             epoch_started: None,
             // Sampling looks first: the first epoch starts one spacing
@@ -251,6 +255,7 @@ impl Sweeper {
                     Some(id) => match target.span(id) {
                         Some(s) => {
                             self.sweep.begin_region(id, s.pages);
+                            self.present = target.present_runs(id);
                             (id, 0)
                         }
                         None => continue,
@@ -259,6 +264,11 @@ impl Sweeper {
                 },
             };
             let pages = target.span(id).map_or(0, |s| s.pages);
+            // Holes are skipped: they hold nothing to tally.
+            let first = match &self.present {
+                Some(runs) => next_present(runs, first).unwrap_or(pages),
+                None => first,
+            };
             let n = CHUNK_PAGES.min(pages.saturating_sub(first));
             if n == 0 {
                 self.cursor = None;
@@ -347,10 +357,29 @@ impl Sweeper {
     }
 }
 
+/// The first page at or after `page` inside one of the sorted, disjoint
+/// `[first, end)` `runs`, if any.
+fn next_present(runs: &[(u32, u32)], page: u32) -> Option<u32> {
+    let i = runs.partition_point(|&(_, end)| end <= page);
+    runs.get(i).map(|&(first, _)| first.max(page))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::sim::{SimTarget, distinct, world};
+
+    #[test]
+    fn the_walk_jumps_to_the_next_present_page() {
+        let runs = [(10, 20), (100, 101), (600, 1200)];
+        assert_eq!(next_present(&runs, 0), Some(10));
+        assert_eq!(next_present(&runs, 15), Some(15));
+        assert_eq!(next_present(&runs, 20), Some(100));
+        assert_eq!(next_present(&runs, 101), Some(600));
+        assert_eq!(next_present(&runs, 1199), Some(1199));
+        assert_eq!(next_present(&runs, 1200), None);
+        assert_eq!(next_present(&[], 0), None);
+    }
 
     /// A process with one region of 1024 distinct pages.
     fn one_region() -> (SimTarget, RegionId) {

@@ -86,6 +86,13 @@ pub trait Target: MemorySource {
         first: u32,
         out: &mut [PageState],
     ) -> Result<(), SourceError>;
+    /// The runs of present pages of a region (zero-page mappings
+    /// included), as `[first, end)` page offsets in order, found without
+    /// reading an entry per page; `None` where that cannot be done (then
+    /// every page is looked at). The default finds none.
+    fn present_runs(&mut self, _id: RegionId) -> Option<Vec<(u32, u32)>> {
+        None
+    }
     /// VMAs of a process now.
     fn vma_count(&self, pid: u32) -> Option<u64>;
     /// `vm.max_map_count`.
@@ -401,6 +408,10 @@ impl Target for LinuxTarget {
             *o = i.class().state();
         }
         Ok(())
+    }
+
+    fn present_runs(&mut self, id: RegionId) -> Option<Vec<(u32, u32)>> {
+        self.src.present_page_runs(id).ok()
     }
 
     fn vma_count(&self, pid: u32) -> Option<u64> {

@@ -74,6 +74,7 @@
 //! [`SourceError::Gone`], it is remembered in [`LinuxSource::gone`], and the
 //! next refresh drops it.
 
+use crate::PAGE_SIZE;
 use crate::discover::{self, MapsDiscovery, ProcessFilter, ProcessInfo, RegionKind, RegionsFrom};
 use crate::error::LinuxError;
 use crate::inspect::{PageClass, PageInfo, PageInspector};
@@ -630,6 +631,35 @@ impl LinuxSource {
             .inspector
             .inspect(addr, out);
         res.map_err(|e| self.fail(region, pid, e))
+    }
+
+    /// The runs of present pages of `region` (zero-page mappings
+    /// included), as `[first, end)` page offsets in order, from
+    /// `PAGEMAP_SCAN` walks of the page tables: no entry is read for the
+    /// holes, so a sparse region (an idle guest's RAM, a JIT's reserved
+    /// code buffer) costs a look at its populated parts only.
+    /// `Unsupported` before Linux 6.7.
+    pub fn present_page_runs(&mut self, region: RegionId) -> Result<Vec<(u32, u32)>, SourceError> {
+        let (r, pid) = self.locate(PageRef { region, page: 0 })?;
+        let (start, pages) = (r.address(0), r.pages);
+        let end = start + u64::from(pages) * PAGE_SIZE;
+        let runs = self
+            .procs
+            .get(&pid)
+            .expect("located")
+            .inspector
+            .pagemap()
+            .present_runs(start, end);
+        let runs = runs.map_err(|e| self.fail(region, pid, e))?;
+        Ok(runs
+            .iter()
+            .map(|run| {
+                let first = ((run.start.max(start) - start) / PAGE_SIZE) as u32;
+                let last = ((run.end.min(end) - start).div_ceil(PAGE_SIZE)) as u32;
+                (first, last)
+            })
+            .filter(|(a, b)| a < b)
+            .collect())
     }
 
     /// The write tracker behind [`MemorySource::take_written`]: the caller

@@ -732,6 +732,43 @@ fn missing_capabilities_are_named() {
     }
 }
 
+/// A region's present page runs (one PAGEMAP_SCAN walk) cover exactly the
+/// pages that pagemap, read entry by entry, shows present: holes, zero-page
+/// mappings and untouched memory in between.
+#[test]
+fn present_page_runs_cover_exactly_the_present_pages() {
+    require_root();
+    let w = Workload::start(&[
+        "static-dup",
+        "--mib",
+        "4",
+        "--hole-every",
+        "6",
+        "--zero-every",
+        "5",
+        "--untouched-mib",
+        "1",
+    ]);
+    let pid = w.pid();
+    let (start, _) = w.region();
+    let mut src = source_for(&[pid]);
+    let id = region_at(&src, pid, start);
+    let runs = src.present_page_runs(id).expect("present runs");
+    assert!(
+        runs.windows(2).all(|r| r[0].1 <= r[1].0),
+        "sorted, disjoint"
+    );
+    let infos = classes(&mut src, id);
+    let mut present = 0;
+    for (i, info) in infos.iter().enumerate() {
+        let in_runs = runs.iter().any(|&(a, b)| (a..b).contains(&(i as u32)));
+        let shown = info.class().state() != PageState::NotPresent;
+        assert_eq!(in_runs, shown, "page {i}: {:?}", info.class());
+        present += shown as u64;
+    }
+    assert_eq!(present, w.count("present_pages") + w.count("zero_pages"));
+}
+
 #[test]
 fn pagemap_scan_agrees_with_pagemap() {
     require_root();
