@@ -1007,8 +1007,18 @@ impl Distiller {
         report: &mut WakeReport,
     ) -> u32 {
         let per_step: u64 = if run.twin.is_some() { 2 } else { 1 };
-        // Steps possible before leaving either region.
-        let room = |first: u32, len: u32| -> u32 { if dir < 0 { first } else { len - 1 - first } };
+        // Steps possible before leaving either region. A twin found in the
+        // index may lie past the end of a region that was cut shorter
+        // since (a refresh after a config reload): no room there.
+        let room = |first: u32, len: u32| -> u32 {
+            if first >= len {
+                0
+            } else if dir < 0 {
+                first
+            } else {
+                len - 1 - first
+            }
+        };
         let mut bound = run.limit.min(room(run.page.page, run.pages));
         if let Some(q) = run.twin {
             bound = bound.min(room(q.page, run.twin_pages));
