@@ -5,7 +5,9 @@
 //! The first epoch starts one [`Sweeper::min_epoch`] after the daemon
 //! (sampling looks first). An epoch walks every region that was sampling
 //! when it began, in id order, a chunk of [`CHUNK_PAGES`] pages at a
-//! time: page states from pagemap (and kpageflags), then one batched
+//! time, jumping over the holes that one `PAGEMAP_SCAN` walk found when
+//! the region's walk began (`Target::present_runs`): page states from
+//! pagemap (and kpageflags), then one batched
 //! read of the present, unmerged pages, each hashed (XXH3-64). A wake-up may spend
 //! `share × (time since the last wake-up)` of CPU on it, converted to
 //! pages at the measured cost per page (an average of past slices), so the
