@@ -107,7 +107,7 @@ fn a_small_demo_merges_the_identical_pages_and_leaves_the_machine_as_it_was() {
     // daemon sampled them.
     assert!(s["ksmd_cpu_s"].as_f64().unwrap() > 0.0, "{s}");
     assert!(s["daemon_cpu_s"].as_f64().unwrap() > 0.0, "{s}");
-    // The random process was never marked, nor merged; no memory changed.
+    // The random region was never marked, nor merged; no memory changed.
     assert_eq!(s["random_ever_marked"], false, "{s}");
     assert_eq!(s["random_merged_pages"], 0, "{s}");
     assert_eq!(s["checksums_unchanged"], true, "{s}");
