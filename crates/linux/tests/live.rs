@@ -732,13 +732,10 @@ fn missing_capabilities_are_named() {
     }
 }
 
-/// A region's present page runs (one PAGEMAP_SCAN walk) cover exactly the
-/// pages that pagemap, read entry by entry, shows present: holes, zero-page
-/// mappings and untouched memory in between.
-#[test]
-fn present_page_runs_cover_exactly_the_present_pages() {
-    require_root();
-    let w = Workload::start(&[
+/// 4 MiB of one content with a hole every 6th page, a zero page every 5th,
+/// and 1 MiB never touched after it.
+fn holey_static_dup() -> Workload {
+    Workload::start(&[
         "static-dup",
         "--mib",
         "4",
@@ -748,7 +745,16 @@ fn present_page_runs_cover_exactly_the_present_pages() {
         "5",
         "--untouched-mib",
         "1",
-    ]);
+    ])
+}
+
+/// A region's present page runs (one PAGEMAP_SCAN walk) cover exactly the
+/// pages that pagemap, read entry by entry, shows present: holes, zero-page
+/// mappings and untouched memory in between.
+#[test]
+fn present_page_runs_cover_exactly_the_present_pages() {
+    require_root();
+    let w = holey_static_dup();
     let pid = w.pid();
     let (start, _) = w.region();
     let mut src = source_for(&[pid]);
@@ -772,17 +778,7 @@ fn present_page_runs_cover_exactly_the_present_pages() {
 #[test]
 fn pagemap_scan_agrees_with_pagemap() {
     require_root();
-    let w = Workload::start(&[
-        "static-dup",
-        "--mib",
-        "4",
-        "--hole-every",
-        "6",
-        "--zero-every",
-        "5",
-        "--untouched-mib",
-        "1",
-    ]);
+    let w = holey_static_dup();
     let pid = w.pid();
     let (start, pages) = w.region();
     let pm = Pagemap::open(pid).unwrap();
