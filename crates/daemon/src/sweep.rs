@@ -41,7 +41,8 @@
 //! for memory that stays, and memory mapped and unmapped within seconds
 //! is the ladder's. While no region qualifies no epoch starts (an empty
 //! one would count as fruitless and space the next out); the sweep looks
-//! again [`EMPTY_RETRY`] later.
+//! again [`EMPTY_RETRY`] later. Regions that only sit out still get their
+//! (empty) epochs, since their time out is counted in epochs.
 //!
 //! ## What it touches
 //! Nothing is written: pages are read through the source's checked paths
@@ -228,17 +229,20 @@ impl Sweeper {
                 let epoch = self.stats.epochs;
                 let quiet = &self.quiet;
                 let filling = self.filled >= self.filled_at_epoch.saturating_add(FILL_PAGES);
-                self.queue = regions(filling)
-                    .into_iter()
-                    .filter(|id| quiet.get(id).is_none_or(|q| q.until <= epoch))
-                    .collect();
-                if self.queue.is_empty() {
+                let candidates = regions(filling);
+                if candidates.is_empty() {
                     // Nothing to walk yet (no region old enough, say): no
                     // epoch, so no fruitless one that would space the next
                     // out, and the fill stays counted. Look again shortly.
+                    // (Regions sitting out do start one, empty or not:
+                    // their time out is counted in epochs.)
                     self.next_epoch_at = now + EMPTY_RETRY.min(self.min_epoch);
                     return None;
                 }
+                self.queue = candidates
+                    .into_iter()
+                    .filter(|id| quiet.get(id).is_none_or(|q| q.until <= epoch))
+                    .collect();
                 self.cursor = None;
                 self.sweep = Sweep::new();
                 self.epoch_started = Some(now);
@@ -418,6 +422,46 @@ mod tests {
         s.fruitful(false);
         assert!(s.step(&mut target, now, 1, |_| vec![a]).is_none());
         assert_eq!(s.stats.epochs, 1);
+    }
+
+    /// A region with no duplicate sits out epochs; the epochs still come
+    /// while it is the only region, so it is walked again after 2.
+    #[test]
+    fn a_region_sitting_out_is_walked_again_when_its_time_is_out() {
+        let (mut target, a) = one_region();
+        let spacing: Nanos = 1_000_000_000;
+        let mut s = Sweeper::new(1.0, spacing);
+        let mut now = 0;
+        while s.stats.pages_walked < 2 * 1024 && now < 60 * spacing {
+            if s.step(&mut target, now, 1, |_| vec![a]).is_some() {
+                s.fruitful(false);
+            }
+            now += 100_000_000;
+        }
+        assert_eq!(s.stats.pages_walked, 2 * 1024, "epochs {}", s.stats.epochs);
+        assert!(s.stats.epochs >= 3, "it sat out no epoch: {:?}", s.stats);
+    }
+
+    /// With no region to walk at all, no epoch starts (none is counted
+    /// fruitless); one starts within a second of a region appearing.
+    #[test]
+    fn no_epoch_starts_without_a_region() {
+        let (mut target, a) = one_region();
+        let spacing: Nanos = 5_000_000_000;
+        let mut s = Sweeper::new(1.0, spacing);
+        let mut now = spacing;
+        while now < 3 * spacing {
+            assert!(s.step(&mut target, now, 1, |_| vec![]).is_none());
+            now += 100_000_000;
+        }
+        assert_eq!(s.stats.epochs, 0);
+        let until = now + 1_100_000_000;
+        let mut done = None;
+        while done.is_none() && now < until {
+            done = s.step(&mut target, now, 1, |_| vec![a]);
+            now += 100_000_000;
+        }
+        assert!(done.is_some(), "no epoch within a second");
     }
 
     #[test]
