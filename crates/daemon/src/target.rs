@@ -19,7 +19,6 @@ use crate::actuate::ProcKey;
 use crate::eligibility::ProcessFacts;
 use pagesift_core::source::{MemorySource, PageState, RegionInfo, SourceError};
 use pagesift_core::{PageRef, PageWords, RegionId};
-use pagesift_linux::inspect::PageInfo;
 use pagesift_linux::{LinuxSource, ProcessFilter, SourceConfig, host, ksm, proc};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -187,7 +186,6 @@ pub struct LinuxTarget {
     /// address space kept its size, since start.
     filled: u64,
     max_map_count: u64,
-    infos: Vec<PageInfo>,
     /// Injects the write tracker's userfaultfd calls.
     #[cfg(target_arch = "x86_64")]
     injector: pagesift_linux::inject::Injector,
@@ -211,7 +209,6 @@ impl LinuxTarget {
             statm: BTreeMap::new(),
             filled: 0,
             max_map_count: proc::max_map_count().unwrap_or(65_530),
-            infos: Vec::new(),
             #[cfg(target_arch = "x86_64")]
             injector: pagesift_linux::inject::Injector::new(Default::default()),
             untrackable: BTreeSet::new(),
@@ -401,13 +398,7 @@ impl Target for LinuxTarget {
         first: u32,
         out: &mut [PageState],
     ) -> Result<(), SourceError> {
-        self.infos.clear();
-        self.infos.resize(out.len(), PageInfo::default());
-        self.src.inspect(id, first, &mut self.infos)?;
-        for (o, i) in out.iter_mut().zip(&self.infos) {
-            *o = i.class().state();
-        }
-        Ok(())
+        self.src.page_states(id, first, out)
     }
 
     fn present_runs(&mut self, id: RegionId) -> Option<Vec<(u32, u32)>> {

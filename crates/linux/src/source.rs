@@ -633,6 +633,77 @@ impl LinuxSource {
         res.map_err(|e| self.fail(region, pid, e))
     }
 
+    /// The state of page `first + i` of `region` in `out[i]`, from one
+    /// pagemap read and the kpageflags words of only those pages whose
+    /// class needs them ([`crate::inspect::flags_needed`]): in a region
+    /// that is not `VM_MERGEABLE`, an exclusively mapped anonymous page is
+    /// neither the zero page nor a KSM page. Guest RAM before it is
+    /// marked is nearly all such pages, and its frames are scattered, so
+    /// [`LinuxSource::inspect`] would spend a `pread` of kpageflags on
+    /// nearly every one. The range counts as mergeable if the region was
+    /// at the last refresh or pagesift has advised any of it since.
+    pub fn page_states(
+        &mut self,
+        region: RegionId,
+        first: u32,
+        out: &mut [PageState],
+    ) -> Result<(), SourceError> {
+        let end = first as u64 + out.len() as u64;
+        let (r, pid) = self.locate(PageRef {
+            region,
+            page: first,
+        })?;
+        if end > r.pages as u64 {
+            return Err(SourceError::OutOfRange(PageRef {
+                region,
+                page: r.pages,
+            }));
+        }
+        let (addr, anon) = (r.address(first), r.kind == RegionKind::Anonymous);
+        let p = &self.procs[&pid];
+        let mergeable = r.mergeable
+            || p.mergeable
+                .overlaps(addr, addr + out.len() as u64 * PAGE_SIZE);
+        self.entries.clear();
+        self.entries.resize(out.len(), PagemapEntry(0));
+        if let Err(e) = p.inspector.pagemap().read(addr, &mut self.entries) {
+            return Err(self.fail(region, pid, e));
+        }
+        let b = &mut self.batch;
+        b.pfns.clear();
+        b.of_pfn.clear();
+        for (i, e) in self.entries.iter().enumerate() {
+            if let Some(pfn) = e.pfn()
+                && crate::inspect::flags_needed(*e, anon, mergeable)
+            {
+                b.pfns.push(pfn);
+                b.of_pfn.push(i);
+            }
+        }
+        if b.pfns.contains(&0) {
+            // Present but PFN hidden: opened without CAP_SYS_ADMIN.
+            return Err(SourceError::Other(
+                LinuxError::MissingCapability {
+                    cap: crate::Capability::SysAdmin,
+                    why: crate::error::WHY_PFN,
+                }
+                .to_string(),
+            ));
+        }
+        b.flags.clear();
+        b.flags.resize(b.pfns.len(), KpfFlags(0));
+        if let Err(e) = self.kpf.read_many(&b.pfns, &mut b.flags) {
+            return Err(SourceError::Other(e.to_string()));
+        }
+        for (o, e) in out.iter_mut().zip(&self.entries) {
+            *o = crate::inspect::classify(*e, None).state();
+        }
+        for (&i, &f) in b.of_pfn.iter().zip(&b.flags) {
+            out[i] = crate::inspect::classify(self.entries[i], Some(f)).state();
+        }
+        Ok(())
+    }
+
     /// The runs of present pages of `region` (zero-page mappings
     /// included), as `[first, end)` page offsets in order, from
     /// `PAGEMAP_SCAN` walks of the page tables: no entry is read for the

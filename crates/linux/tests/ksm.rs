@@ -549,3 +549,83 @@ fn paced_ksmd_merges_256_mib_at_the_target_share() {
         before.settings().run.unwrap()
     );
 }
+
+/// `LinuxSource::page_states` reads kpageflags only for the pages whose
+/// class needs it (`inspect::flags_needed`); every page must still get the
+/// state that reading every present page's flags (`inspect`) gives: KSM
+/// pages of a mergeable region, zero-page mappings, holes, pages shared
+/// with fork children and private pages, in three processes.
+#[test]
+fn page_states_skip_flags_without_changing_a_state() {
+    use pagesift_core::source::PageState;
+    use pagesift_linux::discover::ProcessFilter;
+    use pagesift_linux::inspect::PageInfo;
+    use pagesift_linux::{LinuxSource, SourceConfig};
+
+    require_root();
+    let _s = serial();
+    let before = settings_at_rest();
+    {
+        let g = KsmGuard::acquire().unwrap();
+        assert!(drain_exited(&g, Duration::from_secs(30)));
+        let holey = [
+            "static-dup",
+            "--mib",
+            "4",
+            "--hole-every",
+            "6",
+            "--zero-every",
+            "5",
+        ];
+        let mut merged = Workload::start_mergeable(&holey);
+        let mut plain = Workload::start(&holey);
+        let mut fam = Workload::start(&["fork-family", "--mib", "8", "--seed", "3"]);
+        let sums = (merged.checksum(), plain.checksum());
+        g.set_advisor_mode(AdvisorMode::None).unwrap();
+        g.set_pages_to_scan(5_000).unwrap();
+        g.set_sleep_millisecs(10).unwrap();
+        g.set_run(Run::Run).unwrap();
+        let want = merged.count("present_pages");
+        let start = Instant::now();
+        while ksm_stat(&merged).merging_pages.unwrap_or(0) < want {
+            assert!(start.elapsed() < Duration::from_secs(60), "not merged");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        g.set_run(Run::Stop).unwrap();
+
+        let pids = [merged.pid(), plain.pid(), fam.pid()];
+        let mut src = LinuxSource::new(
+            ProcessFilter::pids(pids.iter().copied()),
+            SourceConfig::default(),
+        )
+        .expect("LinuxSource");
+        let ids: Vec<_> = src.linux_regions().map(|r| (r.id, r.pages)).collect();
+        let mut seen = std::collections::HashMap::new();
+        for (id, pages) in ids {
+            for first in (0..pages).step_by(512) {
+                let n = 512.min(pages - first) as usize;
+                let mut infos = vec![PageInfo::default(); n];
+                let mut states = vec![PageState::NotPresent; n];
+                src.inspect(id, first, &mut infos).expect("inspect");
+                src.page_states(id, first, &mut states)
+                    .expect("page_states");
+                for (i, (info, state)) in infos.iter().zip(&states).enumerate() {
+                    assert_eq!(
+                        *state,
+                        info.class().state(),
+                        "region {id:?} page {}: {info:?}",
+                        first as usize + i
+                    );
+                    *seen.entry(format!("{state:?}")).or_insert(0u64) += 1;
+                }
+            }
+        }
+        for s in ["Merged", "Zero", "Present", "NotPresent"] {
+            assert!(seen.get(s).is_some_and(|&n| n > 0), "no {s} page: {seen:?}");
+        }
+        assert!(seen["Merged"] >= want, "{seen:?}");
+        assert!(merged.alive() && plain.alive() && fam.alive());
+        assert_eq!((merged.checksum(), plain.checksum()), sums);
+    }
+    assert_restored(&before);
+}
