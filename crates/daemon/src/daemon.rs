@@ -7,7 +7,8 @@
 //!    (`ksm_merge_any`); classify every region of an eligible process:
 //!    - *sampling*: on the ladder, not mergeable;
 //!    - *foreign*: `VM_MERGEABLE` set by its process (or merge-any): it is
-//!      accounted and counted for pacing, never marked or unmarked;
+//!      accounted and counted for pacing, hidden while merging and merged
+//!      again when it climbs back to the top, never marked or unmarked;
 //!    - *promoted*: pagesift marked it (it is in the [`Marks`] ledger);
 //!    - *held*: pagesift unmarked it for thrashing, or its writes would
 //!      make it thrash: out of the ladder (not sampled) until its hold
@@ -16,7 +17,7 @@
 //!    The modes, their transitions, settling, COW accounting and hold
 //!    times are `core::pipeline::lifecycle` ([`Lifecycles`], the `lives`
 //!    field), which also owns the set of regions hidden from the ladder
-//!    (held, or promoted and still merging): this loop does the I/O
+//!    (held, or promoted or foreign and still merging): this loop does the I/O
 //!    (page states, injections) and tells `lives` what happened; it never
 //!    edits the hidden set itself.
 //! 2. **Distil**: `Distiller::sync_regions` (only when regions changed) and

@@ -124,6 +124,51 @@ fn a_merged_region_with_new_duplicates_climbs_back_and_is_merged_again() {
     assert_eq!(*w.borrow().shares.last().unwrap(), 0.001);
 }
 
+/// A region its own process made mergeable (QEMU's mem-merge) is hidden
+/// from the ladder while ksmd merges it, and when it climbs back to the
+/// top with new duplicates it is merged again, as a promoted region is.
+/// Before, it stayed on the top level, where pagesift has nothing to mark,
+/// and the top level's share sampled it round after round.
+#[test]
+fn a_foreign_region_that_climbs_to_the_top_is_merged_again_not_sampled_there() {
+    let w = world();
+    let region = {
+        let mut m = w.borrow_mut();
+        m.idle_at_trickle = true;
+        m.spawn(25, "qemu", false);
+        let mut contents = vec![7; 512];
+        contents.extend(distinct(5000, 512));
+        m.map(25, &contents, true)
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert_eq!(d.mode(region), Some(Mode::Foreign));
+    assert_eq!(w.borrow().count(region, PageState::Merged), 512);
+    assert_eq!(*w.borrow().shares.last().unwrap(), 0.001, "not settled");
+    {
+        let mut m = w.borrow_mut();
+        for page in 512..1024 {
+            m.mem.write(PageRef { region, page }, 7).unwrap();
+        }
+    }
+    let top = d.distiller().ladder().levels() - 1;
+    let (mut at_top, mut remerged) = (0, false);
+    for _ in 0..300 {
+        now += WAKE;
+        remerged |= d.wake(now).remerging == vec![region];
+        at_top += usize::from(d.distiller().ladder().level_of(region) == Some(top));
+    }
+    assert!(remerged, "never merged again");
+    assert_eq!(w.borrow().count(region, PageState::Merged), 1024);
+    assert!(at_top <= 2, "left on the top level for {at_top} wakes");
+    assert_eq!(d.mode(region), Some(Mode::Foreign));
+    assert!(
+        w.borrow().batches.is_empty(),
+        "a foreign region was advised"
+    );
+}
+
 #[test]
 fn what_a_process_marked_itself_is_accounted_but_never_touched() {
     let w = world();
