@@ -20,7 +20,9 @@ use crate::eligibility::ProcessFacts;
 use pagesift_core::source::{MemorySource, PageState, RegionInfo, SourceError};
 use pagesift_core::{PageRef, PageWords, RegionId};
 use pagesift_linux::{LinuxSource, ProcessFilter, SourceConfig, host, ksm, proc};
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
 
 /// Where a region lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -164,6 +166,10 @@ pub struct RegionLimits {
     pub max_regions: usize,
 }
 
+/// How long a process's VMA count read for a budget check answers the
+/// next checks, if pagesift advised nothing in it meanwhile.
+pub const VMA_COUNT_FRESH: Duration = Duration::from_secs(1);
+
 /// A write-tracking registration: (pid, the userfaultfd's number in the
 /// target, registered `[start, end)` ranges).
 pub type Registration = (u32, i32, Vec<(u64, u64)>);
@@ -186,6 +192,10 @@ pub struct LinuxTarget {
     /// address space kept its size, since start.
     filled: u64,
     max_map_count: u64,
+    /// Each process's VMA count as last read, and when: a second look
+    /// within [`VMA_COUNT_FRESH`] with no advice in between is answered
+    /// from here (see [`Target::vma_count`]).
+    vma_counts: RefCell<HashMap<u32, (u64, Instant)>>,
     /// Injects the write tracker's userfaultfd calls.
     #[cfg(target_arch = "x86_64")]
     injector: pagesift_linux::inject::Injector,
@@ -209,6 +219,7 @@ impl LinuxTarget {
             statm: BTreeMap::new(),
             filled: 0,
             max_map_count: proc::max_map_count().unwrap_or(65_530),
+            vma_counts: RefCell::new(HashMap::new()),
             #[cfg(target_arch = "x86_64")]
             injector: pagesift_linux::inject::Injector::new(Default::default()),
             untrackable: BTreeSet::new(),
@@ -405,11 +416,29 @@ impl Target for LinuxTarget {
         self.src.present_page_runs(id).ok()
     }
 
+    /// Counting a process's VMAs means reading all of `/proc/PID/maps`
+    /// (a guest's QEMU has hundreds of lines), and a wake-up that marks runs
+    /// asks twice per process. The count changes with pagesift's own
+    /// advice, which drops the cached count, and with the process's own
+    /// mappings, which within [`VMA_COUNT_FRESH`] move it by a few VMAs
+    /// against a budget of thousands.
     fn vma_count(&self, pid: u32) -> Option<u64> {
-        proc::map_count(pid).ok()
+        let mut counts = self.vma_counts.borrow_mut();
+        if let Some(&(n, at)) = counts.get(&pid)
+            && at.elapsed() < VMA_COUNT_FRESH
+        {
+            return Some(n);
+        }
+        let n = proc::map_count(pid).ok()?;
+        if counts.len() >= 4096 {
+            counts.clear();
+        }
+        counts.insert(pid, (n, Instant::now()));
+        Some(n)
     }
 
     fn note_advised(&mut self, pid: u32, start: u64, end: u64, mergeable: bool) {
+        self.vma_counts.borrow_mut().remove(&pid);
         self.src.note_advised(pid, start, end, mergeable);
     }
 
