@@ -160,6 +160,7 @@ pub struct Scrubber {
     status: ScrubStatus,
     /// Whether the I/O hints flow (see [`Scrubber::note_io`]).
     io_hints: bool,
+    pressure: Pressure,
 }
 
 impl Scrubber {
@@ -184,6 +185,7 @@ impl Scrubber {
             folios: None,
             status: ScrubStatus::default(),
             io_hints: false,
+            pressure: Pressure::default(),
         }
     }
 
@@ -242,7 +244,7 @@ impl Scrubber {
             .filter(|(_, c)| self.wants(c))
             .map(|&(p, _)| p)
             .collect();
-        let trigger = self.control.due(now, &memory_domains(&pids))?;
+        let trigger = self.control.due(now, self.pressure.domains(now, &pids))?;
         let cpu0 = self.status.cpu_seconds;
         let (dropped, cached) = self.scrub_all(&pids);
         let period = self.control.scrubbed(now, trigger, dropped, cached);
@@ -387,27 +389,69 @@ impl Drop for Scrubber {
     }
 }
 
-/// The memory the guests `pids` compete for (see
-/// [`pagesift_core::pipeline::scrub::FrequencyControl::due`]): the host's, and each
-/// distinct memory cgroup limit they live under. A domain that cannot be
-/// read is left out (the guest may have just exited).
-fn memory_domains(pids: &[u32]) -> Vec<MemoryStats> {
-    let mut domains: Vec<MemoryStats> = pagesift_linux::host::memory_kib().into_iter().collect();
-    let mut seen = Vec::new();
-    for &pid in pids {
-        let Ok(Some(dir)) = pagesift_linux::memcg::memory_cgroup_dir(pid) else {
-            continue;
-        };
-        if seen.contains(&dir) {
-            continue;
+/// How often the memory the guests compete for is read again. Reading it
+/// at every wake-up (meminfo, each guest's `/proc/PID/cgroup` and the
+/// mount table to find its memory cgroup, then the cgroup's files) was
+/// about 12 % of the daemon's CPU in `pagesift bench --quick --only
+/// page-cache` (perf, 2026-11-27); pressure that builds within half a
+/// second is met that much later.
+const PRESSURE_EVERY: Nanos = 500_000_000;
+/// How long a guest's memory cgroup directory is trusted before it is
+/// looked up again (a guest moved to another cgroup is seen that late).
+const CGROUP_DIR_FRESH: Nanos = 10_000_000_000;
+
+/// The memory the guests compete for (see
+/// [`pagesift_core::pipeline::scrub::FrequencyControl::due`]): the host's,
+/// and each distinct memory cgroup limit they live under, read at most
+/// every [`PRESSURE_EVERY`].
+#[derive(Debug, Default)]
+struct Pressure {
+    read_at: Option<Nanos>,
+    domains: Vec<MemoryStats>,
+    /// Each guest's memory cgroup directory (`None`: none, or it could not
+    /// be read), and when it was looked up.
+    dirs: BTreeMap<u32, (Option<PathBuf>, Nanos)>,
+}
+
+impl Pressure {
+    /// The domains of the guests `pids` as of at most [`PRESSURE_EVERY`]
+    /// ago. A domain that cannot be read is left out (the guest may have
+    /// just exited).
+    fn domains(&mut self, now: Nanos, pids: &[u32]) -> &[MemoryStats] {
+        if self.read_at.is_some_and(|t| now < t + PRESSURE_EVERY) {
+            return &self.domains;
         }
-        let total = domains.first().map_or(u64::MAX, |host| host.total);
-        if let Ok(Some(mem)) = pagesift_linux::memcg::read_limited(&dir, total) {
-            domains.push(mem);
+        self.dirs
+            .retain(|pid, (_, at)| pids.contains(pid) && now < *at + CGROUP_DIR_FRESH);
+        let mut domains: Vec<MemoryStats> =
+            pagesift_linux::host::memory_kib().into_iter().collect();
+        let mut seen = Vec::new();
+        for &pid in pids {
+            let dir = self
+                .dirs
+                .entry(pid)
+                .or_insert_with(|| {
+                    let dir = pagesift_linux::memcg::memory_cgroup_dir(pid).ok().flatten();
+                    (dir, now)
+                })
+                .0
+                .clone();
+            let Some(dir) = dir else {
+                continue;
+            };
+            if seen.contains(&dir) {
+                continue;
+            }
+            let total = domains.first().map_or(u64::MAX, |host| host.total);
+            if let Ok(Some(mem)) = pagesift_linux::memcg::read_limited(&dir, total) {
+                domains.push(mem);
+            }
+            seen.push(dir);
         }
-        seen.push(dir);
+        self.domains = domains;
+        self.read_at = Some(now);
+        &self.domains
     }
-    domains
 }
 
 /// Bytes of a page that [`page_hash`] reads: four evenly spaced pieces of
@@ -596,6 +640,23 @@ pub fn scrub_image(
 #[cfg(test)]
 mod tests {
     use super::page_hash;
+    use super::{PRESSURE_EVERY, Pressure};
+
+    /// The memory pressure is read again only every half second; a guest
+    /// that is gone loses its cgroup directory at the next read.
+    #[test]
+    fn pressure_is_read_at_most_every_half_second() {
+        let mut p = Pressure::default();
+        let me = std::process::id();
+        assert!(!p.domains(0, &[me]).is_empty(), "the host's memory");
+        assert_eq!(p.read_at, Some(0));
+        assert!(p.dirs.contains_key(&me));
+        p.domains(PRESSURE_EVERY - 1, &[me]);
+        assert_eq!(p.read_at, Some(0));
+        p.domains(PRESSURE_EVERY, &[]);
+        assert_eq!(p.read_at, Some(PRESSURE_EVERY));
+        assert!(p.dirs.is_empty());
+    }
 
     fn page(seed: u8) -> Vec<u8> {
         (0..4096u32)
