@@ -604,6 +604,28 @@ impl LinuxSource {
         e.into_source_error(region)
     }
 
+    /// The region and live process of pages `first..first + len` of
+    /// `region`, or the core's error (the run passes the region's end:
+    /// `OutOfRange`).
+    fn locate_run(
+        &self,
+        region: RegionId,
+        first: u32,
+        len: usize,
+    ) -> Result<(&LinuxRegion, u32), SourceError> {
+        let (r, pid) = self.locate(PageRef {
+            region,
+            page: first,
+        })?;
+        if first as u64 + len as u64 > r.pages as u64 {
+            return Err(SourceError::OutOfRange(PageRef {
+                region,
+                page: r.pages,
+            }));
+        }
+        Ok((r, pid))
+    }
+
     /// Fills `out[i]` with what is known about page `first + i` of
     /// `region`, in one pagemap read and clustered kpageflags reads.
     pub fn inspect(
@@ -612,17 +634,7 @@ impl LinuxSource {
         first: u32,
         out: &mut [PageInfo],
     ) -> Result<(), SourceError> {
-        let end = first as u64 + out.len() as u64;
-        let (r, pid) = self.locate(PageRef {
-            region,
-            page: first,
-        })?;
-        if end > r.pages as u64 {
-            return Err(SourceError::OutOfRange(PageRef {
-                region,
-                page: r.pages,
-            }));
-        }
+        let (r, pid) = self.locate_run(region, first, out.len())?;
         let addr = r.address(first);
         let res = self
             .procs
@@ -648,17 +660,7 @@ impl LinuxSource {
         first: u32,
         out: &mut [PageState],
     ) -> Result<(), SourceError> {
-        let end = first as u64 + out.len() as u64;
-        let (r, pid) = self.locate(PageRef {
-            region,
-            page: first,
-        })?;
-        if end > r.pages as u64 {
-            return Err(SourceError::OutOfRange(PageRef {
-                region,
-                page: r.pages,
-            }));
-        }
+        let (r, pid) = self.locate_run(region, first, out.len())?;
         let (addr, anon) = (r.address(first), r.kind == RegionKind::Anonymous);
         let p = &self.procs[&pid];
         let mergeable = r.mergeable

@@ -26,7 +26,7 @@ use pagesift_linux::ksm::{
     self, AdvisorMode, Knob, Ksm, KsmGuard, KsmSnapshot, KsmVmstat, Ksmd, ProcessKsmStat, Run,
     TerminationWatch,
 };
-use pagesift_testkit::{Workload, require_root, serial};
+use pagesift_testkit::{HOLEY_STATIC_DUP, Workload, require_root, serial};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -568,17 +568,8 @@ fn page_states_skip_flags_without_changing_a_state() {
     {
         let g = KsmGuard::acquire().unwrap();
         assert!(drain_exited(&g, Duration::from_secs(30)));
-        let holey = [
-            "static-dup",
-            "--mib",
-            "4",
-            "--hole-every",
-            "6",
-            "--zero-every",
-            "5",
-        ];
-        let mut merged = Workload::start_mergeable(&holey);
-        let mut plain = Workload::start(&holey);
+        let mut merged = Workload::start_mergeable(HOLEY_STATIC_DUP);
+        let mut plain = Workload::start(HOLEY_STATIC_DUP);
         let mut fam = Workload::start(&["fork-family", "--mib", "8", "--seed", "3"]);
         let sums = (merged.checksum(), plain.checksum());
         g.set_advisor_mode(AdvisorMode::None).unwrap();

@@ -732,20 +732,9 @@ fn missing_capabilities_are_named() {
     }
 }
 
-/// 4 MiB of one content with a hole every 6th page, a zero page every 5th,
-/// and 1 MiB never touched after it.
+/// The workload of the two PAGEMAP_SCAN tests ([`HOLEY_STATIC_DUP`]).
 fn holey_static_dup() -> Workload {
-    Workload::start(&[
-        "static-dup",
-        "--mib",
-        "4",
-        "--hole-every",
-        "6",
-        "--zero-every",
-        "5",
-        "--untouched-mib",
-        "1",
-    ])
+    Workload::start(HOLEY_STATIC_DUP)
 }
 
 /// A region's present page runs (one PAGEMAP_SCAN walk) cover exactly the

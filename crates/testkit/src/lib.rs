@@ -40,7 +40,7 @@ pub use inject_target::Target;
 pub use observe::{NO_SUCH_PID, cgroup_of, pagemap_entries, present_count, rss_and_pte};
 pub use reaped::Reaped;
 pub use serial::{Serial, serial};
-pub use workload::Workload;
+pub use workload::{HOLEY_STATIC_DUP, Workload};
 
 /// Panics unless running as root: the live tests read other processes'
 /// page maps (CAP_SYS_PTRACE), PFNs (CAP_SYS_ADMIN) and ptrace them.

@@ -11,6 +11,21 @@ use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
+/// Arguments of a workload with every kind of page state a page walk
+/// must tell apart: 4 MiB of one content with a hole every 6th page, a
+/// zero-page mapping every 5th, and 1 MiB never touched after it.
+pub const HOLEY_STATIC_DUP: &[&str] = &[
+    "static-dup",
+    "--mib",
+    "4",
+    "--hole-every",
+    "6",
+    "--zero-every",
+    "5",
+    "--untouched-mib",
+    "1",
+];
+
 /// A running workload; killed (with its children) on drop.
 pub struct Workload {
     child: Child,
