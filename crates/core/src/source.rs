@@ -229,6 +229,14 @@ impl InMemorySource {
         Ok(())
     }
 
+    /// Takes a page out of memory (never touched yet, or reclaimed): it
+    /// reads as not present until it is written.
+    pub fn evict(&mut self, page: PageRef) -> Result<(), SourceError> {
+        let p = self.page_mut(page)?;
+        p.state = PageState::NotPresent;
+        Ok(())
+    }
+
     /// Marks a page merged, as KSM would after finding its twin.
     pub fn merge(&mut self, page: PageRef) -> Result<(), SourceError> {
         let p = self.page_mut(page)?;

@@ -19,7 +19,9 @@
 //! ([`Sweeper::fruitful`]). A region in which a sweep found no duplicate
 //! left to merge sits out the next 2, 4, … up to 64 epochs: distinct (or
 //! merged) memory is hashed rarely, and the ladder's sampling keeps
-//! watching it meanwhile.
+//! watching it meanwhile. An epoch that filling memory called (below)
+//! takes back a region sitting out whose present pages have at least
+//! doubled since its last sweep: it holds new content.
 //! One with fewer than [`MIN_PRESENT`] present pages does not: a guest's
 //! RAM is empty when the guest starts and was sent out for a minute
 //! before it had booted.
@@ -80,11 +82,13 @@ const EMPTY_RETRY: Nanos = 1_000_000_000;
 pub const FILL_PAGES: u64 = 8192;
 
 /// A region left out of the sweep: until the epoch `until`, after
-/// `streak` fruitless sweeps in a row.
+/// `streak` fruitless sweeps in a row, the last of which found `present`
+/// pages present.
 #[derive(Clone, Copy, Debug, Default)]
 struct Quiet {
     until: u64,
     streak: u32,
+    present: u32,
 }
 
 /// A region whose sweep found no duplicate sits out the next 2, 4, 8, …
@@ -227,9 +231,12 @@ impl Sweeper {
             None if now < self.next_epoch_at => return None,
             None => {
                 let epoch = self.stats.epochs;
-                let quiet = &self.quiet;
                 let filling = self.filled >= self.filled_at_epoch.saturating_add(FILL_PAGES);
                 let candidates = regions(filling);
+                if filling {
+                    self.wake_filled(target, epoch);
+                }
+                let quiet = &self.quiet;
                 if candidates.is_empty() {
                     // Nothing to walk yet (no region old enough, say): no
                     // epoch, so no fruitless one that would space the next
@@ -311,6 +318,7 @@ impl Sweeper {
                 let q = self.quiet.entry(f.region).or_default();
                 q.streak = (q.streak + 1).min(MAX_QUIET_SHIFT);
                 q.until = epoch + (1 << q.streak);
+                q.present = f.present;
             }
         }
         let live: std::collections::HashSet<RegionId> = findings.iter().map(|f| f.region).collect();
@@ -329,6 +337,24 @@ impl Sweeper {
         } else {
             (self.backoff * 2).min(MAX_BACKOFF)
         };
+    }
+
+    /// At the start of an epoch that memory filling called: a region
+    /// sitting out whose present pages at least doubled since its last
+    /// (fruitless) sweep is walked in this one. A guest's RAM sub-region
+    /// swept while its guest was booting holds other content once it has
+    /// filled, and would otherwise sit out up to 64 epochs. One
+    /// `PAGEMAP_SCAN` walk per region sitting out, only at such epochs.
+    fn wake_filled<T: Target>(&mut self, target: &mut T, epoch: u64) {
+        for (&id, q) in self.quiet.iter_mut().filter(|(_, q)| q.until > epoch) {
+            let Some(runs) = target.present_runs(id) else {
+                continue;
+            };
+            let present: u64 = runs.iter().map(|&(a, b)| u64::from(b - a)).sum();
+            if present >= 2 * u64::from(q.present.max(MIN_PRESENT)) {
+                q.until = epoch;
+            }
+        }
     }
 
     /// Tallies pages `first..first + n` of region `id`.
@@ -462,6 +488,55 @@ mod tests {
             now += 100_000_000;
         }
         assert!(done.is_some(), "no epoch within a second");
+    }
+
+    /// A region swept while mostly empty sits out the next epochs; an
+    /// epoch that filling memory calls walks it again once its present
+    /// pages have doubled, and not before.
+    #[test]
+    fn a_region_that_filled_since_its_sweep_is_walked_again() {
+        let (mut target, a) = one_region();
+        for page in 128..1024 {
+            target
+                .0
+                .borrow_mut()
+                .mem
+                .evict(PageRef { region: a, page })
+                .unwrap();
+        }
+        let spacing: Nanos = 1_000_000_000;
+        let mut s = Sweeper::new(1.0, spacing);
+        s.note_filled(1);
+        let mut now = spacing;
+        let epoch = |s: &mut Sweeper, target: &mut SimTarget, now: &mut Nanos| {
+            let until = *now + 10 * spacing;
+            while *now < until {
+                *now += 100_000_000;
+                if s.step(target, *now, 1, |_| vec![a]).is_some() {
+                    s.fruitful(false);
+                    return;
+                }
+            }
+            panic!("no epoch ended");
+        };
+        epoch(&mut s, &mut target, &mut now);
+        assert_eq!(s.stats.pages_hashed, 128);
+        // Filled elsewhere: the region kept its pages, so it sits out.
+        s.note_filled(1 + FILL_PAGES);
+        epoch(&mut s, &mut target, &mut now);
+        assert_eq!(s.stats.pages_hashed, 128, "walked while sitting out");
+        // Its own pages fill: walked at the next filling epoch.
+        for page in 128..1024 {
+            target
+                .0
+                .borrow_mut()
+                .mem
+                .write(PageRef { region: a, page }, 50_000 + u64::from(page))
+                .unwrap();
+        }
+        s.note_filled(1 + 2 * FILL_PAGES);
+        epoch(&mut s, &mut target, &mut now);
+        assert_eq!(s.stats.pages_hashed, 128 + 1024);
     }
 
     #[test]
