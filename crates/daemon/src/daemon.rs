@@ -147,13 +147,15 @@ pub const SKIP_RETRY: Nanos = 60 * SEC;
 /// may use: after marking (to see the new flags and VMA splits), when a
 /// process is gone or exec'd. Each is otherwise due at the next wake-up;
 /// with hundreds of thousands of VMAs a refresh takes seconds, and one per
-/// mark took 60 % of a core (50 processes of 10 000 VMAs each). At 2 %,
-/// three booting guests that are marked run by run had a refresh of about
-/// 5 ms every 0.3 s, 0.27-0.33 CPU-s of the daemon's 2.2 in `pagesift
-/// bench --quick --only vm-boot`; at 0.5 %, 0.19. What a refresh would see
-/// meanwhile is known already: pagesift's advice updates the source's
-/// mergeable ranges (`note_advised`), so only the VMA splits wait.
-pub const FORCED_REFRESH_CPU: f64 = 0.005;
+/// mark took 60 % of a core (50 processes of 10 000 VMAs each). 2 % is
+/// not lowered further although three booting guests marked run by run
+/// have a refresh of about 5 ms every 0.3 s (0.27-0.33 CPU-s of the
+/// daemon's 2.2 in `pagesift bench --quick --only vm-boot`): a marked run
+/// becomes a region of its own, and so paces ksmd, only at the refresh
+/// after the mark. At 0.5 % (2026-11-27) the file data of the
+/// guest-files experiment reached 50 % merged at 2.4-2.5 s instead of
+/// 1.2-1.6 s.
+pub const FORCED_REFRESH_CPU: f64 = 0.02;
 /// How long a process whose injection met a bad moment (a thread inside
 /// an rseq critical section, which lasts nanoseconds to microseconds) is
 /// left alone before it is tried again.
