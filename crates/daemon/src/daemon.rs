@@ -152,9 +152,10 @@ pub const SKIP_RETRY: Nanos = 60 * SEC;
 /// have a refresh of about 5 ms every 0.3 s (0.27-0.33 CPU-s of the
 /// daemon's 2.2 in `pagesift bench --quick --only vm-boot`): a marked run
 /// becomes a region of its own, and so paces ksmd, only at the refresh
-/// after the mark. At 0.5 % (2026-11-27) the file data of the
-/// guest-files experiment reached 50 % merged at 2.4-2.5 s instead of
-/// 1.2-1.6 s.
+/// after the mark. At 0.5 % the file data of `pagesift bench --quick
+/// --only guest-files` reached 50 % merged at 2.40 and 2.51 s (two runs,
+/// 2026-11-27, AMD EPYC, 2 cores); at 2 % at 1.56 s (by hand, before) and
+/// 1.66 s (the bench run after).
 pub const FORCED_REFRESH_CPU: f64 = 0.02;
 /// How long a process whose injection met a bad moment (a thread inside
 /// an rseq critical section, which lasts nanoseconds to microseconds) is

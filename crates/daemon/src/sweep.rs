@@ -233,10 +233,6 @@ impl Sweeper {
                 let epoch = self.stats.epochs;
                 let filling = self.filled >= self.filled_at_epoch.saturating_add(FILL_PAGES);
                 let candidates = regions(filling);
-                if filling {
-                    self.wake_filled(target, epoch);
-                }
-                let quiet = &self.quiet;
                 if candidates.is_empty() {
                     // Nothing to walk yet (no region old enough, say): no
                     // epoch, so no fruitless one that would space the next
@@ -246,6 +242,10 @@ impl Sweeper {
                     self.next_epoch_at = now + EMPTY_RETRY.min(self.min_epoch);
                     return None;
                 }
+                if filling {
+                    self.wake_filled(target, epoch);
+                }
+                let quiet = &self.quiet;
                 self.queue = candidates
                     .into_iter()
                     .filter(|id| quiet.get(id).is_none_or(|q| q.until <= epoch))

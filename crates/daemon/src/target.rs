@@ -94,7 +94,8 @@ pub trait Target: MemorySource {
     fn present_runs(&mut self, _id: RegionId) -> Option<Vec<(u32, u32)>> {
         None
     }
-    /// VMAs of a process now.
+    /// VMAs of a process: now, or as read at most a second ago if
+    /// pagesift advised it nothing since (a budget check's bound).
     fn vma_count(&self, pid: u32) -> Option<u64>;
     /// `vm.max_map_count`.
     fn max_map_count(&self) -> u64;

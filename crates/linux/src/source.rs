@@ -683,14 +683,7 @@ impl LinuxSource {
             }
         }
         if b.pfns.contains(&0) {
-            // Present but PFN hidden: opened without CAP_SYS_ADMIN.
-            return Err(SourceError::Other(
-                LinuxError::MissingCapability {
-                    cap: crate::Capability::SysAdmin,
-                    why: crate::error::WHY_PFN,
-                }
-                .to_string(),
-            ));
+            return Err(pfn_hidden());
         }
         b.flags.clear();
         b.flags.resize(b.pfns.len(), KpfFlags(0));
@@ -897,6 +890,18 @@ impl LinuxSource {
     }
 }
 
+/// The error for a present page whose PFN pagemap hid: the source was
+/// opened without `CAP_SYS_ADMIN`.
+fn pfn_hidden() -> SourceError {
+    SourceError::Other(
+        LinuxError::MissingCapability {
+            cap: crate::Capability::SysAdmin,
+            why: crate::error::WHY_PFN,
+        }
+        .to_string(),
+    )
+}
+
 /// Scratch buffers of one [`MemorySource::sample_pages`] call, kept
 /// between calls so a batch allocates nothing.
 #[derive(Debug, Default)]
@@ -962,14 +967,7 @@ impl LinuxSource {
             }
         }
         if b.pfns.contains(&0) {
-            // Present but PFN hidden: opened without CAP_SYS_ADMIN.
-            let err = SourceError::Other(
-                LinuxError::MissingCapability {
-                    cap: crate::Capability::SysAdmin,
-                    why: crate::error::WHY_PFN,
-                }
-                .to_string(),
-            );
+            let err = pfn_hidden();
             for &(_, _, i) in &b.order[range] {
                 states[i] = Err(err.clone());
             }
