@@ -147,16 +147,12 @@ pub const SKIP_RETRY: Nanos = 60 * SEC;
 /// may use: after marking (to see the new flags and VMA splits), when a
 /// process is gone or exec'd. Each is otherwise due at the next wake-up;
 /// with hundreds of thousands of VMAs a refresh takes seconds, and one per
-/// mark took 60 % of a core (50 processes of 10 000 VMAs each). 2 % is
-/// not lowered further although three booting guests marked run by run
-/// have a refresh of about 5 ms every 0.3 s (0.27-0.33 CPU-s of the
-/// daemon's 2.2 in `pagesift bench --quick --only vm-boot`): a marked run
-/// becomes a region of its own, and so paces ksmd, only at the refresh
-/// after the mark. At 0.5 % the file data of `pagesift bench --quick
-/// --only guest-files` reached 50 % merged at 2.40 and 2.51 s (two runs,
-/// 2026-11-27, AMD EPYC, 2 cores); at 2 % at 1.56 s (by hand, before) and
-/// 1.66 s (the bench run after).
-pub const FORCED_REFRESH_CPU: f64 = 0.02;
+/// mark took 60 % of a core (50 processes of 10 000 VMAs each). Three
+/// booting guests marked run by run have a refresh of about 5 ms every
+/// 0.3 s at 2 % (0.27-0.33 CPU-s of the daemon's 2.2 in `pagesift bench
+/// --quick --only vm-boot`). A run marked waits for no refresh to pace
+/// ksmd (see `Daemon::pending_run_pages`).
+pub const FORCED_REFRESH_CPU: f64 = 0.005;
 /// How long a process whose injection met a bad moment (a thread inside
 /// an rseq critical section, which lasts nanoseconds to microseconds) is
 /// left alone before it is tried again.
@@ -495,6 +491,12 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     merging: bool,
     /// `scan_pages` at the last pace (see [`Daemon::pace`]).
     paced_scan_pages: u64,
+    /// Pages of duplicate runs marked since the last refresh. Such a run
+    /// becomes a region of its own (and so counts in the pace as merging)
+    /// only at the refresh after the mark, which [`FORCED_REFRESH_CPU`]
+    /// may put off by seconds; until then ksmd is paced for these pages.
+    /// Zero after every refresh.
+    pending_run_pages: u64,
     cow_ksm_start: Option<u64>,
     started: Nanos,
     cpu_start_ns: u64,
@@ -573,6 +575,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             pacing: Pacing::default(),
             next_pace: now,
             paced_scan_pages: 0,
+            pending_run_pages: 0,
             merging: false,
             cow_ksm_start,
             tracked: 0,
@@ -1147,6 +1150,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             now + MAX_REFRESH_INTERVAL.max((cost as f64 / FORCED_REFRESH_CPU) as Nanos);
         self.force_refresh = false;
         self.pending_change = false;
+        self.pending_run_pages = 0;
         self.after_refresh(now);
         debug!(
             cost_us = cost / 1000,
@@ -1783,6 +1787,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     for i in inside.iter().filter(|i| !i.whole) {
                         if res.is_ok() {
                             self.counters.run_marks += 1;
+                            self.pending_run_pages += i.advice.len / PAGE;
                             summary.run_marks.push((pid, i.advice));
                             info!(
                                 pid,
@@ -1970,10 +1975,13 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         // scan covers (a region not yet counted through counts whole, so
         // that a fresh promotion gets the full pace; at least one page per
         // region). The pacer weighs them against the full scan below.
+        // Runs marked since the last refresh count too (see
+        // `pending_run_pages`).
         let unmerged: u64 = (self.lives.values())
             .filter(|l| l.merging())
             .map(|l| l.scan_pages().max(1))
-            .sum();
+            .sum::<u64>()
+            + self.pending_run_pages;
         // And what one full scan of ksmd covers, as far as pagesift knows
         // (promoted and foreign regions; other processes' mergeable memory
         // is scanned too, unseen): the pacer spends no more than a few such
@@ -1982,7 +1990,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let scan_pages: u64 = (self.lives.values())
             .filter(|l| l.accounted())
             .map(|l| l.scan_pages())
-            .sum();
+            .sum::<u64>()
+            + self.pending_run_pages;
         // Reading KSM's counters and ksmd's CPU costs a dozen file reads:
         // once a second is enough (the pacer is built for that interval),
         // but a change between merging and trickling acts at once, and so

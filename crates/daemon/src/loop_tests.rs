@@ -700,6 +700,31 @@ fn a_run_of_duplicates_inside_poor_regions_is_marked_on_both_sides_and_merged() 
 }
 
 #[test]
+fn ksmd_is_paced_for_a_marked_run_in_the_wake_that_marks_it() {
+    // A marked run becomes a region of its own only at the next refresh,
+    // which the forced-refresh budget may put off by seconds: ksmd must
+    // not trickle until then.
+    let (w, _, _, _) = run_world();
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    let trickle = pagesift_core::pipeline::pacing::PacingConfig::default().trickle_share;
+    let mut marked = 0;
+    for _ in 0..1500 {
+        now += WAKE;
+        let s = d.wake(now);
+        if !s.run_marks.is_empty() {
+            marked += 1;
+            assert!(
+                s.ksm_share > trickle,
+                "ksmd trickles ({}) while the run it was just given waits",
+                s.ksm_share
+            );
+        }
+    }
+    assert!(marked > 0, "no run was marked");
+}
+
+#[test]
 fn runs_stay_within_the_vma_budget_and_never_cost_the_whole_region_marks() {
     let (w, a, b, _) = run_world();
     let whole = {
