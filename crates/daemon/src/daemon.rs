@@ -149,9 +149,11 @@ pub const SKIP_RETRY: Nanos = 60 * SEC;
 /// with hundreds of thousands of VMAs a refresh takes seconds, and one per
 /// mark took 60 % of a core (50 processes of 10 000 VMAs each). Three
 /// booting guests marked run by run have a refresh of about 5 ms every
-/// 0.3 s at 2 % (0.27-0.33 CPU-s of the daemon's 2.2 in `pagesift bench
-/// --quick --only vm-boot`). A run marked waits for no refresh to pace
-/// ksmd (see `Daemon::pending_run_pages`).
+/// 0.3 s: at 2 % refreshes took 0.27-0.33 CPU-s of the daemon's 2.2 in
+/// `pagesift bench --quick --only vm-boot` (2026-11-26/27, AMD EPYC, 2
+/// cores), at 0.5 % 0.18-0.28 CPU-s (`--repeat 3`, 2026-11-27 07:34 UTC,
+/// docs/bench/repeat). A run marked waits for no refresh to pace ksmd
+/// (see `Daemon::pending_run_pages`).
 pub const FORCED_REFRESH_CPU: f64 = 0.005;
 /// How long a process whose injection met a bad moment (a thread inside
 /// an rseq critical section, which lasts nanoseconds to microseconds) is

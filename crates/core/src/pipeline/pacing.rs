@@ -202,8 +202,10 @@ impl Default for PacingConfig {
             // merge the file data guests read (the guest-files
             // experiment: 3 guests, 12 k pages marked run by run as the
             // hints arrive) to 50 % at 0.99 s instead of 1.36 s (one run
-            // each, 2026-11-27, AMD EPYC); the page-cache experiment's
-            // ksmd took 1.53 CPU-s with eight.
+            // each by hand, 2026-11-27, AMD EPYC, 2 cores); the bench's
+            // `--repeat 3` with eight: 0.88-1.05 s (08:03 UTC,
+            // docs/bench/guest-files). The page-cache experiment's ksmd
+            // took 1.36 CPU-s with eight (07:24 UTC, docs/bench/page-cache).
             quick_scans_per_s: 8.0,
             // KSM's pace at pages_to_scan 1000 (1000 pages every 20 ms).
             quick_pages_per_s: 50_000.0,
