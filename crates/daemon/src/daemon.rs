@@ -773,22 +773,29 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let (books, lives, allowed, managed) =
             (&self.books, &self.lives, &self.allowed, &self.self_managed);
         let min_age = (self.config.scan.sweep_min_age_s * SEC as f64) as Nanos;
-        let regions = |filling: bool| {
+        let regions = |filling: &BTreeSet<u32>, full: bool| {
             books
                 .iter()
-                .filter(|&(&id, b)| {
-                    // Sampling regions; and, while memory fills (a guest
-                    // filling its RAM after its regions were marked),
-                    // promoted ones ksmd settled: new duplicates in them
-                    // would wait for the trickle.
-                    (lives.mode(id) == Some(Mode::Sampling)
-                        || (filling && lives.mode(id) == Some(Mode::Promoted)))
+                .filter_map(|(&id, b)| {
+                    // A full epoch walks every sampling region; a fill
+                    // epoch those of the processes that filled. Both walk
+                    // the settled promoted regions of those processes (a
+                    // guest filling RAM that was marked early): new
+                    // duplicates in them would wait for the trickle.
+                    let pid = b.span.proc.pid;
+                    let filled = filling.contains(&pid);
+                    let walk = match lives.mode(id) {
+                        Some(Mode::Sampling) => full || filled,
+                        Some(Mode::Promoted) => filled,
+                        _ => false,
+                    };
+                    (walk
                         && !lives.is_hidden(id)
-                        && allowed.contains_key(&b.span.proc.pid)
-                        && !managed.contains(&b.span.proc.pid)
-                        && now.saturating_sub(b.first_seen) >= min_age
+                        && allowed.contains_key(&pid)
+                        && !managed.contains(&pid)
+                        && now.saturating_sub(b.first_seen) >= min_age)
+                        .then_some((id, filled))
                 })
-                .map(|(&id, _)| id)
                 .collect()
         };
         let min_run = self.config.actuate.run_min_pages.max(1);
@@ -796,8 +803,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let Some(findings) = self.sweeper.step(&mut self.target, now, min_run, regions) else {
             return;
         };
-        // The new epoch's runs replace the last one's that still wait.
-        self.sweep_runs.clear();
+        // The new epoch's runs replace the last one's that still wait (a
+        // fill epoch's, those of the regions it walked).
+        if self.sweeper.fill_epoch() {
+            let walked: HashSet<RegionId> = findings.iter().map(|f| f.region).collect();
+            self.sweep_runs.retain(|r| !walked.contains(&r.region));
+        } else {
+            self.sweep_runs.clear();
+        }
         let watching = self.config.actuate.write_tracking && self.config.ladder.v_cow < 1.0;
         let top = self.distiller.ladder().levels() - 1;
         let (mut raised, mut runs, mut remerged) = (0u64, 0u64, 0u64);

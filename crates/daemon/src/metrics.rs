@@ -208,6 +208,10 @@ const COUNTERS: &[(&str, &str)] = &[
     ("wakeups", "Wake-ups"),
     ("global_rounds", "Global sampling rounds"),
     ("sweep_epochs", "Exact sweeps finished"),
+    (
+        "sweep_fill_epochs",
+        "Exact sweeps of only the processes that filled memory",
+    ),
     ("sweep_hashed_pages", "Pages hashed by the exact sweep"),
     ("sweep_cpu_seconds", "CPU time of the exact sweep"),
     (
@@ -427,6 +431,7 @@ impl Metrics {
             ("wakeups", t.wakes as f64),
             ("global_rounds", t.global_rounds as f64),
             ("sweep_epochs", d.sweep.epochs as f64),
+            ("sweep_fill_epochs", d.sweep.fill_epochs as f64),
             ("sweep_hashed_pages", d.sweep.pages_hashed as f64),
             ("sweep_cpu_seconds", d.sweep.cpu_ns as f64 / 1e9),
             ("sweep_raised_regions", d.sweep.raised as f64),

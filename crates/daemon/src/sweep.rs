@@ -26,17 +26,24 @@
 //! RAM is empty when the guest starts and was sent out for a minute
 //! before it had booted.
 //!
-//! An epoch also starts at once, spacing and back-off waived, when at
-//! least [`FILL_PAGES`] pages filled mappings that kept their size since
-//! the last one began ([`Sweeper::note_filled`], from `statm`, read with
-//! the check for changed processes): new memory is where new duplicates
-//! are, and a guest that boots fills hundreds of MiB of RAM that was
-//! mapped before it started. A process that maps new memory (a
-//! short-lived region) changes its size and counts nothing: that stays the
-//! ladder's, whose V_life skips memory that does not last. Such an epoch
-//! also walks the promoted regions ksmd has settled (the daemon lists
-//! them): a guest goes on filling RAM that was marked early, and the
-//! duplicates that appear there would otherwise wait for ksmd's trickle.
+//! A *fill epoch* starts at once, spacing and back-off waived, for the
+//! processes that filled at least [`FILL_PAGES`] pages of mappings they
+//! already had since an epoch last walked them for it
+//! ([`Sweeper::note_filled`], from `statm`, read with the check for
+//! changed processes: resident growth beyond growth in size): new memory
+//! is where new duplicates are, and a guest that boots fills hundreds of
+//! MiB of RAM that was mapped before it started. It walks only those
+//! processes' regions, sampling ones and the promoted ones ksmd has
+//! settled (a guest goes on filling RAM that was marked early, and the
+//! duplicates that appear there would otherwise wait for ksmd's trickle),
+//! and it neither moves the full epochs' schedule nor counts for their
+//! back-off or for the regions sitting out. The twins of its pages that
+//! other processes hold merged are found through the recall
+//! (`core::pipeline::sweep`). A full epoch walks the settled regions of
+//! the processes that filled too. (Until 2026-11-27 any fill started a
+//! full epoch, counted only where a process's size held, which QEMU's
+//! never does while its guest boots: the trigger fired once per vm-boot
+//! run.)
 //!
 //! An epoch takes only regions the daemon has known for
 //! `scan.sweep_min_age_s` (the daemon's list): hashing every page pays
@@ -52,11 +59,11 @@
 //! pages never pinned), as for sampling.
 
 use crate::target::Target;
-use pagesift_core::pipeline::sweep::{RegionFinding, Sweep};
+use pagesift_core::pipeline::sweep::{Recall, RegionFinding, Sweep};
 use pagesift_core::source::PageState;
 use pagesift_core::{Nanos, PageRef, PageWords, RegionId};
 use pagesift_linux::host;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 /// Pages whose states are read at once.
 pub const CHUNK_PAGES: u32 = 512;
@@ -80,6 +87,11 @@ const EMPTY_RETRY: Nanos = 1_000_000_000;
 /// `pagesift bench --quick --only vm-boot` on 2026-11-26, read by hand
 /// from its pagemap). pagesift's choice.
 pub const FILL_PAGES: u64 = 8192;
+
+/// Hashes the recall keeps from earlier epochs (`core::pipeline::sweep`'s
+/// *Recall*): 2^20, about 17 MiB at most, enough for 4 GiB of distinct
+/// content. pagesift's choice.
+pub const RECALL_CAPACITY: usize = 1 << 20;
 
 /// A region left out of the sweep: until the epoch `until`, after
 /// `streak` fruitless sweeps in a row, the last of which found `present`
@@ -118,6 +130,10 @@ pub struct SweepStats {
     pub runs: u64,
     /// Duration of the last finished epoch, in ns.
     pub last_epoch_ns: u64,
+    /// Of the epochs, those that filling processes called, walking only
+    /// them.
+    #[serde(default)]
+    pub fill_epochs: u64,
 }
 
 /// The sweep's state between wake-ups.
@@ -130,16 +146,24 @@ pub struct Sweeper {
     /// its walk began (`None`: unknown, every page is looked at).
     present: Option<Vec<(u32, u32)>>,
     sweep: Sweep,
+    /// What earlier epochs saw, lent to the epoch under way.
+    recall: Recall,
     epoch_started: Option<Nanos>,
     next_epoch_at: Nanos,
     backoff: u64,
     /// Regions whose last sweeps found no duplicate, skipped for a while.
     quiet: HashMap<RegionId, Quiet>,
     last_wake: Option<Nanos>,
-    /// The fill count ([`Sweeper::note_filled`]) now, and when the last
-    /// epoch began.
-    filled: u64,
-    filled_at_epoch: u64,
+    /// Each process's fill count ([`Sweeper::note_filled`]) now, and at
+    /// the start of the last epoch that walked it because it filled (or
+    /// when first seen).
+    filled: BTreeMap<u32, u64>,
+    filled_at_epoch: BTreeMap<u32, u64>,
+    /// Full epochs finished: the clock of the regions sitting out (fill
+    /// epochs walk a few processes and do not advance it).
+    full_epochs: u64,
+    /// Whether the epoch under way (or the last one) was a fill epoch.
+    fill_epoch: bool,
     ns_per_page: f64,
     states: Vec<PageState>,
     pages: Vec<PageRef>,
@@ -159,6 +183,7 @@ impl Sweeper {
             cursor: None,
             present: None,
             sweep: Sweep::new(),
+            recall: Recall::new(RECALL_CAPACITY),
             epoch_started: None,
             // Sampling looks first: the first epoch starts one spacing
             // after the daemon, by when the duplicates sampling finds at
@@ -167,8 +192,10 @@ impl Sweeper {
             backoff: 1,
             quiet: HashMap::new(),
             last_wake: None,
-            filled: 0,
-            filled_at_epoch: 0,
+            filled: BTreeMap::new(),
+            filled_at_epoch: BTreeMap::new(),
+            full_epochs: 0,
+            fill_epoch: false,
             ns_per_page: INITIAL_NS_PER_PAGE,
             states: Vec::new(),
             pages: Vec::new(),
@@ -188,20 +215,34 @@ impl Sweeper {
         self.min_epoch = min_epoch;
     }
 
-    /// Pages that filled mappings which kept their size, counted since
-    /// the daemon started (`Target::filled_pages`). When
-    /// [`FILL_PAGES`] more than when the last epoch began (or the count's
-    /// first value) filled, the next epoch is due at once.
-    pub fn note_filled(&mut self, filled: u64) {
-        if self.filled == 0 && self.filled_at_epoch == 0 {
-            self.filled_at_epoch = filled;
+    /// Each process's pages that filled mappings it already had, counted
+    /// since the daemon started (`Target::filled_pages`). A process that
+    /// filled [`FILL_PAGES`] more than when an epoch last walked it for
+    /// filling (or than when first seen) gets a fill epoch at once.
+    pub fn note_filled(&mut self, filled: BTreeMap<u32, u64>) {
+        for (&pid, &n) in &filled {
+            self.filled_at_epoch.entry(pid).or_insert(n);
         }
+        self.filled_at_epoch
+            .retain(|pid, _| filled.contains_key(pid));
         self.filled = filled;
-        if self.epoch_started.is_none() && filled >= self.filled_at_epoch.saturating_add(FILL_PAGES)
-        {
-            self.next_epoch_at = 0;
-            self.backoff = 1;
-        }
+    }
+
+    /// The processes that filled [`FILL_PAGES`] since an epoch last walked
+    /// them for it.
+    fn filling(&self) -> BTreeSet<u32> {
+        (self.filled.iter())
+            .filter(|&(pid, &n)| {
+                n >= (self.filled_at_epoch.get(pid).copied().unwrap_or(n))
+                    .saturating_add(FILL_PAGES)
+            })
+            .map(|(&pid, _)| pid)
+            .collect()
+    }
+
+    /// Whether the epoch under way, or the last one, is a fill epoch.
+    pub fn fill_epoch(&self) -> bool {
+        self.fill_epoch
     }
 
     /// Measured CPU per walked page, in ns.
@@ -210,16 +251,18 @@ impl Sweeper {
     }
 
     /// One wake-up's slice. `regions` lists the regions to sweep, asked
-    /// for only when an epoch starts, and told whether memory filled
-    /// ([`FILL_PAGES`]) since the last one began. Returns the findings when this slice
-    /// finished an epoch: each region's counts, and its duplicate runs of
-    /// at least `min_run` pages joined over gaps of up to [`RUN_GAP`].
+    /// for only when an epoch starts, given the processes that filled
+    /// ([`FILL_PAGES`]) and whether the epoch is a full one (else it
+    /// walks only those processes); each region comes with whether its
+    /// process filled. Returns the findings when this slice finished an
+    /// epoch: each region's counts, and its duplicate runs of at least
+    /// `min_run` pages joined over gaps of up to [`RUN_GAP`].
     pub fn step<T: Target>(
         &mut self,
         target: &mut T,
         now: Nanos,
         min_run: u32,
-        regions: impl FnOnce(bool) -> Vec<RegionId>,
+        regions: impl FnOnce(&BTreeSet<u32>, bool) -> Vec<(RegionId, bool)>,
     ) -> Option<Vec<RegionFinding>> {
         let since = now.saturating_sub(self.last_wake.unwrap_or(now));
         self.last_wake = Some(now);
@@ -228,32 +271,41 @@ impl Sweeper {
         }
         let started = match self.epoch_started {
             Some(t) => t,
-            None if now < self.next_epoch_at => return None,
             None => {
-                let epoch = self.stats.epochs;
-                let filling = self.filled >= self.filled_at_epoch.saturating_add(FILL_PAGES);
-                let candidates = regions(filling);
+                let filling = self.filling();
+                let full = now >= self.next_epoch_at;
+                if !full && filling.is_empty() {
+                    return None;
+                }
+                let epoch = self.full_epochs;
+                let candidates = regions(&filling, full);
                 if candidates.is_empty() {
                     // Nothing to walk yet (no region old enough, say): no
                     // epoch, so no fruitless one that would space the next
                     // out, and the fill stays counted. Look again shortly.
                     // (Regions sitting out do start one, empty or not:
                     // their time out is counted in epochs.)
-                    self.next_epoch_at = now + EMPTY_RETRY.min(self.min_epoch);
+                    if full {
+                        self.next_epoch_at = now + EMPTY_RETRY.min(self.min_epoch);
+                    }
                     return None;
                 }
-                if filling {
-                    self.wake_filled(target, epoch);
-                }
+                self.wake_filled(target, epoch, &candidates);
                 let quiet = &self.quiet;
                 self.queue = candidates
                     .into_iter()
-                    .filter(|id| quiet.get(id).is_none_or(|q| q.until <= epoch))
+                    .filter(|(id, _)| quiet.get(id).is_none_or(|q| q.until <= epoch))
+                    .map(|(id, _)| id)
                     .collect();
                 self.cursor = None;
-                self.sweep = Sweep::new();
+                self.sweep = Sweep::with_recall(std::mem::take(&mut self.recall));
                 self.epoch_started = Some(now);
-                self.filled_at_epoch = self.filled;
+                self.fill_epoch = !full;
+                for pid in filling {
+                    if let Some(&n) = self.filled.get(&pid) {
+                        self.filled_at_epoch.insert(pid, n);
+                    }
+                }
                 now
             }
         };
@@ -305,9 +357,16 @@ impl Sweeper {
         self.stats.epochs += 1;
         self.stats.last_epoch_ns = now.saturating_sub(started);
         self.epoch_started = None;
-        self.next_epoch_at = started + self.min_epoch * self.backoff;
-        let findings = std::mem::take(&mut self.sweep).finish(min_run, RUN_GAP);
-        let epoch = self.stats.epochs;
+        if self.fill_epoch {
+            self.stats.fill_epochs += 1;
+        } else {
+            self.full_epochs += 1;
+            self.next_epoch_at = started + self.min_epoch * self.backoff;
+        }
+        let mut sweep = std::mem::take(&mut self.sweep);
+        self.recall = sweep.take_recall();
+        let findings = sweep.finish(min_run, RUN_GAP);
+        let epoch = self.full_epochs;
         for f in &findings {
             // A region with (next to) nothing present says nothing about
             // what it will hold: a guest's RAM is empty when its guest
@@ -321,9 +380,12 @@ impl Sweeper {
                 q.present = f.present;
             }
         }
-        let live: std::collections::HashSet<RegionId> = findings.iter().map(|f| f.region).collect();
-        self.quiet
-            .retain(|id, q| live.contains(id) || q.until > epoch);
+        if !self.fill_epoch {
+            let live: std::collections::HashSet<RegionId> =
+                findings.iter().map(|f| f.region).collect();
+            self.quiet
+                .retain(|id, q| live.contains(id) || q.until > epoch);
+        }
         Some(findings)
     }
 
@@ -332,6 +394,10 @@ impl Sweeper {
     /// the shortest spacing, so that memory with nothing new to merge
     /// costs little; a fruitful epoch brings the spacing back.
     pub fn fruitful(&mut self, yes: bool) {
+        // A fill epoch walked a few processes: it says nothing of the rest.
+        if self.fill_epoch {
+            return;
+        }
         self.backoff = if yes {
             1
         } else {
@@ -339,14 +405,24 @@ impl Sweeper {
         };
     }
 
-    /// At the start of an epoch that memory filling called: a region
-    /// sitting out whose present pages at least doubled since its last
+    /// At the start of an epoch: a region of a process that filled,
+    /// sitting out, whose present pages at least doubled since its last
     /// (fruitless) sweep is walked in this one. A guest's RAM sub-region
     /// swept while its guest was booting holds other content once it has
     /// filled, and would otherwise sit out up to 64 epochs. One
-    /// `PAGEMAP_SCAN` walk per region sitting out, only at such epochs.
-    fn wake_filled<T: Target>(&mut self, target: &mut T, epoch: u64) {
-        for (&id, q) in self.quiet.iter_mut().filter(|(_, q)| q.until > epoch) {
+    /// `PAGEMAP_SCAN` walk per such region sitting out (of the processes
+    /// that filled only: a host of thousands of quiet regions paid one
+    /// walk each at every epoch a single process's fill called).
+    fn wake_filled<T: Target>(
+        &mut self,
+        target: &mut T,
+        epoch: u64,
+        candidates: &[(RegionId, bool)],
+    ) {
+        for &(id, _) in candidates.iter().filter(|&&(_, filled)| filled) {
+            let Some(q) = self.quiet.get_mut(&id).filter(|q| q.until > epoch) else {
+                continue;
+            };
             let Some(runs) = target.present_runs(id) else {
                 continue;
             };
@@ -413,6 +489,24 @@ mod tests {
         assert_eq!(next_present(&[], 0), None);
     }
 
+    /// Fill counts: process `pid` filled `n` pages.
+    fn filled(pid: u32, n: u64) -> BTreeMap<u32, u64> {
+        BTreeMap::from([(pid, n)])
+    }
+
+    /// The daemon's choice of regions for a world of one region `a` of
+    /// process `pid`: walked by full epochs, and by fill epochs of `pid`.
+    fn only(a: RegionId, pid: u32) -> impl FnOnce(&BTreeSet<u32>, bool) -> Vec<(RegionId, bool)> {
+        move |filling, full| {
+            let filled = filling.contains(&pid);
+            if full || filled {
+                vec![(a, filled)]
+            } else {
+                vec![]
+            }
+        }
+    }
+
     /// A process with one region of 1024 distinct pages.
     fn one_region() -> (SimTarget, RegionId) {
         let w = world();
@@ -429,24 +523,33 @@ mod tests {
         let (mut target, a) = one_region();
         let spacing: Nanos = 5_000_000_000;
         let mut s = Sweeper::new(1.0, spacing);
-        s.note_filled(100);
-        assert!(s.step(&mut target, 0, 1, |_| vec![a]).is_none());
+        s.note_filled(filled(40, 100));
+        assert!(s.step(&mut target, 0, 1, only(a, 40)).is_none());
         // Less than FILL_PAGES: the spacing stands.
-        s.note_filled(100 + FILL_PAGES - 1);
-        assert!(s.step(&mut target, 100_000_000, 1, |_| vec![a]).is_none());
+        s.note_filled(filled(40, 100 + FILL_PAGES - 1));
+        assert!(s.step(&mut target, 100_000_000, 1, only(a, 40)).is_none());
         assert_eq!(s.stats.pages_walked, 0);
         // FILL_PAGES since the count's first value: due now.
-        s.note_filled(100 + FILL_PAGES);
+        s.note_filled(filled(40, 100 + FILL_PAGES));
         let mut now = 200_000_000;
         let mut done = None;
         while done.is_none() && now < spacing {
-            done = s.step(&mut target, now, 1, |_| vec![a]);
+            done = s.step(&mut target, now, 1, only(a, 40));
             now += 100_000_000;
         }
         assert!(done.is_some(), "no epoch before the spacing");
+        assert_eq!(s.stats.fill_epochs, 1);
         // Counted again from that epoch's start: nothing new, not due.
         s.fruitful(false);
-        assert!(s.step(&mut target, now, 1, |_| vec![a]).is_none());
+        assert!(s.step(&mut target, now, 1, only(a, 40)).is_none());
+        assert_eq!(s.stats.epochs, 1);
+        // Another process's fill does not call an epoch for this one.
+        let mut more = filled(40, 100 + FILL_PAGES);
+        more.insert(41, 0);
+        s.note_filled(more.clone());
+        more.insert(41, 10 * FILL_PAGES);
+        s.note_filled(more);
+        assert!(s.step(&mut target, now, 1, only(a, 40)).is_none());
         assert_eq!(s.stats.epochs, 1);
     }
 
@@ -459,7 +562,7 @@ mod tests {
         let mut s = Sweeper::new(1.0, spacing);
         let mut now = 0;
         while s.stats.pages_walked < 2 * 1024 && now < 60 * spacing {
-            if s.step(&mut target, now, 1, |_| vec![a]).is_some() {
+            if s.step(&mut target, now, 1, only(a, 40)).is_some() {
                 s.fruitful(false);
             }
             now += 100_000_000;
@@ -477,14 +580,14 @@ mod tests {
         let mut s = Sweeper::new(1.0, spacing);
         let mut now = spacing;
         while now < 3 * spacing {
-            assert!(s.step(&mut target, now, 1, |_| vec![]).is_none());
+            assert!(s.step(&mut target, now, 1, |_, _| vec![]).is_none());
             now += 100_000_000;
         }
         assert_eq!(s.stats.epochs, 0);
         let until = now + 1_100_000_000;
         let mut done = None;
         while done.is_none() && now < until {
-            done = s.step(&mut target, now, 1, |_| vec![a]);
+            done = s.step(&mut target, now, 1, only(a, 40));
             now += 100_000_000;
         }
         assert!(done.is_some(), "no epoch within a second");
@@ -506,13 +609,13 @@ mod tests {
         }
         let spacing: Nanos = 1_000_000_000;
         let mut s = Sweeper::new(1.0, spacing);
-        s.note_filled(1);
+        s.note_filled(filled(40, 1));
         let mut now = spacing;
         let epoch = |s: &mut Sweeper, target: &mut SimTarget, now: &mut Nanos| {
             let until = *now + 10 * spacing;
             while *now < until {
                 *now += 100_000_000;
-                if s.step(target, *now, 1, |_| vec![a]).is_some() {
+                if s.step(target, *now, 1, only(a, 40)).is_some() {
                     s.fruitful(false);
                     return;
                 }
@@ -521,8 +624,9 @@ mod tests {
         };
         epoch(&mut s, &mut target, &mut now);
         assert_eq!(s.stats.pages_hashed, 128);
-        // Filled elsewhere: the region kept its pages, so it sits out.
-        s.note_filled(1 + FILL_PAGES);
+        // Filled elsewhere in its process: the region kept its pages, so
+        // it sits out.
+        s.note_filled(filled(40, 1 + FILL_PAGES));
         epoch(&mut s, &mut target, &mut now);
         assert_eq!(s.stats.pages_hashed, 128, "walked while sitting out");
         // Its own pages fill: walked at the next filling epoch.
@@ -534,7 +638,7 @@ mod tests {
                 .write(PageRef { region: a, page }, 50_000 + u64::from(page))
                 .unwrap();
         }
-        s.note_filled(1 + 2 * FILL_PAGES);
+        s.note_filled(filled(40, 1 + 2 * FILL_PAGES));
         epoch(&mut s, &mut target, &mut now);
         assert_eq!(s.stats.pages_hashed, 128 + 1024);
     }
@@ -546,7 +650,7 @@ mod tests {
         let mut s = Sweeper::new(1.0, spacing);
         let mut now = 0;
         while now < spacing {
-            assert!(s.step(&mut target, now, 1, |_| vec![a]).is_none());
+            assert!(s.step(&mut target, now, 1, only(a, 40)).is_none());
             now += 100_000_000;
         }
         assert_eq!(
@@ -555,7 +659,7 @@ mod tests {
         );
         let mut done = None;
         while done.is_none() && now < 3 * spacing {
-            done = s.step(&mut target, now, 1, |_| vec![a]);
+            done = s.step(&mut target, now, 1, only(a, 40));
             now += 100_000_000;
         }
         assert!(done.is_some(), "no epoch ended");

@@ -111,13 +111,13 @@ pub trait Target: MemorySource {
     fn ksm_stat(&self, _pid: u32) -> Option<ksm::ProcessKsmStat> {
         None
     }
-    /// Pages that joined the resident sets of the selected processes in
-    /// mappings that kept their size (a guest filling its RAM, a heap
-    /// growing in place, not a process mapping something new), counted
-    /// from start at each [`Target::processes_changed`]; monotonic. The
-    /// default counts none.
-    fn filled_pages(&self) -> u64 {
-        0
+    /// Per selected process, the pages that joined its resident set
+    /// beyond what it mapped anew (a guest filling its RAM, a heap growing
+    /// in place), counted from start at each
+    /// [`Target::processes_changed`]; monotonic per process. The default
+    /// counts none.
+    fn filled_pages(&self) -> BTreeMap<u32, u64> {
+        BTreeMap::new()
     }
     /// Whether the process `key` names still lives as that process (its
     /// pid was not reused, it did not exec), selected or not, as of now:
@@ -186,12 +186,12 @@ pub struct LinuxTarget {
     /// refresh: a change means it mapped or unmapped something, which the
     /// next check turns into a refresh (see [`Target::processes_changed`]).
     vm_pages: BTreeMap<u32, u64>,
-    /// Each selected process's `statm` at the last check, and whether its
-    /// size was the same at the check before, for [`Target::filled_pages`].
-    statm: BTreeMap<u32, (proc::Statm, bool)>,
-    /// Pages that joined the resident sets of selected processes whose
-    /// address space kept its size, since start.
-    filled: u64,
+    /// Each selected process's `statm` at the last check, for
+    /// [`Target::filled_pages`].
+    statm: BTreeMap<u32, proc::Statm>,
+    /// Per selected process, the pages that joined its resident set
+    /// beyond its growth in size, since start.
+    filled: BTreeMap<u32, u64>,
     max_map_count: u64,
     /// Each process's VMA count as last read, and when: a second look
     /// within [`VMA_COUNT_FRESH`] with no advice in between is answered
@@ -218,7 +218,7 @@ impl LinuxTarget {
             procs: Vec::new(),
             vm_pages: BTreeMap::new(),
             statm: BTreeMap::new(),
-            filled: 0,
+            filled: BTreeMap::new(),
             max_map_count: proc::max_map_count().unwrap_or(65_530),
             vma_counts: RefCell::new(HashMap::new()),
             #[cfg(target_arch = "x86_64")]
@@ -288,20 +288,24 @@ impl LinuxTarget {
                 continue;
             };
             changed |= m.size != seen;
-            // Counted only where the size held over two checks: a
-            // short-lived region mapped just before a check and filled
-            // after it is not memory that was there before.
-            let stable = match self.statm.get(&pid) {
-                Some(&(before, steady)) if before.size == m.size => {
-                    if steady {
-                        self.filled += m.resident.saturating_sub(before.resident);
-                    }
-                    true
-                }
-                _ => false,
-            };
-            now.insert(pid, (m, stable));
+            // Resident growth beyond the growth in size: memory that filled
+            // mappings the process had. (Counting only where the size held
+            // counted nothing for QEMU, which maps 16-18 000-page areas
+            // while its guest boots: `statm` read once a second in a
+            // vm-boot run on 2026-11-26.) A region mapped and filled
+            // between two checks counts nothing; one filled later does,
+            // but the sweep walks only regions older than
+            // `scan.sweep_min_age_s`.
+            if let Some(before) = self.statm.get(&pid) {
+                let grew = m.resident.saturating_sub(before.resident);
+                let mapped = m.size.saturating_sub(before.size);
+                *self.filled.entry(pid).or_default() += grew.saturating_sub(mapped);
+            } else {
+                self.filled.entry(pid).or_default();
+            }
+            now.insert(pid, m);
         }
+        self.filled.retain(|pid, _| now.contains_key(pid));
         self.statm = now;
         changed
     }
@@ -378,8 +382,8 @@ impl Target for LinuxTarget {
         self.procs.clone()
     }
 
-    fn filled_pages(&self) -> u64 {
-        self.filled
+    fn filled_pages(&self) -> BTreeMap<u32, u64> {
+        self.filled.clone()
     }
 
     fn discovery_skipped(&self) -> Vec<(u32, String)> {

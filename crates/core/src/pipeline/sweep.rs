@@ -32,6 +32,20 @@
 //!   would break merged pages) from writes beside them (they would not:
 //!   [`crate::pipeline::write_watch`]).
 //!
+//! ## Recall
+//! A page merged by ksmd is not read again (that would pin it), so an
+//! epoch cannot hash it, and new copies of merged content would find no
+//! twin: a third guest reading the files two guests read and merged
+//! before finds them only in its own page cache and tmpfs copy. So the
+//! sweeper keeps a [`Recall`] of the hashes earlier epochs saw, with a
+//! digest of where each was seen: a page whose hash no page of this
+//! epoch had yet, but an earlier epoch saw at another place, counts as a
+//! duplicate. The content may have gone since (freed, rewritten); then
+//! ksmd finds nothing to merge there, which the verdict allows. The
+//! recall is bounded (two generations of at most half its capacity each,
+//! the newest kept), so memory moving around a long-lived heap costs a
+//! few needless marks at most.
+//!
 //! ## Invariants
 //! `first` holds, per hash seen this epoch, the first location seen with
 //! it. A page's bit in its region's tally is set iff another observed page
@@ -146,17 +160,99 @@ impl RegionFinding {
     }
 }
 
+/// Content seen by earlier epochs: hash → where (a 32-bit digest of the
+/// page's place, [`spot`]). See the module header's *Recall*.
+///
+/// Invariant: `recent.len() + older.len() <= 2 × half`, where `half` is
+/// half the capacity given to [`Recall::new`]: `recent` takes an epoch's
+/// hashes until it would pass `half`, then becomes `older` (the previous
+/// `older` is dropped).
+#[derive(Clone, Debug, Default)]
+pub struct Recall {
+    recent: HashMap<u64, u32>,
+    older: HashMap<u64, u32>,
+    half: usize,
+}
+
+impl Recall {
+    /// A recall of at most `capacity` hashes (0: off).
+    pub fn new(capacity: usize) -> Recall {
+        Recall {
+            half: capacity / 2,
+            ..Recall::default()
+        }
+    }
+
+    /// Hashes remembered.
+    pub fn len(&self) -> usize {
+        self.recent.len() + self.older.len()
+    }
+
+    /// Whether nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether an earlier epoch saw `hash` at another place than `page`.
+    fn elsewhere(&self, hash: u64, page: PageRef) -> bool {
+        let here = spot(page);
+        (self.recent.get(&hash).or_else(|| self.older.get(&hash))).is_some_and(|&s| s != here)
+    }
+
+    /// Takes in one epoch's first places of its hashes.
+    fn absorb(&mut self, first: &HashMap<u64, PageRef>) {
+        if self.half == 0 {
+            return;
+        }
+        if self.recent.len() + first.len() > self.half {
+            self.older = std::mem::take(&mut self.recent);
+        }
+        for (&hash, &page) in first.iter().take(self.half) {
+            self.recent.insert(hash, spot(page));
+        }
+    }
+}
+
+/// A 32-bit digest of a page's place: the recall only needs to tell "the
+/// same page seen again" from "another page" (a collision makes a
+/// duplicate look like the same page: one missed, nothing wrong marked).
+fn spot(page: PageRef) -> u32 {
+    let x = page
+        .region
+        .0
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(u64::from(page.page));
+    (x ^ (x >> 32)) as u32
+}
+
 /// One epoch of the exact sweep (see the module header).
 #[derive(Clone, Debug, Default)]
 pub struct Sweep {
     first: HashMap<u64, PageRef>,
     regions: BTreeMap<RegionId, Tally>,
+    recall: Recall,
 }
 
 impl Sweep {
     /// An empty epoch.
     pub fn new() -> Sweep {
         Sweep::default()
+    }
+
+    /// An empty epoch that also finds twins in what earlier epochs saw.
+    pub fn with_recall(recall: Recall) -> Sweep {
+        Sweep {
+            recall,
+            ..Sweep::default()
+        }
+    }
+
+    /// The recall, with this epoch's hashes taken in (call before
+    /// [`Sweep::finish`]; the sweep keeps an empty one).
+    pub fn take_recall(&mut self) -> Recall {
+        let mut r = std::mem::take(&mut self.recall);
+        r.absorb(&self.first);
+        r
     }
 
     /// Regions observed so far.
@@ -188,6 +284,14 @@ impl Sweep {
         match self.first.get(&hash) {
             None => {
                 self.first.insert(hash, page);
+                // Its twin may have been seen by an earlier epoch and be
+                // merged now (not read, so not hashed in this one).
+                if self.recall.elsewhere(hash, page) {
+                    self.regions
+                        .get_mut(&page.region)
+                        .expect("counted")
+                        .set(page.page);
+                }
             }
             Some(&twin) => {
                 if let Some(t) = self.regions.get_mut(&twin.region) {
@@ -313,6 +417,72 @@ mod tests {
         s.observe(at(1, 3), 7);
         let f = s.finish(1, 0);
         assert_eq!((f[0].present, f[0].dups), (1, 0));
+    }
+
+    #[test]
+    fn a_twin_an_earlier_epoch_saw_makes_a_duplicate_but_the_page_itself_does_not() {
+        // Epoch 1: region 1 holds content 0..50, unmerged, no twin.
+        let mut s = Sweep::with_recall(Recall::new(1000));
+        s.begin_region(RegionId(1), 50);
+        for p in 0..50 {
+            s.observe(at(1, p), 7000 + u64::from(p));
+        }
+        let recall = s.take_recall();
+        assert_eq!(s.finish(1, 0)[0].dups, 0);
+        assert_eq!(recall.len(), 50);
+        // Epoch 2: region 1's pages 0..20 are merged now (not read), the
+        // rest unchanged; region 2 holds copies of pages 0..20 and 30..40.
+        let mut s = Sweep::with_recall(recall);
+        s.begin_region(RegionId(1), 50);
+        s.begin_region(RegionId(2), 50);
+        for p in 0..50 {
+            if p < 20 {
+                s.observe_merged(at(1, p));
+            } else {
+                s.observe(at(1, p), 7000 + u64::from(p));
+            }
+        }
+        for p in 0..50 {
+            let h = if p < 20 || (30..40).contains(&p) {
+                7000 + u64::from(p)
+            } else {
+                9000 + u64::from(p)
+            };
+            s.observe(at(2, p), h);
+        }
+        let f = s.finish(1, 0);
+        // Region 1: its merged pages, and 30..40 twinned in this epoch;
+        // 20..30 and 40..50, seen again where they were, are no twins.
+        assert_eq!(f[0].runs, vec![(0, 20), (30, 40)]);
+        // Region 2: the copies of merged content count, through recall.
+        assert_eq!(f[1].runs, vec![(0, 20), (30, 40)]);
+        assert_eq!(f[1].unmerged_dups, 30);
+    }
+
+    #[test]
+    fn the_recall_stays_within_its_capacity_and_keeps_the_newest() {
+        let mut recall = Recall::new(100);
+        for epoch in 0..10u64 {
+            let mut s = Sweep::with_recall(recall);
+            s.begin_region(RegionId(1), 40);
+            for p in 0..40 {
+                s.observe(at(1, p), epoch * 1000 + u64::from(p));
+            }
+            recall = s.take_recall();
+            assert!(recall.len() <= 100, "{}", recall.len());
+        }
+        // The last epoch's content is remembered, the first's is not.
+        let mut s = Sweep::with_recall(recall);
+        s.begin_region(RegionId(2), 2);
+        s.observe(at(2, 0), 9000);
+        s.observe(at(2, 1), 5);
+        let f = s.finish(1, 0);
+        assert_eq!(f[0].runs, vec![(0, 1)]);
+        // Off: nothing is remembered.
+        let mut s = Sweep::with_recall(Recall::new(0));
+        s.begin_region(RegionId(1), 4);
+        s.observe(at(1, 0), 1);
+        assert!(s.take_recall().is_empty());
     }
 
     proptest! {
