@@ -534,7 +534,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         now: Nanos,
     ) -> Self {
         let distiller = new_distiller(&config);
-        let sweeper = Sweeper::new(config.scan.sweep_share, config.scan.sweep_every_s * SEC);
+        let sweeper = Sweeper::new(config.sweep_share(), config.scan.sweep_every_s * SEC);
         let cow_ksm_start = target.cow_ksm();
         let hints = hinting::HintFeed::new(&config.hints);
         let numa = crate::numa::NumaPlacement::for_host(&config.numa);
@@ -697,7 +697,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         self.config = config;
         self.policy = policy;
         self.sweeper.set_pace(
-            self.config.scan.sweep_share,
+            self.config.sweep_share(),
             self.config.scan.sweep_every_s * SEC,
         );
         if ladder_changed || sleep_changed {

@@ -95,6 +95,11 @@ use std::time::{Duration, Instant};
 /// again to learn ranges that someone other than pagesift made mergeable.
 pub const SMAPS_INTERVAL: Duration = Duration::from_secs(60);
 
+/// Frames remembered as KSM pages for [`LinuxSource::page_states`] (2^20,
+/// 8 MiB of frame numbers at most, 4 GiB of KSM pages); the set starts
+/// over when full, which only costs reads.
+pub const KSM_FRAMES_KEPT: usize = 1 << 20;
+
 /// How [`LinuxSource`] cuts memory into regions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SourceConfig {
@@ -225,6 +230,10 @@ pub struct LinuxSource {
     maps: MapsDiscovery,
     /// For the droppable check of maps discovery.
     kpf: KPageFlags,
+    /// Frames seen as KSM pages (bounded by [`KSM_FRAMES_KEPT`]): in a
+    /// mergeable VMA an exclusively mapped page needs its flags read only
+    /// if its frame is one of these (see [`LinuxSource::page_states`]).
+    ksm_frames: std::collections::HashSet<u64>,
     /// Processes discovered through smaps, and through maps, since start.
     pub discovered_by: (u64, u64),
     /// Regions left out at the last discovery (over `max_regions`).
@@ -263,6 +272,7 @@ impl LinuxSource {
             unpinned: Vec::new(),
             maps: MapsDiscovery::new(),
             kpf,
+            ksm_frames: std::collections::HashSet::new(),
             batch: SampleScratch::default(),
             discovered_by: (0, 0),
             left_out: 0,
@@ -675,9 +685,24 @@ impl LinuxSource {
         b.pfns.clear();
         b.of_pfn.clear();
         for (i, e) in self.entries.iter().enumerate() {
-            if let Some(pfn) = e.pfn()
-                && crate::inspect::flags_needed(*e, anon, mergeable)
-            {
+            let Some(pfn) = e.pfn() else { continue };
+            if !crate::inspect::flags_needed(*e, anon, mergeable) {
+                continue;
+            }
+            // In a mergeable VMA an exclusive page is a KSM page only if it
+            // was one while shared, with a sharer gone since: a page turns
+            // KSM by getting a second mapping. So only the frames seen as
+            // KSM pages are read; the others are ordinary pages. (Read for
+            // every page, scattered frames cost a kpageflags read each:
+            // 0.14 CPU-s of accounting against ksmd's 0.13 in `pagesift
+            // bench --quick`'s cow-broken at 2 % of a core on 2026-11-27,
+            // 0.01 CPU-s without.) A KSM page never seen shared saves
+            // nothing, so calling it ordinary is what the accounting wants.
+            let ordinary = mergeable
+                && e.exclusive()
+                && !e.file_or_shared()
+                && !self.ksm_frames.contains(&pfn);
+            if !ordinary {
                 b.pfns.push(pfn);
                 b.of_pfn.push(i);
             }
@@ -693,8 +718,14 @@ impl LinuxSource {
         for (o, e) in out.iter_mut().zip(&self.entries) {
             *o = crate::inspect::classify(*e, None).state();
         }
-        for (&i, &f) in b.of_pfn.iter().zip(&b.flags) {
+        for (k, (&i, &f)) in b.of_pfn.iter().zip(&b.flags).enumerate() {
             out[i] = crate::inspect::classify(self.entries[i], Some(f)).state();
+            if f.ksm() {
+                if self.ksm_frames.len() >= KSM_FRAMES_KEPT {
+                    self.ksm_frames.clear();
+                }
+                self.ksm_frames.insert(b.pfns[k]);
+            }
         }
         Ok(())
     }

@@ -551,8 +551,10 @@ fn paced_ksmd_merges_256_mib_at_the_target_share() {
 }
 
 /// `LinuxSource::page_states` reads kpageflags only for the pages whose
-/// class needs it (`inspect::flags_needed`); every page must still get the
-/// state that reading every present page's flags (`inspect`) gives: KSM
+/// class needs it (`inspect::flags_needed`, and in a mergeable region only
+/// shared pages or frames seen as KSM pages before); every page must still
+/// get the state that reading every present page's flags (`inspect`)
+/// gives (no KSM page here has lost all its sharers but one): KSM
 /// pages of a mergeable region, zero-page mappings, holes, pages shared
 /// with fork children and private pages, in three processes.
 #[test]
