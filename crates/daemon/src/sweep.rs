@@ -164,6 +164,9 @@ pub struct Sweeper {
     full_epochs: u64,
     /// Whether the epoch under way (or the last one) was a fill epoch.
     fill_epoch: bool,
+    /// No fill epoch before this: the last one due had no region to walk
+    /// (its process's regions all younger than the sweep's minimum age).
+    fill_retry_at: Nanos,
     ns_per_page: f64,
     states: Vec<PageState>,
     pages: Vec<PageRef>,
@@ -196,6 +199,7 @@ impl Sweeper {
             filled_at_epoch: BTreeMap::new(),
             full_epochs: 0,
             fill_epoch: false,
+            fill_retry_at: 0,
             ns_per_page: INITIAL_NS_PER_PAGE,
             states: Vec::new(),
             pages: Vec::new(),
@@ -272,8 +276,11 @@ impl Sweeper {
         let started = match self.epoch_started {
             Some(t) => t,
             None => {
-                let filling = self.filling();
                 let full = now >= self.next_epoch_at;
+                if !full && now < self.fill_retry_at {
+                    return None;
+                }
+                let filling = self.filling();
                 if !full && filling.is_empty() {
                     return None;
                 }
@@ -285,8 +292,11 @@ impl Sweeper {
                     // out, and the fill stays counted. Look again shortly.
                     // (Regions sitting out do start one, empty or not:
                     // their time out is counted in epochs.)
+                    let retry = now + EMPTY_RETRY.min(self.min_epoch);
                     if full {
-                        self.next_epoch_at = now + EMPTY_RETRY.min(self.min_epoch);
+                        self.next_epoch_at = retry;
+                    } else {
+                        self.fill_retry_at = retry;
                     }
                     return None;
                 }
@@ -551,6 +561,36 @@ mod tests {
         s.note_filled(more);
         assert!(s.step(&mut target, now, 1, only(a, 40)).is_none());
         assert_eq!(s.stats.epochs, 1);
+    }
+
+    /// A fill epoch with nothing to walk yet (the process's regions are
+    /// all too young) is asked for again a second later, not every wake.
+    #[test]
+    fn a_fill_epoch_without_a_region_is_retried_a_second_later() {
+        let (mut target, a) = one_region();
+        let spacing: Nanos = 5_000_000_000;
+        let mut s = Sweeper::new(1.0, spacing);
+        s.note_filled(filled(40, 0));
+        s.note_filled(filled(40, FILL_PAGES));
+        let asked = std::cell::Cell::new(0);
+        let mut now = 100_000_000;
+        while now < 1_000_000_000 {
+            let r = s.step(&mut target, now, 1, |_, _| {
+                asked.set(asked.get() + 1);
+                vec![]
+            });
+            assert!(r.is_none());
+            now += 100_000_000;
+        }
+        assert_eq!(asked.get(), 1, "asked every wake");
+        // A second on, the regions are old enough: the fill epoch runs.
+        let mut done = None;
+        while done.is_none() && now < spacing {
+            done = s.step(&mut target, now, 1, only(a, 40));
+            now += 100_000_000;
+        }
+        assert!(done.is_some());
+        assert_eq!(s.stats.fill_epochs, 1);
     }
 
     /// A region with no duplicate sits out epochs; the epochs still come
