@@ -1028,8 +1028,9 @@ impl Config {
 
     /// The exact sweep's CPU share: `scan.sweep_share`, at most the
     /// sampling cap ([`Config::cpu_cap`]), since the sweep samples too: at
-    /// its 3 % it alone spent more than the 2 % budget of `pagesift
-    /// bench`'s cow-broken at 2 % of a core, or the quiet governor's 1 %.
+    /// its default 3 % it could alone spend more than a `cpu_cap` an
+    /// operator set lower (`pagesift bench`'s cow-broken at 2 % of a core
+    /// sets 0.5 %), or the quiet governor's 1 %.
     pub fn sweep_share(&self) -> f64 {
         self.scan.sweep_share.min(self.cpu_cap())
     }

@@ -476,6 +476,10 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     need_sync: bool,
     force_refresh: bool,
     pending_change: bool,
+    /// The target's fill counts were read again (at the last check for
+    /// changed processes) and the sweeper has not been told yet: they
+    /// change only then, so they are not copied at every wake.
+    fill_counts_new: bool,
     next_check: Nanos,
     earliest_refresh: Nanos,
     /// No refresh the loop asks for itself (after marking, a process gone)
@@ -578,6 +582,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             next_pace: now,
             paced_scan_pages: 0,
             pending_run_pages: 0,
+            fill_counts_new: false,
             merging: false,
             cow_ksm_start,
             tracked: 0,
@@ -799,7 +804,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 .collect()
         };
         let min_run = self.config.actuate.run_min_pages.max(1);
-        self.sweeper.note_filled(self.target.filled_pages());
+        if std::mem::take(&mut self.fill_counts_new) {
+            self.sweeper.note_filled(self.target.filled_pages());
+        }
         let Some(findings) = self.sweeper.step(&mut self.target, now, min_run, regions) else {
             return;
         };
@@ -1140,6 +1147,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             if self.target.processes_changed() {
                 self.pending_change = true;
             }
+            self.fill_counts_new = true;
             let cost = host::thread_cpu_ns().saturating_sub(t0);
             let spacing = (cost as f64 / self.config.scan.refresh_cpu) as Nanos;
             self.next_check = now + (self.config.scan.refresh_ms * MS).max(spacing);

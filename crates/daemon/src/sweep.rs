@@ -89,8 +89,10 @@ const EMPTY_RETRY: Nanos = 1_000_000_000;
 pub const FILL_PAGES: u64 = 8192;
 
 /// Hashes the recall keeps from earlier epochs (`core::pipeline::sweep`'s
-/// *Recall*): 2^20, about 17 MiB at most, enough for 4 GiB of distinct
-/// content. pagesift's choice.
+/// *Recall*): 2^20, enough for 4 GiB of distinct content. Its two tables
+/// of up to 2^19 entries take up to 2^20 buckets of 17 bytes each, about
+/// 34 MiB at most (`scripts/vma-bound`'s peak rose from 381 to 387 MiB
+/// with it, docs/reliability.md). pagesift's choice.
 pub const RECALL_CAPACITY: usize = 1 << 20;
 
 /// A region left out of the sweep: until the epoch `until`, after

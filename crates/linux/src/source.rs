@@ -95,9 +95,10 @@ use std::time::{Duration, Instant};
 /// again to learn ranges that someone other than pagesift made mergeable.
 pub const SMAPS_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Frames remembered as KSM pages for [`LinuxSource::page_states`] (2^20,
-/// 8 MiB of frame numbers at most, 4 GiB of KSM pages); the set starts
-/// over when full, which only costs reads.
+/// Frames remembered as KSM pages for [`LinuxSource::page_states`] (2^20
+/// frames, 4 GiB of KSM pages; the table takes up to 2^21 buckets of 9
+/// bytes, about 18 MiB, at most); the set starts over when full, which
+/// only costs reads.
 pub const KSM_FRAMES_KEPT: usize = 1 << 20;
 
 /// How [`LinuxSource`] cuts memory into regions.
@@ -694,10 +695,12 @@ impl LinuxSource {
             // KSM by getting a second mapping. So only the frames seen as
             // KSM pages are read; the others are ordinary pages. (Read for
             // every page, scattered frames cost a kpageflags read each:
-            // 0.14 CPU-s of accounting against ksmd's 0.13 in `pagesift
-            // bench --quick`'s cow-broken at 2 % of a core on 2026-11-27,
-            // 0.01 CPU-s without.) A KSM page never seen shared saves
-            // nothing, so calling it ordinary is what the accounting wants.
+            // in `pagesift bench --quick --only cow-broken-2pct`, one run
+            // each by hand on 2026-11-27, AMD EPYC, 2 cores, accounting
+            // took 0.14 CPU-s against ksmd's 0.15 before, 0.01 after, by
+            // the daemon's per-phase summary.) A KSM page never seen
+            // shared saves nothing, so calling it ordinary is what the
+            // accounting wants.
             let ordinary = mergeable
                 && e.exclusive()
                 && !e.file_or_shared()
