@@ -56,6 +56,26 @@ while True:
     m[i:i + 64] = pattern
 "#;
 
+/// A worker whose mapping holds the data file's bytes, then a block of
+/// its own random bytes (no twin anywhere), never written after. Same
+/// protocol as [`WORKER`].
+const UNIQUE_WORKER: &str = r#"
+import hashlib, mmap, os, select, sys
+data = open(sys.argv[1], 'rb').read()
+own = int(sys.argv[2]) << 20
+m = mmap.mmap(-1, len(data) + own, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+m[:len(data)] = data
+m[len(data):] = os.urandom(own)
+import ctypes
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+print('ready', addr, len(data), own, hashlib.sha256(m).hexdigest(), flush=True)
+while True:
+    line = sys.stdin.readline()
+    if not line:
+        break
+    print('sum', hashlib.sha256(m).hexdigest(), flush=True)
+"#;
+
 /// A running worker; killed and reaped on drop (its `Reaped`).
 struct Worker {
     child: Reaped,
@@ -121,26 +141,22 @@ impl Worker {
     }
 }
 
-/// The real-workloads goal: a mixed region (a duplicate block plus a hot
-/// buffer) of real python3 processes is merged without a single COW fault
-/// on its hot part, and the workers' memory is unchanged.
-#[test]
-fn python_workers_duplicate_block_is_merged_and_their_hot_buffer_never() {
-    require_root();
-    if !Path::new(PYTHON).exists() {
-        // .ci/run installs it first and sets PAGESIFT_REQUIRE_GUESTS=1.
-        if std::env::var("PAGESIFT_REQUIRE_GUESTS").is_ok_and(|v| v == "1") {
-            panic!("PAGESIFT_REQUIRE_GUESTS=1 but {PYTHON} is missing");
-        }
-        eprintln!("skipped: {PYTHON} is missing (run scripts/setup)");
-        return;
+/// Without python3: a pass with a "skipped" line, or a failure when
+/// `PAGESIFT_REQUIRE_GUESTS=1`. Whether to go on.
+fn have_python() -> bool {
+    if Path::new(PYTHON).exists() {
+        return true;
     }
-    let _serial = serial();
-    let tmp = temp_dir("real-python");
-    let dir = tmp.path();
-    let script = dir.join("worker.py");
-    std::fs::write(&script, WORKER).unwrap();
-    // The shared file: distinct pages (nothing to merge within one worker).
+    // .ci/run installs it first and sets PAGESIFT_REQUIRE_GUESTS=1.
+    if std::env::var("PAGESIFT_REQUIRE_GUESTS").is_ok_and(|v| v == "1") {
+        panic!("PAGESIFT_REQUIRE_GUESTS=1 but {PYTHON} is missing");
+    }
+    eprintln!("skipped: {PYTHON} is missing (run scripts/setup)");
+    false
+}
+
+/// `DATA_MIB` of distinct pages (nothing to merge within one worker).
+fn data_file(dir: &Path) -> std::path::PathBuf {
     let data = dir.join("data.bin");
     let mut bytes = vec![0u8; (DATA_MIB << 20) as usize];
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -151,6 +167,24 @@ fn python_workers_duplicate_block_is_merged_and_their_hot_buffer_never() {
         chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
     }
     std::fs::write(&data, &bytes).unwrap();
+    data
+}
+
+/// The real-workloads goal: a mixed region (a duplicate block plus a hot
+/// buffer) of real python3 processes is merged without a single COW fault
+/// on its hot part, and the workers' memory is unchanged.
+#[test]
+fn python_workers_duplicate_block_is_merged_and_their_hot_buffer_never() {
+    require_root();
+    if !have_python() {
+        return;
+    }
+    let _serial = serial();
+    let tmp = temp_dir("real-python");
+    let dir = tmp.path();
+    let script = dir.join("worker.py");
+    std::fs::write(&script, WORKER).unwrap();
+    let data = data_file(dir);
 
     let mut workers: Vec<Worker> = (0..3).map(|_| Worker::start(&script, &data)).collect();
     let sums: Vec<String> = workers.iter().map(|w| w.sum.clone()).collect();
@@ -212,6 +246,102 @@ fn python_workers_duplicate_block_is_merged_and_their_hot_buffer_never() {
         st["totals"]["partial_marks"].as_u64().unwrap_or(0) >= 1,
         "{st}"
     );
+    let stopped = d.stop();
+    assert!(stopped.success(), "exit {stopped}:\n{}", d.log());
+    drop(d);
+    for (w, sum) in workers.iter_mut().zip(&sums) {
+        assert_eq!(&w.checksum(), sum);
+    }
+}
+
+/// A region the sweep found duplicated in part is marked around its
+/// unique zone: python3 workers hold the shared file's bytes and then
+/// 4 MiB of their own random bytes in one mapping; the file block is
+/// merged, the random block is never made mergeable (ksmd would visit it
+/// every full scan for nothing), and the workers' memory is unchanged.
+///
+/// The ladder's rounds are stretched to a minute, so that the sweep (every
+/// second, from a region's first second) is what raises the regions and
+/// its map of their unique zones is there when they are marked.
+#[test]
+fn python_workers_random_block_is_left_out_of_the_marked_region() {
+    require_root();
+    if !have_python() {
+        return;
+    }
+    let _serial = serial();
+    let tmp = temp_dir("real-python-unique");
+    let dir = tmp.path();
+    let script = dir.join("unique_worker.py");
+    std::fs::write(&script, UNIQUE_WORKER).unwrap();
+    let data = data_file(dir);
+    let config = dir.join("pagesift.toml");
+    std::fs::write(
+        &config,
+        "[scan]\nround_time_ms = 60000\nsweep_every_s = 1\nsweep_min_age_s = 0.0\n",
+    )
+    .unwrap();
+
+    let mut workers: Vec<Worker> = (0..3).map(|_| Worker::start(&script, &data)).collect();
+    let sums: Vec<String> = workers.iter().map(|w| w.sum.clone()).collect();
+    let mut args: Vec<String> = vec![
+        "--governor".into(),
+        "full".into(),
+        "--config".into(),
+        config.display().to_string(),
+    ];
+    for w in &workers {
+        args.extend(["--pid".into(), w.pid().to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut d = start_daemon(dir, &args, false);
+
+    let data_pages = DATA_MIB << 20 >> 12;
+    let t0 = Instant::now();
+    loop {
+        let merged: Vec<u64> = workers
+            .iter()
+            .map(|w| w.ksm_pages(w.addr, w.data))
+            .collect();
+        if merged.iter().all(|&m| m >= data_pages * 9 / 10) {
+            eprintln!(
+                "python3 workers: file block merged ({merged:?} of {data_pages} pages) after {:.1} s",
+                t0.elapsed().as_secs_f64()
+            );
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(40),
+            "after 40 s only {merged:?} of {data_pages} pages merged\nstatus: {}\nlog:\n{}",
+            d.status().map(|s| s.to_string()).unwrap_or_default(),
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    for w in &workers {
+        let (own_start, own_end) = (w.addr + w.data, w.addr + w.data + w.hot);
+        let marked: Vec<(u64, u64)> = vmas(w.pid())
+            .into_iter()
+            .filter(|v| v.mergeable() && v.start < own_end && v.end > own_start)
+            .map(|v| (v.start, v.end))
+            .collect();
+        assert!(
+            marked.is_empty(),
+            "worker {}: its random block [{own_start:#x}, {own_end:#x}) overlaps mergeable VMAs {marked:x?}\n{}",
+            w.pid(),
+            d.log()
+        );
+        assert_eq!(w.ksm_pages(own_start, w.hot), 0);
+    }
+    assert!(
+        d.log().contains("written or unique in places"),
+        "{}",
+        d.log()
+    );
+    for (w, sum) in workers.iter_mut().zip(&sums) {
+        assert_eq!(&w.checksum(), sum, "worker {} memory changed", w.pid());
+        assert!(w.child.try_wait().unwrap().is_none(), "worker exited");
+    }
     let stopped = d.stop();
     assert!(stopped.success(), "exit {stopped}:\n{}", d.log());
     drop(d);

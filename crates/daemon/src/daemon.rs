@@ -198,6 +198,28 @@ const REMERGE_MIN_PAGES: u32 = 64;
 /// Longest a region raised by the sweep waits for a write watch before it
 /// may be marked without one (the watch's capacity is bounded).
 const RAISED_WATCH_WAIT: Nanos = 5 * SEC;
+
+/// How long a sweep's unique zones are trusted for marking around them:
+/// three sweep epochs at the default spacing (memory that changes faster
+/// makes a stale zone cost little: it becomes a region of its own, sampled
+/// and marked when it holds duplicates).
+const UNIQUE_ZONES_FRESH: Nanos = 15 * SEC;
+
+/// `a` and `b` (sorted lists of zones `[first, end)`) joined into one
+/// sorted list of disjoint zones.
+fn join_zones(a: Vec<(u32, u32)>, b: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
+    let mut all = a;
+    all.extend(b);
+    all.sort_unstable();
+    let mut out: Vec<(u32, u32)> = Vec::with_capacity(all.len());
+    for (s, e) in all {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
 /// Longest a region raised by the sweep stays parked on the top level
 /// without being marked or held (its process was skipped, its watch kept
 /// saying "watching"): then it is sampled again like any top-level region.
@@ -339,6 +361,11 @@ struct Book {
     /// Its duplicate pages, as the last sweep epoch found them: its watch
     /// counts the writes that land on them (core::pipeline::write_watch).
     dups: Option<DupMap>,
+    /// Its unique zones (stretches without duplicates) as the last sweep
+    /// epoch found them, and when: promotion marks around them while they
+    /// are recent (see [`UNIQUE_ZONES_FRESH`]).
+    unique: Vec<(u32, u32)>,
+    unique_at: Nanos,
     /// Times a sweep found it settled with duplicates left and made ksmd
     /// merge it again, and the earliest time it may do so again (see
     /// [`REMERGE_MIN_PAGES`]).
@@ -368,6 +395,8 @@ impl Book {
             raised_at: None,
             parked_at: None,
             dups: None,
+            unique: Vec::new(),
+            unique_at: 0,
             sweep_remerges: 0,
             sweep_remerge_after: 0,
         }
@@ -379,6 +408,22 @@ impl Book {
         self.exclude = None;
         self.watch = None;
         self.dups = None;
+        self.unique.clear();
+    }
+
+    /// Its unique zones if a sweep found them within
+    /// [`UNIQUE_ZONES_FRESH`] of `now`, shrunk inwards to whole
+    /// [`RUN_ALIGN_PAGES`] (what is left out is never more than the sweep
+    /// saw unique).
+    fn fresh_unique(&self, now: Nanos) -> Vec<(u32, u32)> {
+        if now > self.unique_at + UNIQUE_ZONES_FRESH {
+            return Vec::new();
+        }
+        let a = RUN_ALIGN_PAGES as u32;
+        (self.unique.iter())
+            .map(|&(s, e)| (s.div_ceil(a) * a, e / a * a))
+            .filter(|&(s, e)| s < e)
+            .collect()
     }
 
     /// A watch of it armed at `now`, told where its duplicates are if a
@@ -829,6 +874,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     w.locate(map.clone(), now);
                 }
                 b.dups = Some(map);
+                b.unique = std::mem::take(&mut f.unique);
+                b.unique_at = now;
             }
             if !self.books.contains_key(&f.region) || self.lives.is_hidden(f.region) {
                 continue;
@@ -1498,6 +1545,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 WriteVerdict::Cold => None,
                 WriteVerdict::ColdExcept(zones) => Some(zones),
             };
+            // Stretches the last sweep found without duplicates are left
+            // out too: ksmd would visit them every full scan for nothing.
+            let unique = b.fresh_unique(now);
+            let unique_zones = unique.len();
+            let exclude = match (exclude, unique.is_empty()) {
+                (exclude, true) => exclude,
+                (written, false) => Some(join_zones(written.unwrap_or_default(), unique)),
+            };
             let pid = b.span.proc.pid;
             if self.self_managed.contains(&pid)
                 || self
@@ -1525,13 +1580,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             // core::pipeline::write_watch).
             let min = (self.config.actuate.run_min_pages as u64).max(RUN_ALIGN_PAGES);
             let mut from = 0u64;
-            let mut pieces = 0;
+            let (mut pieces, mut worth) = (0, 0);
             for &(zs, ze) in zones
                 .iter()
                 .chain(std::iter::once(&(b.span.pages, b.span.pages)))
             {
                 let (zs, ze) = (u64::from(zs), u64::from(ze));
                 if zs >= from + min {
+                    worth += 1;
                     let (s, e) = (b.span.start + from * PAGE, b.span.start + zs * PAGE);
                     if !self.marks.covers(b.span.proc, s, e) {
                         batches
@@ -1549,9 +1605,22 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     pid,
                     start = b.span.start,
                     pages = b.span.pages,
-                    written_zones = zones.len(),
+                    zones = zones.len(),
+                    unique_zones,
                     pieces,
-                    "written in places: marking the rest of the region"
+                    "written or unique in places: marking the rest of the region"
+                );
+            } else if worth == 0 && unique_zones > 0 {
+                // Nothing but stretches without duplicates: sampling's
+                // evidence is older than the sweep's or was luck. Held, so
+                // that it is not judged again at every wake.
+                self.lives.hold(id, now, self.config.actuate.write_hold_s);
+                info!(
+                    pid,
+                    start = b.span.start,
+                    pages = b.span.pages,
+                    unique_zones,
+                    "no duplicates outside its unique zones: not promoted, held"
                 );
             }
         }
@@ -2367,5 +2436,46 @@ fn account_rules(config: &Config) -> AccountRules {
         v_cow: config.ladder.v_cow,
         min_merged: config.actuate.min_merged_for_demotion,
         min_breaks: MIN_BREAKS_FOR_DEMOTION,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zones_are_joined_sorted_and_disjoint() {
+        let written = vec![(0, 16), (100, 200)];
+        let unique = vec![(16, 48), (150, 400), (500, 600)];
+        assert_eq!(
+            join_zones(written, unique),
+            vec![(0, 48), (100, 400), (500, 600)]
+        );
+        assert_eq!(join_zones(vec![], vec![(3, 9)]), vec![(3, 9)]);
+    }
+
+    #[test]
+    fn unique_zones_shrink_to_whole_runs_and_go_stale() {
+        let span = Span {
+            proc: ProcKey {
+                pid: 1,
+                start_time: 0,
+                image: 0,
+            },
+            start: 0,
+            pages: 1024,
+            vma_start: 0,
+            vma_end: 1024 * PAGE,
+            mergeable: false,
+            name: None,
+        };
+        let mut b = Book::new(span, 0);
+        b.unique = vec![(5, 300), (400, 410)];
+        b.unique_at = SEC;
+        // Inwards to multiples of 16; a zone that shrinks away is dropped.
+        assert_eq!(b.fresh_unique(2 * SEC), vec![(16, 288)]);
+        assert!(b.fresh_unique(SEC + UNIQUE_ZONES_FRESH + 1).is_empty());
+        b.resized();
+        assert!(b.fresh_unique(2 * SEC).is_empty());
     }
 }

@@ -30,7 +30,19 @@
 //! - every region's finding carries its duplicate pages as a [`DupMap`], so
 //!   that the write watch can tell writes that land on duplicates (they
 //!   would break merged pages) from writes beside them (they would not:
-//!   [`crate::pipeline::write_watch`]).
+//!   [`crate::pipeline::write_watch`]);
+//! - and its *unique zones*: stretches of at least [`UNIQUE_ZONE_MIN`]
+//!   pages that hold present pages with no twin and no duplicate at all
+//!   (broken by no hole longer than [`UNIQUE_HOLE_MAX`]), the
+//!   [`UNIQUE_ZONES_MAX`] longest. A promoted region is marked around
+//!   them. Why: ksmd visits every marked page on every full scan, a page
+//!   with no twin at full cost (checksum, unstable-tree insertion) until
+//!   its smart-scan skipping starts after three visits, and each region
+//!   marked makes ksmd pass over everything marked before it three more
+//!   times. Guest RAM that sampling found duplicated as a whole is often
+//!   duplicated in parts only: in one vm-boot run (2026-11-27, daemon log
+//!   read by hand) the 64 MiB regions marked whole settled with 72 180 of
+//!   their 207 661 pages merged, some with 251 or 905 of 16 384.
 //!
 //! ## Recall
 //! A page merged by ksmd is not read again (that would pin it), so an
@@ -103,6 +115,20 @@ impl DupMap {
     }
 }
 
+/// Shortest stretch without duplicates worth leaving out of a marked
+/// region: 1 MiB, so that the VMA it costs (a VMA split on each side)
+/// spares ksmd at least 256 page visits a full scan.
+pub const UNIQUE_ZONE_MIN: u32 = 256;
+
+/// Longest hole (pages not present) inside a unique zone: a longer one
+/// ends it, since a page not present costs ksmd nothing now, and one
+/// filled later with a duplicate is better marked.
+pub const UNIQUE_HOLE_MAX: u32 = 64;
+
+/// Most unique zones reported per region (the longest), bounding the VMA
+/// splits that marking around them costs: at most twice this per region.
+pub const UNIQUE_ZONES_MAX: usize = 8;
+
 /// One region's tally.
 #[derive(Clone, Debug, Default)]
 struct Tally {
@@ -128,6 +154,44 @@ impl Tally {
     fn get(&self, page: u32) -> bool {
         self.map.get(page)
     }
+
+    /// The unique zones (see the module header): maximal stretches that
+    /// begin and end with a present page without twin, hold no duplicate
+    /// and no hole longer than [`UNIQUE_HOLE_MAX`], and are at least
+    /// [`UNIQUE_ZONE_MIN`] long; the [`UNIQUE_ZONES_MAX`] longest, sorted.
+    fn unique_zones(&self) -> Vec<(u32, u32)> {
+        let pages = self.map.pages();
+        let mut zones: Vec<(u32, u32)> = Vec::new();
+        // The current stretch: its first and last unique page.
+        let mut stretch: Option<(u32, u32)> = None;
+        let mut close = |stretch: &mut Option<(u32, u32)>| {
+            if let Some((s, l)) = stretch.take()
+                && l + 1 - s >= UNIQUE_ZONE_MIN
+            {
+                zones.push((s, l + 1));
+            }
+        };
+        for p in 0..pages {
+            if self.map.get(p) {
+                close(&mut stretch);
+            } else if self.unmerged.get(p) {
+                stretch = match stretch {
+                    Some((s, l)) if p - l - 1 <= UNIQUE_HOLE_MAX => Some((s, p)),
+                    _ => {
+                        close(&mut stretch);
+                        Some((p, p))
+                    }
+                };
+            }
+        }
+        close(&mut stretch);
+        if zones.len() > UNIQUE_ZONES_MAX {
+            zones.sort_by_key(|&(s, e)| (std::cmp::Reverse(e - s), s));
+            zones.truncate(UNIQUE_ZONES_MAX);
+            zones.sort_unstable();
+        }
+        zones
+    }
 }
 
 /// What an epoch found in one region.
@@ -147,6 +211,9 @@ pub struct RegionFinding {
     /// Of the duplicates, those observed present and not merged: what
     /// ksmd could still merge (all of them in a region never marked).
     pub unmerged_dups: u32,
+    /// Its unique zones `[first, end)`, sorted: stretches holding present
+    /// pages with no twin and no duplicate (see the module header).
+    pub unique: Vec<(u32, u32)>,
 }
 
 impl RegionFinding {
@@ -351,6 +418,7 @@ impl Sweep {
                     dups: t.dups,
                     runs,
                     unmerged_dups: t.unmerged_dups(),
+                    unique: t.unique_zones(),
                     map: t.map,
                 }
             })
@@ -483,6 +551,107 @@ mod tests {
         s.begin_region(RegionId(1), 4);
         s.observe(at(1, 0), 1);
         assert!(s.take_recall().is_empty());
+    }
+
+    /// Observes region 1 of `n` pages: `Some(h)` a present page of
+    /// content `h`, `None` a hole; hashes from 1 000 on are unique.
+    fn unique_of(pages: &[Option<u64>]) -> RegionFinding {
+        let mut s = Sweep::new();
+        s.begin_region(RegionId(1), pages.len() as u32);
+        for (p, h) in pages.iter().enumerate() {
+            if let Some(h) = h {
+                s.observe(at(1, p as u32), *h);
+            }
+        }
+        s.finish(16, 0).remove(0)
+    }
+
+    #[test]
+    fn unique_zones_cover_stretches_without_duplicates() {
+        // 0..100 duplicated (pairs), 100..700 unique with a 50-page hole
+        // at 300 (kept inside) and a 100-page hole at 500 (ends the zone),
+        // 700..800 duplicated, 800..1000 unique (too short).
+        let mut pages: Vec<Option<u64>> = Vec::new();
+        for p in 0..1000u64 {
+            pages.push(match p {
+                0..100 | 700..800 => Some(p % 50),
+                300..350 | 500..600 => None,
+                _ => Some(1000 + p),
+            });
+        }
+        let f = unique_of(&pages);
+        assert_eq!(f.unique, vec![(100, 500)]);
+        // The 600..700 stretch is 100 pages: too short, as is 800..1000.
+        assert!(f.unique.iter().all(|&(s, e)| e - s >= UNIQUE_ZONE_MIN));
+    }
+
+    #[test]
+    fn a_merged_page_ends_a_unique_zone_and_zones_are_bounded() {
+        let mut s = Sweep::new();
+        let n = 300 * (UNIQUE_ZONES_MAX as u32 + 2);
+        s.begin_region(RegionId(1), n);
+        for p in 0..n {
+            if p % 300 == 0 {
+                s.observe_merged(at(1, p));
+            } else {
+                // Zones of 299 pages, the last ones a page shorter.
+                let short = p / 300 >= UNIQUE_ZONES_MAX as u32 && p % 300 == 299;
+                if !short {
+                    s.observe(at(1, p), 10_000 + u64::from(p));
+                }
+            }
+        }
+        let f = s.finish(16, 0).remove(0);
+        assert_eq!(f.unique.len(), UNIQUE_ZONES_MAX);
+        assert_eq!(f.unique[0], (1, 300));
+        assert!(
+            f.unique.iter().all(|&(s, e)| e - s == 299),
+            "{:?}",
+            f.unique
+        );
+        assert!(f.unique.windows(2).all(|w| w[0].1 <= w[1].0));
+    }
+
+    proptest! {
+        /// Unique zones hold no duplicate or merged page, begin and end
+        /// with a present page, have no hole longer than the bound, are
+        /// long enough, sorted, disjoint and bounded in number.
+        #[test]
+        fn unique_zones_hold_no_duplicate(
+            pages in proptest::collection::vec(
+                prop_oneof![
+                    6 => (0u64..1_000_000).prop_map(Some),
+                    1 => (0u64..5).prop_map(Some),
+                    2 => Just(None),
+                ],
+                0..3000,
+            ),
+        ) {
+            let f = unique_of(&pages);
+            let mut count = std::collections::HashMap::new();
+            for h in pages.iter().flatten() {
+                *count.entry(*h).or_insert(0) += 1;
+            }
+            prop_assert!(f.unique.len() <= UNIQUE_ZONES_MAX);
+            prop_assert!(f.unique.windows(2).all(|w| w[0].1 < w[1].0));
+            for &(s, e) in &f.unique {
+                prop_assert!(e - s >= UNIQUE_ZONE_MIN);
+                prop_assert!(pages[s as usize].is_some() && pages[e as usize - 1].is_some());
+                let mut hole = 0;
+                for p in s..e {
+                    match pages[p as usize] {
+                        Some(h) => {
+                            prop_assert_eq!(count[&h], 1, "page {} is a duplicate", p);
+                            hole = 0;
+                        }
+                        None => {
+                            hole += 1;
+                            prop_assert!(hole <= UNIQUE_HOLE_MAX);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     proptest! {
