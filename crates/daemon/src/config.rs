@@ -149,6 +149,11 @@ pub struct LadderSection {
     pub v_cow: f64,
     /// V_life in ms: regions younger than this never climb (§5.2: 100 ms).
     pub v_life_ms: u64,
+    /// Skip the rest of a region's round once its verdict is certain, and
+    /// start a level's rounds no more often than its round time
+    /// (`core::pipeline::ladder`, "Early decisions"). Off: UKSM's fixed
+    /// sampling density.
+    pub early_decision: bool,
 }
 
 impl Default for LadderSection {
@@ -159,6 +164,7 @@ impl Default for LadderSection {
             v_dup: d.v_dup,
             v_cow: d.v_cow,
             v_life_ms: d.v_life / MS,
+            early_decision: d.early_decision,
         }
     }
 }
@@ -978,6 +984,7 @@ impl Config {
             v_cow: self.ladder.v_cow,
             v_life: self.ladder.v_life_ms.saturating_mul(MS),
             cluster_pages: self.scan.cluster_pages,
+            early_decision: self.ladder.early_decision,
         }
     }
 
@@ -1158,6 +1165,7 @@ levels = 3
 v_dup = 0.2
 v_cow = 1.0
 v_life_ms = 500
+early_decision = false
 [scan]
 sleep_ms = 50
 round_time_ms = 4000
@@ -1182,6 +1190,7 @@ address = "9100"
         .unwrap();
         assert_eq!(c.governor, Governor::Low);
         assert_eq!(c.ladder_config().v_life, 500 * MS);
+        assert!(!c.ladder_config().early_decision);
         assert_eq!(c.subregion_pages(), 16 * 256);
         assert_eq!(c.cpu_cap(), 0.1);
         assert_eq!(c.trickle_share(), 0.001);

@@ -339,6 +339,10 @@ pub struct Distiller {
     cost: CostEma,
     regions: HashMap<RegionId, Tracked>,
     round_done: Vec<bool>,
+    /// When each level's current round started (`None`: never).
+    round_started: Vec<Option<Nanos>>,
+    /// Levels whose round was walked early: judged when its time is up.
+    judgement_due: Vec<bool>,
     global_rounds: u64,
     zero_hash: u32,
     /// The strength the stable set's hashes are at; it follows the
@@ -373,6 +377,8 @@ impl Distiller {
             cost: CostEma::new(),
             regions: HashMap::new(),
             round_done: vec![false; levels],
+            round_started: vec![None; levels],
+            judgement_due: vec![false; levels],
             global_rounds: 0,
             zero_hash,
             stable_strength: strength,
@@ -619,8 +625,22 @@ impl Distiller {
                 level,
                 sampling_interval(pages, s * k, lb.round_time, lb.cpu_share),
             );
+            // With early decisions a level can walk its round well before
+            // the round's time is up; the round still lasts that time: its
+            // verdicts come, and the next round starts, when it is up
+            // (see the ladder's header), so only samples are saved.
+            let early = self.round_early(level, now, lb.round_time);
             if self.ladder.round_finished(level) {
+                if early {
+                    continue;
+                }
+                if self.judgement_due[level] {
+                    self.judgement_due[level] = false;
+                    report.moves.extend(self.ladder.end_round(level, now));
+                    self.round_done[level] = true;
+                }
                 self.ladder.start_round(level);
+                self.round_started[level] = Some(now);
             }
             let mut walked = false;
             while !walked && report.sampled[level] < budget[level] {
@@ -677,8 +697,13 @@ impl Distiller {
                 }
             }
             if self.ladder.round_finished(level) {
-                report.moves.extend(self.ladder.end_round(level, now));
-                self.round_done[level] = true;
+                let early = self.round_early(level, now, lb.round_time);
+                if early {
+                    self.judgement_due[level] = true;
+                } else {
+                    report.moves.extend(self.ladder.end_round(level, now));
+                    self.round_done[level] = true;
+                }
             }
         }
         for id in report.gone.clone() {
@@ -691,6 +716,16 @@ impl Distiller {
         }
         report.strength = self.controller.strength();
         report
+    }
+
+    /// Whether `level`'s round, walked by `now`, is early: early
+    /// decisions are on and its round time will not be up by the next
+    /// wake-up (a round due before then ends now, as a walk at a fixed
+    /// density would: waiting a wake-up would only delay its verdicts).
+    fn round_early(&self, level: usize, now: Nanos, round_time: Nanos) -> bool {
+        self.config.ladder.early_decision
+            && self.round_started[level]
+                .is_some_and(|t| now.saturating_add(self.sleep()) < t.saturating_add(round_time))
     }
 
     fn end_global_round(&mut self, src: &mut impl MemorySource) {
@@ -1218,6 +1253,14 @@ mod tests {
         Distiller::new(DistillerConfig::default())
     }
 
+    /// A distiller at UKSM's fixed sampling density (no early decisions),
+    /// for tests of what that density gives.
+    fn fixed_density() -> Distiller {
+        let mut c = DistillerConfig::default();
+        c.ladder.early_decision = false;
+        Distiller::new(c)
+    }
+
     /// Wakes until a global round has ended, returning the reports.
     fn one_global_round(
         d: &mut Distiller,
@@ -1378,6 +1421,43 @@ mod tests {
     }
 
     #[test]
+    fn early_decisions_save_samples_but_keep_the_rounds_pace() {
+        // 8 000 distinct pages and 8 000 duplicated ones: both plain
+        // after a few dozen samples a round.
+        let mut contents: Vec<u64> = (1..=8_000).collect();
+        contents.extend(std::iter::repeat_n(7, 8_000));
+        let run = |mut d: Distiller| -> (u64, u64, Vec<Option<usize>>) {
+            let mut src = InMemorySource::new();
+            let a = src.map(1, &contents[..8_000]);
+            let b = src.map(2, &contents[8_000..]);
+            d.sync_regions(&src, 0);
+            let mut sampled = 0;
+            for k in 1..=100 {
+                sampled += d.wake(&mut src, k * 100 * MS).sampled.iter().sum::<u64>();
+            }
+            let levels = vec![d.ladder().level_of(a), d.ladder().level_of(b)];
+            (sampled, d.global_rounds(), levels)
+        };
+        let (early, early_rounds, early_levels) = run(distiller());
+        let (fixed, fixed_rounds, fixed_levels) = run(fixed_density());
+        assert!(
+            early * 4 < fixed,
+            "early decisions sampled {early} pages, a fixed density {fixed}"
+        );
+        // Rounds keep their time (a round due before the next wake-up ends
+        // at once, so they may end up to a wake-up sooner).
+        assert!(
+            early_rounds >= fixed_rounds && early_rounds * 4 <= fixed_rounds * 5 + 4,
+            "global rounds: {early_rounds} early, {fixed_rounds} fixed"
+        );
+        // The same verdicts: the distinct region at the bottom, the other
+        // one climbed as far.
+        assert_eq!(early_levels, fixed_levels);
+        assert_eq!(early_levels[0], Some(0));
+        assert!(early_levels[1] > Some(0));
+    }
+
+    #[test]
     fn a_longer_sleep_keeps_the_pages_per_second() {
         // 40 000 distinct pages on the bottom level: one wake-up after 1 s
         // samples what ten wake-ups 100 ms apart sample.
@@ -1385,7 +1465,7 @@ mod tests {
         let sampled = |sleep: Nanos, wakes: u64| -> u64 {
             let mut src = InMemorySource::new();
             src.map(1, &contents);
-            let mut d = distiller();
+            let mut d = fixed_density();
             d.set_sleep(sleep);
             assert_eq!(d.sleep(), sleep);
             d.sync_regions(&src, 0);
@@ -1521,7 +1601,9 @@ mod tests {
         let mut b_contents: Vec<u64> = (5000..5032).collect();
         b_contents.extend(20_000..20_032);
         let b = src.map(2, &b_contents);
-        let mut d = distiller();
+        // At a fixed density: an early decision would let A go after about
+        // 70 samples a round, and its run would take more rounds to meet.
+        let mut d = fixed_density();
         let mut now = 0;
         let mut reports = Vec::new();
         for _ in 0..12 {

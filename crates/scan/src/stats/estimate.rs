@@ -186,6 +186,9 @@ impl Default for SamplerConfig {
         SamplerConfig {
             ladder: LadderConfig {
                 v_life: 0,
+                // The estimate needs every region's samples, whatever
+                // its verdict.
+                early_decision: false,
                 ..LadderConfig::default()
             },
             pilot_share: 0.25,
