@@ -17,7 +17,7 @@
 mod support;
 
 use pagesift_linux::inspect::{PageClass, PageInfo, PageInspector};
-use pagesift_testkit::{Reaped, require_root, serial, temp_dir};
+use pagesift_testkit::{Daemon, Reaped, require_root, serial, temp_dir};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{ChildStdin, ChildStdout, Command, Stdio};
@@ -170,6 +170,61 @@ fn data_file(dir: &Path) -> std::path::PathBuf {
     data
 }
 
+/// `pagesift run --governor full`, `extra` arguments, and a `--pid` per
+/// worker.
+fn daemon_for(dir: &Path, workers: &[Worker], extra: &[String]) -> Daemon {
+    let mut args: Vec<String> = vec!["--governor".into(), "full".into()];
+    args.extend(extra.iter().cloned());
+    for w in workers {
+        args.extend(["--pid".into(), w.pid().to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    start_daemon(dir, &args, false)
+}
+
+/// Polls every 250 ms (calling `poll` first) until every worker has 90 %
+/// of its file block merged; fails after `limit`.
+fn wait_for_file_blocks(d: &Daemon, workers: &[Worker], limit: Duration, mut poll: impl FnMut()) {
+    let data_pages = DATA_MIB << 20 >> 12;
+    let t0 = Instant::now();
+    loop {
+        poll();
+        let merged: Vec<u64> = workers
+            .iter()
+            .map(|w| w.ksm_pages(w.addr, w.data))
+            .collect();
+        if merged.iter().all(|&m| m >= data_pages * 9 / 10) {
+            eprintln!(
+                "python3 workers: file block merged ({merged:?} of {data_pages} pages) after {:.1} s",
+                t0.elapsed().as_secs_f64()
+            );
+            return;
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "after {limit:?} only {merged:?} of {data_pages} pages merged\nstatus: {}\nlog:\n{}",
+            d.status().map(|s| s.to_string()).unwrap_or_default(),
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The workers' memory is what they wrote and they run, before and after
+/// the daemon stops.
+fn stop_and_check(mut d: Daemon, workers: &mut [Worker], sums: &[String]) {
+    for (w, sum) in workers.iter_mut().zip(sums) {
+        assert_eq!(&w.checksum(), sum, "worker {} memory changed", w.pid());
+        assert!(w.child.try_wait().unwrap().is_none(), "worker exited");
+    }
+    let stopped = d.stop();
+    assert!(stopped.success(), "exit {stopped}:\n{}", d.log());
+    drop(d);
+    for (w, sum) in workers.iter_mut().zip(sums) {
+        assert_eq!(&w.checksum(), sum);
+    }
+}
+
 /// The real-workloads goal: a mixed region (a duplicate block plus a hot
 /// buffer) of real python3 processes is merged without a single COW fault
 /// on its hot part, and the workers' memory is unchanged.
@@ -189,39 +244,13 @@ fn python_workers_duplicate_block_is_merged_and_their_hot_buffer_never() {
     let mut workers: Vec<Worker> = (0..3).map(|_| Worker::start(&script, &data)).collect();
     let sums: Vec<String> = workers.iter().map(|w| w.sum.clone()).collect();
     assert!(sums.iter().all(|s| *s == sums[0]));
-    let mut args: Vec<String> = vec!["--governor".into(), "full".into()];
-    for w in &workers {
-        args.extend(["--pid".into(), w.pid().to_string()]);
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut d = start_daemon(dir, &args, false);
-
-    let data_pages = DATA_MIB << 20 >> 12;
-    let t0 = Instant::now();
+    let d = daemon_for(dir, &workers, &[]);
     let mut hot_ksm_seen = 0;
-    loop {
+    wait_for_file_blocks(&d, &workers, Duration::from_secs(30), || {
         for w in &workers {
             hot_ksm_seen += w.ksm_pages(w.addr + w.data, w.hot);
         }
-        let merged: Vec<u64> = workers
-            .iter()
-            .map(|w| w.ksm_pages(w.addr, w.data))
-            .collect();
-        if merged.iter().all(|&m| m >= data_pages * 9 / 10) {
-            eprintln!(
-                "python3 workers: file block merged ({merged:?} of {data_pages} pages) after {:.1} s",
-                t0.elapsed().as_secs_f64()
-            );
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "after 30 s only {merged:?} of {data_pages} pages merged\nstatus: {}\nlog:\n{}",
-            d.status().map(|s| s.to_string()).unwrap_or_default(),
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    });
     // A few more seconds of writes: the hot buffers never hold a KSM page,
     // so no write of theirs is a COW fault.
     let until = Instant::now() + Duration::from_secs(5);
@@ -237,21 +266,12 @@ fn python_workers_duplicate_block_is_merged_and_their_hot_buffer_never() {
         "hot buffer pages were merged:\n{}",
         d.log()
     );
-    for (w, sum) in workers.iter_mut().zip(&sums) {
-        assert_eq!(&w.checksum(), sum, "worker {} memory changed", w.pid());
-        assert!(w.child.try_wait().unwrap().is_none(), "worker exited");
-    }
     let st = d.status().expect("status");
     assert!(
         st["totals"]["partial_marks"].as_u64().unwrap_or(0) >= 1,
         "{st}"
     );
-    let stopped = d.stop();
-    assert!(stopped.success(), "exit {stopped}:\n{}", d.log());
-    drop(d);
-    for (w, sum) in workers.iter_mut().zip(&sums) {
-        assert_eq!(&w.checksum(), sum);
-    }
+    stop_and_check(d, &mut workers, &sums);
 }
 
 /// A region the sweep found duplicated in part is marked around its
@@ -284,40 +304,12 @@ fn python_workers_random_block_is_left_out_of_the_marked_region() {
 
     let mut workers: Vec<Worker> = (0..3).map(|_| Worker::start(&script, &data)).collect();
     let sums: Vec<String> = workers.iter().map(|w| w.sum.clone()).collect();
-    let mut args: Vec<String> = vec![
-        "--governor".into(),
-        "full".into(),
-        "--config".into(),
-        config.display().to_string(),
-    ];
-    for w in &workers {
-        args.extend(["--pid".into(), w.pid().to_string()]);
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut d = start_daemon(dir, &args, false);
-
-    let data_pages = DATA_MIB << 20 >> 12;
-    let t0 = Instant::now();
-    loop {
-        let merged: Vec<u64> = workers
-            .iter()
-            .map(|w| w.ksm_pages(w.addr, w.data))
-            .collect();
-        if merged.iter().all(|&m| m >= data_pages * 9 / 10) {
-            eprintln!(
-                "python3 workers: file block merged ({merged:?} of {data_pages} pages) after {:.1} s",
-                t0.elapsed().as_secs_f64()
-            );
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(40),
-            "after 40 s only {merged:?} of {data_pages} pages merged\nstatus: {}\nlog:\n{}",
-            d.status().map(|s| s.to_string()).unwrap_or_default(),
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    let d = daemon_for(
+        dir,
+        &workers,
+        &["--config".into(), config.display().to_string()],
+    );
+    wait_for_file_blocks(&d, &workers, Duration::from_secs(40), || {});
     for w in &workers {
         let (own_start, own_end) = (w.addr + w.data, w.addr + w.data + w.hot);
         let marked: Vec<(u64, u64)> = vmas(w.pid())
@@ -338,14 +330,5 @@ fn python_workers_random_block_is_left_out_of_the_marked_region() {
         "{}",
         d.log()
     );
-    for (w, sum) in workers.iter_mut().zip(&sums) {
-        assert_eq!(&w.checksum(), sum, "worker {} memory changed", w.pid());
-        assert!(w.child.try_wait().unwrap().is_none(), "worker exited");
-    }
-    let stopped = d.stop();
-    assert!(stopped.success(), "exit {stopped}:\n{}", d.log());
-    drop(d);
-    for (w, sum) in workers.iter_mut().zip(&sums) {
-        assert_eq!(&w.checksum(), sum);
-    }
+    stop_and_check(d, &mut workers, &sums);
 }
