@@ -149,8 +149,8 @@ pub struct LadderSection {
     pub v_cow: f64,
     /// V_life in ms: regions younger than this never climb (§5.2: 100 ms).
     pub v_life_ms: u64,
-    /// Skip the rest of a region's round once its verdict is certain, and
-    /// start a level's rounds no more often than its round time
+    /// Skip the rest of a region's round once its verdict is certain; the
+    /// round still lasts its round time, so only samples are saved
     /// (`core::pipeline::ladder`, "Early decisions"). Off: UKSM's fixed
     /// sampling density.
     pub early_decision: bool,

@@ -205,20 +205,14 @@ const RAISED_WATCH_WAIT: Nanos = 5 * SEC;
 /// and marked when it holds duplicates).
 const UNIQUE_ZONES_FRESH: Nanos = 15 * SEC;
 
-/// `a` and `b` (sorted lists of zones `[first, end)`) joined into one
-/// sorted list of disjoint zones.
-fn join_zones(a: Vec<(u32, u32)>, b: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
-    let mut all = a;
-    all.extend(b);
-    all.sort_unstable();
-    let mut out: Vec<(u32, u32)> = Vec::with_capacity(all.len());
-    for (s, e) in all {
-        match out.last_mut() {
-            Some(last) if s <= last.1 => last.1 = last.1.max(e),
-            _ => out.push((s, e)),
-        }
+/// `a` and `b` (lists of zones `[first, end)`) joined into one sorted list
+/// of disjoint zones.
+fn join_zones(a: &[(u32, u32)], b: &[(u32, u32)]) -> Vec<(u32, u32)> {
+    let mut set = pagesift_core::ranges::RangeSet::new();
+    for &(s, e) in a.iter().chain(b) {
+        set.insert(u64::from(s), u64::from(e));
     }
-    out
+    set.iter().map(|(s, e)| (s as u32, e as u32)).collect()
 }
 /// Longest a region raised by the sweep stays parked on the top level
 /// without being marked or held (its process was skipped, its watch kept
@@ -1551,7 +1545,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             let unique_zones = unique.len();
             let exclude = match (exclude, unique.is_empty()) {
                 (exclude, true) => exclude,
-                (written, false) => Some(join_zones(written.unwrap_or_default(), unique)),
+                (written, false) => Some(join_zones(&written.unwrap_or_default(), &unique)),
             };
             let pid = b.span.proc.pid;
             if self.self_managed.contains(&pid)
@@ -2448,10 +2442,10 @@ mod tests {
         let written = vec![(0, 16), (100, 200)];
         let unique = vec![(16, 48), (150, 400), (500, 600)];
         assert_eq!(
-            join_zones(written, unique),
+            join_zones(&written, &unique),
             vec![(0, 48), (100, 400), (500, 600)]
         );
-        assert_eq!(join_zones(vec![], vec![(3, 9)]), vec![(3, 9)]);
+        assert_eq!(join_zones(&[], &[(3, 9)]), vec![(3, 9)]);
     }
 
     #[test]

@@ -1163,6 +1163,64 @@ fn the_sweep_raises_regions_whose_duplicates_sit_at_other_offsets_and_they_merge
     assert_eq!(m.count(b, PageState::Merged), 512);
 }
 
+/// A region that climbs to the top while the last sweep saw nothing but
+/// unique pages in it (its content changed since) is not marked around
+/// zones that leave nothing: it is held, and marked once the zones are
+/// stale and the hold is over.
+#[test]
+fn a_region_the_sweep_saw_all_unique_is_held_not_marked_then_merged_later() {
+    let w = world();
+    let (a, b) = {
+        let mut m = w.borrow_mut();
+        m.spawn(40, "guest-a", false);
+        m.spawn(41, "guest-b", false);
+        (
+            m.map(40, &distinct(100_000, 1024), false),
+            m.map(41, &distinct(200_000, 1024), false),
+        )
+    };
+    // Sweeps a minute apart (the first after a minute): the test's
+    // 10 s below see one epoch's zones only. Sampled duplicate runs are
+    // off: they are verified pairs, marked whatever the zones say.
+    let mut d = daemon(
+        &w,
+        "[eligible]\nall = true\n[scan]\nsweep_every_s = 60\nsweep_min_age_s = 0.0\n\
+         [actuate]\nrun_min_pages = 0\n",
+        &[],
+    );
+    let mut now = 0;
+    while d.status(now).daemon.sweep.epochs == 0 {
+        assert!(now < 120 * SEC, "no sweep epoch");
+        run(&mut d, &mut now, 1);
+    }
+    let swept = now;
+    // Now A holds B's content: all of both are duplicates, which sampling
+    // finds, while the sweep's zones still say "all unique".
+    {
+        let mut m = w.borrow_mut();
+        for page in 0..1024 {
+            let content = 200_000 + u64::from(page);
+            m.mem.write(PageRef { region: a, page }, content).unwrap();
+        }
+    }
+    let mut held = false;
+    while now < swept + 10 * SEC {
+        run(&mut d, &mut now, 1);
+        held |= matches!(d.mode(a), Some(Mode::Held { .. }));
+        let m = w.borrow();
+        assert!(
+            (0..1024).all(|p| !m.page_mergeable(a, p) && !m.page_mergeable(b, p)),
+            "marked around zones that leave nothing"
+        );
+    }
+    assert!(held, "A was never held");
+    // The zones go stale after 15 s; the holds end; both are merged.
+    run(&mut d, &mut now, 400);
+    let m = w.borrow();
+    assert_eq!(m.count(a, PageState::Merged), 1024);
+    assert_eq!(m.count(b, PageState::Merged), 1024);
+}
+
 /// The sweep leaves a region alone until it has been known for
 /// `scan.sweep_min_age_s`, then hashes it: memory that comes and goes
 /// within seconds costs no sweep. A sweep due while no region is old

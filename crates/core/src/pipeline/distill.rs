@@ -625,13 +625,13 @@ impl Distiller {
                 level,
                 sampling_interval(pages, s * k, lb.round_time, lb.cpu_share),
             );
-            // With early decisions a level can walk its round well before
-            // the round's time is up; the round still lasts that time: its
-            // verdicts come, and the next round starts, when it is up
-            // (see the ladder's header), so only samples are saved.
-            let early = self.round_early(level, now, lb.round_time);
             if self.ladder.round_finished(level) {
-                if early {
+                // With early decisions a level can walk its round well
+                // before the round's time is up; the round still lasts
+                // that time: its verdicts come, and the next round starts,
+                // when it is up (see the ladder's header), so only samples
+                // are saved.
+                if self.round_early(level, now, lb.round_time) {
                     continue;
                 }
                 if self.judgement_due[level] {
@@ -697,8 +697,7 @@ impl Distiller {
                 }
             }
             if self.ladder.round_finished(level) {
-                let early = self.round_early(level, now, lb.round_time);
-                if early {
+                if self.round_early(level, now, lb.round_time) {
                     self.judgement_due[level] = true;
                 } else {
                     report.moves.extend(self.ladder.end_round(level, now));

@@ -77,11 +77,12 @@
 //! [`EARLY_MIN_SAMPLES`] outcomes, none merged or COW-broken, and the 99 %
 //! Wilson interval of its duplicate share lies wholly above or below V_dup
 //! ([`SampleCounts::decided`]), the rest of its round is skipped: the
-//! cursor moves past it in step with the interval. The round then ends
-//! sooner, and the caller starts the level's next round no sooner than
-//! its round time after the last one began, so the samples saved are CPU
-//! saved (the upper levels, with 23.75 % and 95 % of a core under Full,
-//! are where it counts). A skipped region is judged on the samples it
+//! cursor moves past it in step with the interval. The walk then ends
+//! sooner, but the caller keeps the round's time: it judges the round and
+//! starts the next one when the round time is up (at once if it is up by
+//! the next wake-up), so verdicts come at UKSM's pace and the samples
+//! saved are CPU saved (the upper levels, with 23.75 % and 95 % of a core
+//! under Full, are where it counts). A skipped region is judged on the samples it
 //! had; the chance that more would have flipped its verdict is the
 //! interval's 1 % tail.
 //!
@@ -175,9 +176,8 @@ pub struct LadderConfig {
     #[serde(default = "one")]
     pub cluster_pages: u32,
     /// Stop sampling a region for the rest of a round once its verdict is
-    /// certain, and start a level's next round no sooner than its round
-    /// time after the last one started (see "Early decisions" in the
-    /// module header). Off: UKSM's fixed density.
+    /// certain; the round still lasts its round time (see "Early
+    /// decisions" in the module header). Off: UKSM's fixed density.
     #[serde(default = "yes")]
     pub early_decision: bool,
 }
