@@ -65,8 +65,10 @@
 //! round is judged on the samples of the round (§5.2, code `judge_slot`):
 //! - all of its sampled pages were already merged → back to the bottom
 //!   (there is nothing left to find; the bottom keeps an eye on it);
-//! - duplication ratio ≥ V_dup (and > 0) and age > V_life → climb one level
-//!   (capped at the top);
+//! - younger than V_life, or joined the level after its round began → no
+//!   verdict: it stays, and the next round (a whole one) judges it;
+//! - duplication ratio ≥ V_dup (and > 0) → climb one level (capped at the
+//!   top);
 //! - otherwise → drop one level (floored at the bottom).
 //!
 //! **Early decisions** (`LadderConfig::early_decision`, on by default; not
@@ -1075,9 +1077,19 @@ impl Ladder {
             // region mapped mid-round cannot climb on a partial view.
             let old_enough = now.saturating_sub(r.inserted_at) > self.config.v_life
                 && r.joined_round < self.levels[level].rounds_started;
+            // Not old enough is no verdict: a region that climbed into a
+            // level whose round was under way is judged on that round's
+            // tail, and dropping it for that sent twins that climb at
+            // the same pace back and forth between two levels for as long
+            // as each arrived mid-round (measured in the loop test
+            // `a_region_the_sweep_saw_all_unique_is_held_not_marked_then_merged_later`:
+            // two identical regions never left levels 0 and 1 in 90 s).
+            // It stays, and the next round, a whole one, judges it.
             let target = if r.round.all_merged() {
                 0
-            } else if ratio > 0.0 && ratio >= self.config.v_dup && old_enough {
+            } else if !old_enough {
+                level
+            } else if ratio > 0.0 && ratio >= self.config.v_dup {
                 (level + 1).min(top)
             } else {
                 level.saturating_sub(1)
@@ -1982,6 +1994,39 @@ mod tests {
                 .collect();
             assert_eq!(pages, (0..10).collect(), "region {r}");
         }
+    }
+
+    /// A region that climbs into a level while that level's round is
+    /// under way is judged on the round's tail: no verdict, it stays on
+    /// its new level (it used to be dropped, so twins arriving mid-round
+    /// went back and forth between two levels), and the next round judges
+    /// it.
+    #[test]
+    fn a_region_that_climbs_mid_round_keeps_its_new_level() {
+        let mut l = ladder();
+        let (a, b) = (RegionId(1), RegionId(2));
+        l.insert(a, 10, 0);
+        run_round(&mut l, 0, &[DUP]);
+        l.end_round(0, SEC); // a climbs to 1
+        l.insert(b, 10, 0);
+        l.start_round(1);
+        let _ = l.next_sample(1);
+        run_round(&mut l, 0, &[DUP]);
+        assert_eq!(l.end_round(0, SEC), vec![Move::Climb { region: b, to: 1 }]);
+        // b's samples in the tail of level 1's round are all unique.
+        while let Some(p) = l.next_sample(1) {
+            l.record(p, if p.region == b { PLAIN } else { DUP });
+        }
+        let moves = l.end_round(1, 2 * SEC);
+        assert!(moves.contains(&Move::Stay { region: b }), "{moves:?}");
+        assert_eq!(l.level_of(b), Some(1));
+        // The next round is a whole one: b is judged on it.
+        run_round(&mut l, 1, &[DUP]);
+        let moves = l.end_round(1, 3 * SEC);
+        assert!(
+            moves.contains(&Move::Climb { region: b, to: 2 }),
+            "{moves:?}"
+        );
     }
 
     #[test]

@@ -380,7 +380,10 @@ mod tests {
         }
 
         /// Priority with two sharers: sharer 0's local share matches its
-        /// nuShare (hence Table III) within 2 points over 10,000 pages.
+        /// nuShare (hence Table III) over 10,000 pages, within six standard
+        /// deviations of a binomial draw (3 points at a share of 1/2). A
+        /// fixed 2 points was 4 deviations there: 64 cases a run failed
+        /// about one run in 250 (seed in proptest-regressions).
         #[test]
         fn priority_matches_nu_share(n0 in -20i32..=19, n1 in -20i32..=19, seed in any::<u64>()) {
             let mut p = Placer::new(Policy::Priority, seed);
@@ -388,7 +391,9 @@ mod tests {
             let pages = 10_000;
             let local0 = (0..pages).filter(|_| p.choose(&copies) == Some(0)).count();
             let share = local0 as f64 / pages as f64;
-            prop_assert!((share - local_share(n0, n1)).abs() < 0.02, "{share}");
+            let want = local_share(n0, n1);
+            let sd = (want * (1.0 - want) / pages as f64).sqrt();
+            prop_assert!((share - want).abs() <= 6.0 * sd + 1e-3, "{share} against {want}");
         }
 
         /// Whatever the copies, the choice is one of their nodes.
