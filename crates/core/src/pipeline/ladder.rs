@@ -112,7 +112,8 @@
 //!   next region at the same place in the flat space (or at its first
 //!   page if the cursor was still inside the leaver). Membership changes
 //!   mid-round therefore never make the cursor skip or repeat another
-//!   region's pages.
+//!   region's pages. A region that joined after the round began is
+//!   passed over until the next round, whose samples can judge it.
 //!
 //! ## Driving it
 //!
@@ -821,8 +822,9 @@ impl Ladder {
             .unwrap_or_else(|| panic!("level {level} out of 0..{}", self.levels.len()))
     }
 
-    /// Appends `id` to `level`'s flat space (at its end, so a round under
-    /// way reaches it before it ends).
+    /// Appends `id` to `level`'s flat space, at its end: a round under way
+    /// passes over it (see `next_sample`), and the cursor of that round
+    /// keeps its place.
     fn attach(&mut self, id: RegionId, level: usize) {
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -968,14 +970,20 @@ impl Ladder {
         let (mut i, mut start) = lvl.space.find(pos);
         let mut pos = pos;
         let interval = lvl.interval;
-        if self.config.early_decision {
-            // Regions whose verdict is certain are passed over: the cursor
-            // moves to the first sample point past their end, in step with
-            // the interval, as if their samples had been taken.
+        {
+            // Regions that joined the level after this round began (their
+            // samples could not judge them: see `end_round`), and with
+            // early decisions regions whose verdict is certain, are passed
+            // over: the cursor moves to the first sample point past their
+            // end, in step with the interval, as if their samples had
+            // been taken.
+            let rounds = lvl.rounds_started;
             loop {
                 let slot = lvl.space.slots[i];
                 let r = &self.regions[&slot.id];
-                if !r.round.decided(self.config.v_dup) {
+                let skip = r.joined_round >= rounds
+                    || (self.config.early_decision && r.round.decided(self.config.v_dup));
+                if !skip {
                     break;
                 }
                 let end = start + slot.pages;
@@ -1077,11 +1085,13 @@ impl Ladder {
             // region mapped mid-round cannot climb on a partial view.
             let old_enough = now.saturating_sub(r.inserted_at) > self.config.v_life
                 && r.joined_round < self.levels[level].rounds_started;
-            // Not old enough is no verdict: a region that climbed into a
-            // level whose round was under way is judged on that round's
-            // tail, and dropping it for that sent twins that climb at
-            // the same pace back and forth between two levels for as long
-            // as each arrived mid-round (measured in the loop test
+            // Not old enough is no verdict. A region that joined the level
+            // after its round began is passed over by `next_sample`, so
+            // only samples recorded on their own (hints) get it here. It
+            // used to be sampled on the round's tail and dropped, which
+            // sent twins that climb at the same pace back and forth
+            // between two levels for as long as each arrived mid-round
+            // (the loop test
             // `a_region_the_sweep_saw_all_unique_is_held_not_marked_then_merged_later`:
             // two identical regions never left levels 0 and 1 in 90 s).
             // It stays, and the next round, a whole one, judges it.
@@ -1854,11 +1864,14 @@ mod tests {
                 l.record(p, DUP);
             }
             let moves = l.end_round(0, SEC);
-            let young_move = moves.iter().find(|m| m.region() == young).unwrap();
+            let young_move = moves.iter().find(|m| m.region() == young);
             if round == 0 {
+                // Not sampled in the round it joined: nothing to judge.
                 assert!(moves.contains(&Move::Climb { region: old, to: 1 }));
-                assert_eq!(*young_move, Move::Stay { region: young });
+                assert_eq!(young_move, None);
+                assert_eq!(l.level_of(young), Some(0));
             } else {
+                let young_move = young_move.unwrap();
                 assert_eq!(
                     *young_move,
                     Move::Climb {
@@ -1981,11 +1994,16 @@ mod tests {
         l.insert(RegionId(2), 10, 0);
         l.start_round(0);
         let mut seen: Vec<PageRef> = (0..5).map(|_| l.next_sample(0).unwrap()).collect();
-        // A new region joins: it is appended behind the cursor.
+        // A new region joins: it is appended behind the cursor, and passed
+        // over until the next round (its samples could not judge it).
         l.insert(RegionId(3), 10, 0);
         assert!(!l.round_finished(0));
         seen.extend(std::iter::from_fn(|| l.next_sample(0)));
-        assert_eq!(seen.len(), 30);
+        assert_eq!(seen.len(), 20);
+        assert!(seen.iter().all(|p| p.region != RegionId(3)));
+        l.end_round(0, SEC);
+        l.start_round(0);
+        seen.extend(std::iter::from_fn(|| l.next_sample(0)).filter(|p| p.region == RegionId(3)));
         for r in 1..=3 {
             let pages: BTreeSet<u32> = seen
                 .iter()
@@ -1997,41 +2015,14 @@ mod tests {
     }
 
     /// A region that climbs into a level while that level's round is
-    /// under way is judged on the round's tail: no verdict, it stays on
-    /// its new level (it used to be dropped, so twins arriving mid-round
-    /// went back and forth between two levels), and the next round judges
+    /// under way is passed over for the rest of that round, and a sample
+    /// recorded for it anyway (a hint) gives no verdict: it stays on its
+    /// new level. (It used to be sampled and judged on the round's tail,
+    /// and dropped as too young, so twins arriving mid-round went back
+    /// and forth between two levels.) The next round, a whole one, judges
     /// it.
     #[test]
-    fn a_region_that_climbs_mid_round_keeps_its_new_level() {
-        let mut l = ladder();
-        let (a, b) = (RegionId(1), RegionId(2));
-        l.insert(a, 10, 0);
-        run_round(&mut l, 0, &[DUP]);
-        l.end_round(0, SEC); // a climbs to 1
-        l.insert(b, 10, 0);
-        l.start_round(1);
-        let _ = l.next_sample(1);
-        run_round(&mut l, 0, &[DUP]);
-        assert_eq!(l.end_round(0, SEC), vec![Move::Climb { region: b, to: 1 }]);
-        // b's samples in the tail of level 1's round are all unique.
-        while let Some(p) = l.next_sample(1) {
-            l.record(p, if p.region == b { PLAIN } else { DUP });
-        }
-        let moves = l.end_round(1, 2 * SEC);
-        assert!(moves.contains(&Move::Stay { region: b }), "{moves:?}");
-        assert_eq!(l.level_of(b), Some(1));
-        // The next round is a whole one: b is judged on it.
-        run_round(&mut l, 1, &[DUP]);
-        let moves = l.end_round(1, 3 * SEC);
-        assert!(
-            moves.contains(&Move::Climb { region: b, to: 2 }),
-            "{moves:?}"
-        );
-    }
-
-    #[test]
     fn climbing_into_a_level_mid_round() {
-        // Level 1 is mid-round when a region climbs into it from level 0.
         let mut l = ladder();
         let (a, b) = (RegionId(1), RegionId(2));
         l.insert(a, 10, 0);
@@ -2044,8 +2035,24 @@ mod tests {
         assert_eq!(l.end_round(0, SEC), vec![Move::Climb { region: b, to: 1 }]);
         let rest: Vec<PageRef> = std::iter::from_fn(|| l.next_sample(1)).collect();
         assert!(first.iter().all(|p| p.region == a));
-        assert_eq!(rest.iter().filter(|p| p.region == a).count(), 6);
-        assert_eq!(rest.iter().filter(|p| p.region == b).count(), 10);
+        assert_eq!(rest.len(), 6);
+        assert!(rest.iter().all(|p| p.region == a));
+        for p in first.iter().chain(&rest) {
+            l.record(*p, DUP);
+        }
+        // A unique page of b recorded on its own (a hint).
+        l.record(PageRef { region: b, page: 3 }, PLAIN);
+        let moves = l.end_round(1, 2 * SEC);
+        assert!(moves.contains(&Move::Stay { region: b }), "{moves:?}");
+        assert_eq!(l.level_of(b), Some(1));
+        // The next round is a whole one: b is sampled and judged on it.
+        let seen = run_round(&mut l, 1, &[DUP]);
+        assert_eq!(seen.iter().filter(|p| p.region == b).count(), 10);
+        let moves = l.end_round(1, 3 * SEC);
+        assert!(
+            moves.contains(&Move::Climb { region: b, to: 2 }),
+            "{moves:?}"
+        );
     }
 
     #[test]
