@@ -204,6 +204,11 @@ const RAISED_WATCH_WAIT: Nanos = 5 * SEC;
 /// makes a stale zone cost little: it becomes a region of its own, sampled
 /// and marked when it holds duplicates).
 const UNIQUE_ZONES_FRESH: Nanos = 15 * SEC;
+/// How far sampling's duplicate share must exceed the share of a region
+/// outside its unique zones for the zones to be set aside
+/// ([`zones_contradicted`]): half the default V_dup, so that sampling
+/// noise around a region's true share does not. pagesift's choice.
+const ZONE_CONTRADICTION: f64 = 0.05;
 
 /// `a` and `b` (lists of zones `[first, end)`) joined into one sorted list
 /// of disjoint zones.
@@ -1541,7 +1546,23 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             };
             // Stretches the last sweep found without duplicates are left
             // out too: ksmd would visit them every full scan for nothing.
-            let unique = b.fresh_unique(now);
+            // Unless sampling contradicts them (see `zones_contradicted`):
+            // then the sweep was blind to the twins (merged content) or
+            // its view is older than the samples, and marking around the
+            // zones would leave duplicates out.
+            let mut unique = b.fresh_unique(now);
+            if zones_contradicted(&unique, b.span.pages, dup) {
+                info!(
+                    pid = b.span.proc.pid,
+                    start = b.span.start,
+                    pages = b.span.pages,
+                    dup,
+                    unique_zones = unique.len(),
+                    "sampling found more duplicates than the sweep's unique zones leave room \
+                     for: marking without them"
+                );
+                unique.clear();
+            }
             let unique_zones = unique.len();
             let exclude = match (exclude, unique.is_empty()) {
                 (exclude, true) => exclude,
@@ -2398,6 +2419,27 @@ fn write_verdict(b: &Book, dup: f64, config: &Config, now: Nanos) -> WriteVerdic
 
 /// The share of a region's pages that are duplicates, as its last
 /// judgement estimated it (1 before any: assume the worst).
+/// Whether sampling's duplicate share `dup` (of a region of `pages`
+/// pages) exceeds, by [`ZONE_CONTRADICTION`] or more, the share of the
+/// region outside its unique zones `unique`: the samples found duplicates
+/// where the sweep saw none. The sweep cannot see the twins that are
+/// merged pages (it reads no KSM page, and settled regions are not in
+/// its full epochs), which the sampler's stable index holds: in `pagesift
+/// bench --quick --only files` without hints (2026-11-27, daemon log read
+/// by hand), the readers whose file data ksmd had merged before the first
+/// epoch left the fourth reader's copy without a twin, all of it a unique
+/// zone, and its region was held instead of marked (36.5 of 48 MiB saved
+/// at the end of the 30 s window). A region the sweep raised carries the
+/// sweep's own ratio, which never exceeds the share outside its zones.
+fn zones_contradicted(unique: &[(u32, u32)], pages: u32, dup: f64) -> bool {
+    if unique.is_empty() || pages == 0 {
+        return false;
+    }
+    let inside: u64 = unique.iter().map(|&(s, e)| u64::from(e - s)).sum();
+    let outside = 1.0 - inside as f64 / f64::from(pages);
+    dup >= outside + ZONE_CONTRADICTION
+}
+
 fn dup_share(ladder: &pagesift_core::pipeline::ladder::Ladder, id: RegionId) -> f64 {
     match ladder.region_stats(id) {
         Some(s) if s.judged > 0 => s.last_dup_ratio,
@@ -2471,5 +2513,18 @@ mod tests {
         assert!(b.fresh_unique(SEC + UNIQUE_ZONES_FRESH + 1).is_empty());
         b.resized();
         assert!(b.fresh_unique(2 * SEC).is_empty());
+    }
+
+    #[test]
+    fn zones_are_contradicted_only_by_more_duplicates_than_room_outside_them() {
+        // No zones: nothing to contradict.
+        assert!(!zones_contradicted(&[], 1024, 1.0));
+        // Zones over the whole region: any duplicate share of 5 % or more.
+        assert!(zones_contradicted(&[(0, 1024)], 1024, 0.1));
+        assert!(!zones_contradicted(&[(0, 1024)], 1024, 0.04));
+        // Half the region in zones: sampling's 50 % fits beside them, 60 % not.
+        let half = [(0, 256), (512, 768)];
+        assert!(!zones_contradicted(&half, 1024, 0.5));
+        assert!(zones_contradicted(&half, 1024, 0.6));
     }
 }

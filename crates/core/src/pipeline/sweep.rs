@@ -35,7 +35,9 @@
 //!   pages that hold present pages with no twin and no duplicate at all
 //!   (broken by no hole longer than [`UNIQUE_HOLE_MAX`]), the
 //!   [`UNIQUE_ZONES_MAX`] longest. A promoted region is marked around
-//!   them. Why: ksmd visits every marked page on every full scan, a page
+//!   them (unless sampling found more duplicates than the zones leave
+//!   room for: the sweep reads no merged page, so twins that ksmd merged
+//!   elsewhere are invisible to it; the daemon then sets them aside). Why: ksmd visits every marked page on every full scan, a page
 //!   with no twin at full cost (checksum, unstable-tree insertion) until
 //!   its smart-scan skipping starts after three visits, and each region
 //!   marked makes ksmd pass over everything marked before it three more
