@@ -412,11 +412,11 @@ pub fn run(opts: &BenchOptions) -> Result<Summary, BenchError> {
         ));
     }
     let page_cache = opts.only.iter().any(|o| o == "page-cache");
-    let alone = ["page-cache", numa::EXPERIMENT, hints_guest::EXPERIMENT];
+    let alone = [numa::EXPERIMENT, hints_guest::EXPERIMENT];
     if opts.repeat > 1 && opts.only.iter().any(|o| alone.contains(&o.as_str())) {
         return Err(BenchError::Usage(
-            "--repeat applies to the experiments that run systems side by side; page-cache, \
-             numa and hints-guest run once"
+            "--repeat applies to the experiments that compare systems; numa and hints-guest \
+             run once"
                 .into(),
         ));
     }
@@ -505,8 +505,9 @@ fn run_page_cache(ctx: &Context, opts: &BenchOptions) -> Result<Summary, BenchEr
     let t0 = Instant::now();
     let started = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let before = pagesift_linux::procstat::machine().load_average;
-    let (runs, goals, section) = page_cache::run(ctx, opts.mode)?;
-    report::write_csv(&opts.out, &runs)?;
+    let outcome = page_cache::run(ctx, opts.mode, opts.repeat as usize)?;
+    let section = outcome.section;
+    report::write_csv(&opts.out, &outcome.runs[0])?;
     let h = header(opts, started, t0, before, ctx.lock_wait.get());
     let head = report::markdown(&h, &[], false);
     write_file(
@@ -519,8 +520,12 @@ fn run_page_cache(ctx: &Context, opts: &BenchOptions) -> Result<Summary, BenchEr
             name: "page-cache".into(),
             reference: page_cache::PageCachePlan::systems()[0].name(),
             rows: Vec::new(),
-            goals,
-            goals_by_run: Vec::new(),
+            goals: outcome.goals[0].clone(),
+            goals_by_run: if outcome.goals.len() > 1 {
+                outcome.goals
+            } else {
+                Vec::new()
+            },
         }],
         out: opts.out.clone(),
     };

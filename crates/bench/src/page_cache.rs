@@ -311,36 +311,75 @@ fn build_image(ctx: &Context, plan: &PageCachePlan) -> Result<(GuestImage, Strin
 }
 
 /// Runs every system; returns the runs and the goals judged.
-pub fn run(
-    ctx: &Context,
-    mode: Mode,
-) -> Result<(Vec<RunResult>, Vec<Verdict>, String), BenchError> {
+/// What an invocation measured: every run's results (the three systems,
+/// in order), the goals judged on each, and the report's section.
+pub struct PageCacheOutcome {
+    /// Run 1 first; with `--repeat N`, N runs.
+    pub runs: Vec<Vec<RunResult>>,
+    /// The goals judged on each run, in the same order.
+    pub goals: Vec<Vec<Verdict>>,
+    /// The markdown section.
+    pub section: String,
+}
+
+/// Runs the three systems `repeat` times, interleaved (Default, Fadvise,
+/// pagesift, Default, …), on one image build: the guests' read rates
+/// move by 10-20 % from one run to the next on this shared machine, more
+/// than the differences the goals judge, so a verdict is worth as much
+/// as the runs that agree on it.
+pub fn run(ctx: &Context, mode: Mode, repeat: usize) -> Result<PageCacheOutcome, BenchError> {
     let plan = PageCachePlan::of(mode);
     let (image, md5) = build_image(ctx, &plan)?;
-    let mut runs = Vec::new();
-    for (k, system) in PageCachePlan::systems().into_iter().enumerate() {
-        ctx.progress.note(&format!(
-            "run {}/3: page-cache · {} ({} s of reads)",
-            k + 1,
-            system.name(),
-            plan.read_s
-        ));
-        match run_system(ctx, &plan, &image, &md5, system) {
-            Ok(r) => runs.push(r),
-            Err(BenchError::System(e)) => {
-                ctx.progress
-                    .note(&format!("page-cache · {}: FAILED: {e}", system.name()));
-                runs.push(failed(&plan, system, e));
+    let repeat = repeat.max(1);
+    let systems = PageCachePlan::systems();
+    let total = systems.len() * repeat;
+    let mut all = Vec::with_capacity(repeat);
+    for k in 0..repeat {
+        let of = if repeat > 1 {
+            format!(", run {} of {repeat}", k + 1)
+        } else {
+            String::new()
+        };
+        ctx.repetition.set((repeat > 1).then_some(k + 1));
+        let mut runs = Vec::new();
+        for (i, system) in systems.into_iter().enumerate() {
+            ctx.progress.note(&format!(
+                "run {}/{total}: page-cache · {} ({} s of reads{of})",
+                k * systems.len() + i + 1,
+                system.name(),
+                plan.read_s
+            ));
+            match run_system(ctx, &plan, &image, &md5, system) {
+                Ok(r) => runs.push(r),
+                Err(BenchError::System(e)) => {
+                    ctx.progress
+                        .note(&format!("page-cache · {}: FAILED: {e}", system.name()));
+                    runs.push(failed(&plan, system, e));
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         }
+        all.push(runs);
     }
-    let goals: Vec<Verdict> = PageCachePlan::goals()
+    ctx.repetition.set(None);
+    let goals: Vec<Vec<Verdict>> = all
         .iter()
-        .map(|g| report::judge(g, &runs, plan.read_s as f64))
+        .map(|runs| {
+            PageCachePlan::goals()
+                .iter()
+                .map(|g| report::judge(g, runs, plan.read_s as f64))
+                .collect()
+        })
         .collect();
-    let md = markdown(&plan, &runs, &goals);
-    Ok((runs, goals, md))
+    let mut section = markdown(&plan, &all[0], &goals[0]);
+    if repeat > 1 {
+        section.push_str(&repeats_markdown(&all, &goals));
+    }
+    Ok(PageCacheOutcome {
+        runs: all,
+        goals,
+        section,
+    })
 }
 
 fn failed(plan: &PageCachePlan, system: System, e: String) -> RunResult {
@@ -559,7 +598,10 @@ fn run_system(
 /// `pagesift run` for `system` on the guests `pids`, once its status
 /// socket is up (it has KSM's lock then).
 fn spawn_daemon(ctx: &Context, system: System, pids: &[u32]) -> Result<Spawned, BenchError> {
-    let stem = format!("page-cache-{}", crate::run::sanitize(&system.name()));
+    let mut stem = format!("page-cache-{}", crate::run::sanitize(&system.name()));
+    if let Some(k) = ctx.repetition.get() {
+        stem.push_str(&format!("-run{k}"));
+    }
     let config = system.config_toml().unwrap_or_default();
     let (d, _, _, waited) = crate::run::start_daemon(ctx, &stem, &config, &[], pids)?;
     ctx.add_lock_wait(waited);
@@ -639,6 +681,37 @@ pub fn markdown(plan: &PageCachePlan, runs: &[RunResult], goals: &[Verdict]) -> 
     s
 }
 
+/// With `--repeat`: per system, the figures the goals judge in every run,
+/// their median and range; then each goal's verdict per run.
+fn repeats_markdown(all: &[Vec<RunResult>], goals: &[Vec<Verdict>]) -> String {
+    let mut s = report::repeated_table_head(all.len());
+    type Pick = fn(&RunResult) -> Option<f64>;
+    let figures: [(&str, Pick); 4] = [
+        ("host cache, MiB (mean 2nd half)", |r| {
+            r.series(metric::IMAGE_CACHE_MIB)
+                .map(|c| crate::measure::mean_second_half(&c.points))
+        }),
+        ("host hit ratio", |r| last(r, metric::HOST_HIT_RATIO)),
+        ("guest read, MiB/s", |r| last(r, metric::GUEST_READ_MIB_S)),
+        ("pagesift CPU-s", |r| last(r, metric::DAEMON_CPU)),
+    ];
+    for system in PageCachePlan::systems() {
+        let name = system.name();
+        for (label, pick) in &figures {
+            let vals: Vec<Option<f64>> = all
+                .iter()
+                .map(|runs| runs.iter().find(|r| r.system == name).and_then(pick))
+                .collect();
+            if vals.iter().any(Option::is_some) {
+                // (pagesift's CPU has no row for the kernel's systems.)
+                s.push_str(&report::repeated_figure_row(&name, label, &vals));
+            }
+        }
+    }
+    s.push_str(&report::goals_by_run_markdown(goals));
+    s
+}
+
 /// The md5 of a host file, as `md5sum` prints it (the guests check their
 /// reads with busybox's `md5sum`, so the host uses the same tool).
 pub(crate) fn md5_of(path: &std::path::Path) -> Result<String, BenchError> {
@@ -690,6 +763,70 @@ mod tests {
             assert!(p.limit_mib > p.guests as u64 * u64::from(p.mem_mib));
         }
         assert_eq!(PageCachePlan::of(Mode::Full).mem_mib, 512);
+    }
+
+    /// Three runs: the figures of each system in every run with their
+    /// median, and each goal per run with how many runs met it.
+    #[test]
+    fn repeated_runs_show_each_runs_figures_and_goals() {
+        let plan = PageCachePlan::of(Mode::Quick);
+        let result = |system: System, cache: f64, read: f64, cpu: Option<f64>| {
+            let name = system.name();
+            let mut series = Vec::new();
+            let mut put = |m: &str, points: &[(f64, f64)]| {
+                let mut s = Series::new(&name, m, "");
+                for &(t, v) in points {
+                    s.push(t, v);
+                }
+                series.push(s);
+            };
+            put(metric::IMAGE_CACHE_MIB, &[(0.0, cache), (60.0, cache)]);
+            put(metric::GUEST_READ_MIB_S, &[(60.0, read)]);
+            put(metric::HOST_HIT_RATIO, &[(60.0, 0.5)]);
+            put(metric::DATA_INTACT, &[(60.0, 1.0)]);
+            if let Some(c) = cpu {
+                put(metric::DAEMON_CPU, &[(60.0, c)]);
+            }
+            RunResult {
+                series,
+                ..failed(&plan, system, String::new())
+            }
+        };
+        let [default, fadvise, pagesift] = PageCachePlan::systems();
+        // pagesift reads at 36, 30 and 40 MiB/s against Default's 35.
+        let all: Vec<Vec<RunResult>> = [36.0, 30.0, 40.0]
+            .into_iter()
+            .map(|read| {
+                vec![
+                    result(default, 500.0, 35.0, None),
+                    result(fadvise, 50.0, 30.0, None),
+                    result(pagesift, 120.0, read, Some(3.0)),
+                ]
+            })
+            .collect();
+        let goals: Vec<Vec<Verdict>> = all
+            .iter()
+            .map(|runs| {
+                PageCachePlan::goals()
+                    .iter()
+                    .map(|g| report::judge(g, runs, plan.read_s as f64))
+                    .collect()
+            })
+            .collect();
+        let md = repeats_markdown(&all, &goals);
+        assert!(md.contains("3 runs, systems interleaved"), "{md}");
+        assert!(
+            md.contains("| pagesift-full-scrub | guest read, MiB/s | 36.00 | 30.00 | 40.00 | 36.00 | 30.00–40.00 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| pagesift-full-scrub | pagesift CPU-s | 3.00 |"),
+            "{md}"
+        );
+        assert!(!md.contains("| ksm-100 | pagesift CPU-s"), "{md}");
+        // Reads at least Default's: met, not met, met.
+        assert!(md.contains("| met | not met | met | 2 of 3 |"), "{md}");
+        assert!(md.contains("- run 2: Singleton §4.3:"), "{md}");
     }
 
     #[test]

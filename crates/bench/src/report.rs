@@ -669,16 +669,7 @@ pub fn repeats_markdown(r: &ExperimentResult) -> String {
     let all: Vec<&[RunResult]> = std::iter::once(r.runs.as_slice())
         .chain(r.repeats.iter().map(Vec::as_slice))
         .collect();
-    let n = all.len();
-    let mut s = String::new();
-    let _ = writeln!(s, "\n**Repeated runs** ({n} runs, systems interleaved)\n");
-    let heads: Vec<String> = (1..=n).map(|k| format!("run {k}")).collect();
-    let _ = writeln!(
-        s,
-        "| system | figure | {} | median | range |",
-        heads.join(" | ")
-    );
-    let _ = writeln!(s, "|---|---|{}---:|---:|", "---:|".repeat(n));
+    let mut s = repeated_table_head(all.len());
     let has_target = r.runs.iter().any(|x| x.target_pages.is_some());
     type Pick = fn(&Figures) -> Option<f64>;
     let mut figures: Vec<(&str, Pick)> = vec![
@@ -701,48 +692,78 @@ pub fn repeats_markdown(r: &ExperimentResult) -> String {
                         .and_then(|x| pick(&Figures::of(x)))
                 })
                 .collect();
-            let got: Vec<f64> = vals.iter().flatten().copied().collect();
-            let cells: Vec<String> = vals
-                .iter()
-                .map(|v| v.map_or("–".into(), |v| format!("{v:.2}")))
-                .collect();
-            let (lo, hi) = got
-                .iter()
-                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| {
-                    (a.min(v), b.max(v))
-                });
-            let _ = writeln!(
-                s,
-                "| {name} | {label} | {} | {} | {} |",
-                cells.join(" | "),
-                median(&got).map_or("–".into(), |m| format!("{m:.2}")),
-                if got.is_empty() {
-                    "–".into()
-                } else {
-                    format!("{lo:.2}–{hi:.2}")
-                }
-            );
+            s.push_str(&repeated_figure_row(&name, label, &vals));
         }
     }
     let by_run: Vec<Vec<Verdict>> = all.iter().map(|runs| verdicts(e, runs)).collect();
     if !e.goals.is_empty() {
-        let _ = writeln!(s, "\n| goal | {} | met in |", heads.join(" | "));
-        let _ = writeln!(s, "|---|{}---:|", "---|".repeat(n));
-        for (g, first) in by_run[0].iter().enumerate() {
-            let words: Vec<&str> = by_run.iter().map(|v| v[g].word()).collect();
-            let met = by_run.iter().filter(|v| v[g].met == Some(true)).count();
-            let _ = writeln!(
-                s,
-                "| {} ({}) | {} | {met} of {n} |",
-                first.goal,
-                first.source,
-                words.join(" | ")
-            );
+        s.push_str(&goals_by_run_markdown(&by_run));
+    }
+    s
+}
+
+/// The title and column heads of a *Repeated runs* table of `n` runs.
+pub fn repeated_table_head(n: usize) -> String {
+    let heads: Vec<String> = (1..=n).map(|k| format!("run {k}")).collect();
+    format!(
+        "\n**Repeated runs** ({n} runs, systems interleaved)\n\n\
+         | system | figure | {} | median | range |\n|---|---|{}---:|---:|\n",
+        heads.join(" | "),
+        "---:|".repeat(n)
+    )
+}
+
+/// One row of a *Repeated runs* table: a figure of one system in every
+/// run (– where missing), its median and its range.
+pub fn repeated_figure_row(system: &str, label: &str, vals: &[Option<f64>]) -> String {
+    let got: Vec<f64> = vals.iter().flatten().copied().collect();
+    let cells: Vec<String> = vals
+        .iter()
+        .map(|v| v.map_or("–".into(), |v| format!("{v:.2}")))
+        .collect();
+    let (lo, hi) = got
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| {
+            (a.min(v), b.max(v))
+        });
+    format!(
+        "| {system} | {label} | {} | {} | {} |\n",
+        cells.join(" | "),
+        median(&got).map_or("–".into(), |m| format!("{m:.2}")),
+        if got.is_empty() {
+            "–".into()
+        } else {
+            format!("{lo:.2}–{hi:.2}")
         }
-        for (k, verdicts) in by_run.iter().enumerate().skip(1) {
-            for v in verdicts {
-                let _ = writeln!(s, "\n- run {}: {}: {}.", k + 1, v.source, v.evidence);
-            }
+    )
+}
+
+/// Every goal's verdict in every run (`by_run[k]`: run k + 1's verdicts,
+/// the same goals in the same order) and how many runs met it, then the
+/// evidence of runs 2 and later.
+pub fn goals_by_run_markdown(by_run: &[Vec<Verdict>]) -> String {
+    let n = by_run.len();
+    let mut s = String::new();
+    let Some(first_run) = by_run.first() else {
+        return s;
+    };
+    let heads: Vec<String> = (1..=n).map(|k| format!("run {k}")).collect();
+    let _ = writeln!(s, "\n| goal | {} | met in |", heads.join(" | "));
+    let _ = writeln!(s, "|---|{}---:|", "---|".repeat(n));
+    for (g, first) in first_run.iter().enumerate() {
+        let words: Vec<&str> = by_run.iter().map(|v| v[g].word()).collect();
+        let met = by_run.iter().filter(|v| v[g].met == Some(true)).count();
+        let _ = writeln!(
+            s,
+            "| {} ({}) | {} | {met} of {n} |",
+            first.goal,
+            first.source,
+            words.join(" | ")
+        );
+    }
+    for (k, verdicts) in by_run.iter().enumerate().skip(1) {
+        for v in verdicts {
+            let _ = writeln!(s, "\n- run {}: {}: {}.", k + 1, v.source, v.evidence);
         }
     }
     s

@@ -198,8 +198,8 @@ struct BenchArgs {
     systems: Vec<String>,
     /// Run every selected experiment N times, its systems interleaved
     /// (A, B, A, B, ...): the report adds each run's figures, their median
-    /// and range, and how many runs met each goal. Not for page-cache,
-    /// numa or hints-guest.
+    /// and range, and how many runs met each goal. Not for numa or
+    /// hints-guest.
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=10))]
     repeat: u32,
