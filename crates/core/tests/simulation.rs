@@ -77,15 +77,20 @@ fn cow_broken_regions_are_demoted() {
         })
         .count();
     assert!(drops > 0, "no COW-broken region was ever demoted");
-    // They never settle on the upper levels: at most a tenth of the
-    // region-steps above level 1, where static regions are promoted.
+    // They never settle on the upper levels: at most a fifth of the
+    // region-steps above level 1, where static regions are promoted. (A
+    // region that climbs into a level mid-round is judged only after the
+    // level's next whole round, so each climb costs up to a round and a
+    // half there: 14 % of the steps with seed 3. Until 2026-11-27 such a
+    // region was dropped at the end of the round it joined, whatever its
+    // samples said, and this bound was a tenth.)
     let high: usize = steps
         .iter()
         .map(|s| s.levels[&Kind::CowBroken][2..=top].iter().sum::<usize>())
         .sum();
     let all = steps.len() * SimConfig::default().regions_per_kind;
     assert!(
-        high * 10 <= all,
+        high * 5 <= all,
         "COW-broken regions spent {high} of {all} region-steps on levels 2 and up"
     );
 }
