@@ -362,15 +362,7 @@ pub fn run(ctx: &Context, mode: Mode, repeat: usize) -> Result<PageCacheOutcome,
         all.push(runs);
     }
     ctx.repetition.set(None);
-    let goals: Vec<Vec<Verdict>> = all
-        .iter()
-        .map(|runs| {
-            PageCachePlan::goals()
-                .iter()
-                .map(|g| report::judge(g, runs, plan.read_s as f64))
-                .collect()
-        })
-        .collect();
+    let goals = judge_runs(&plan, &all);
     let mut section = markdown(&plan, &all[0], &goals[0]);
     if repeat > 1 {
         section.push_str(&repeats_markdown(&all, &goals));
@@ -380,6 +372,18 @@ pub fn run(ctx: &Context, mode: Mode, repeat: usize) -> Result<PageCacheOutcome,
         goals,
         section,
     })
+}
+
+/// The goals judged on each run (`all[k]`: run k + 1's systems).
+fn judge_runs(plan: &PageCachePlan, all: &[Vec<RunResult>]) -> Vec<Vec<Verdict>> {
+    all.iter()
+        .map(|runs| {
+            PageCachePlan::goals()
+                .iter()
+                .map(|g| report::judge(g, runs, plan.read_s as f64))
+                .collect()
+        })
+        .collect()
 }
 
 fn failed(plan: &PageCachePlan, system: System, e: String) -> RunResult {
@@ -804,15 +808,7 @@ mod tests {
                 ]
             })
             .collect();
-        let goals: Vec<Vec<Verdict>> = all
-            .iter()
-            .map(|runs| {
-                PageCachePlan::goals()
-                    .iter()
-                    .map(|g| report::judge(g, runs, plan.read_s as f64))
-                    .collect()
-            })
-            .collect();
+        let goals = judge_runs(&plan, &all);
         let md = repeats_markdown(&all, &goals);
         assert!(md.contains("3 runs, systems interleaved"), "{md}");
         assert!(
