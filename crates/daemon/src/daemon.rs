@@ -1550,8 +1550,11 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             // then the sweep was blind to the twins (merged content) or
             // its view is older than the samples, and marking around the
             // zones would leave duplicates out.
+            // (Only a real judgement counts: `dup` assumes the worst
+            // before the first.)
             let mut unique = b.fresh_unique(now);
-            if zones_contradicted(&unique, b.span.pages, dup) {
+            let judged = (self.distiller.ladder().region_stats(id)).is_some_and(|s| s.judged > 0);
+            if judged && zones_contradicted(&unique, b.span.pages, dup) {
                 info!(
                     pid = b.span.proc.pid,
                     start = b.span.start,
@@ -2417,8 +2420,6 @@ fn write_verdict(b: &Book, dup: f64, config: &Config, now: Nanos) -> WriteVerdic
     }
 }
 
-/// The share of a region's pages that are duplicates, as its last
-/// judgement estimated it (1 before any: assume the worst).
 /// Whether sampling's duplicate share `dup` (of a region of `pages`
 /// pages) exceeds, by [`ZONE_CONTRADICTION`] or more, the share of the
 /// region outside its unique zones `unique`: the samples found duplicates
@@ -2440,6 +2441,8 @@ fn zones_contradicted(unique: &[(u32, u32)], pages: u32, dup: f64) -> bool {
     dup >= outside + ZONE_CONTRADICTION
 }
 
+/// The share of a region's pages that are duplicates, as its last
+/// judgement estimated it (1 before any: assume the worst).
 fn dup_share(ladder: &pagesift_core::pipeline::ladder::Ladder, id: RegionId) -> f64 {
     match ladder.region_stats(id) {
         Some(s) if s.judged > 0 => s.last_dup_ratio,

@@ -1091,9 +1091,9 @@ impl Ladder {
             // used to be sampled on the round's tail and dropped, which
             // sent twins that climb at the same pace back and forth
             // between two levels for as long as each arrived mid-round
-            // (the loop test
-            // `a_region_the_sweep_saw_all_unique_is_held_not_marked_then_merged_later`:
-            // two identical regions never left levels 0 and 1 in 90 s).
+            // (in the daemon's loop test of two identical regions, now
+            // `sampling_that_contradicts_the_sweeps_unique_zones_marks_the_region_whole`,
+            // they never left levels 0 and 1 in 90 s, on 7b3c852).
             // It stays, and the next round, a whole one, judges it.
             let target = if r.round.all_merged() {
                 0
