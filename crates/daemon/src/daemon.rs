@@ -1553,8 +1553,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             // (Only a real judgement counts: `dup` assumes the worst
             // before the first.)
             let mut unique = b.fresh_unique(now);
-            let judged = (self.distiller.ladder().region_stats(id)).is_some_and(|s| s.judged > 0);
-            if judged && zones_contradicted(&unique, b.span.pages, dup) {
+            let sampled = (self.distiller.ladder().region_stats(id)).filter(|s| s.judged > 0);
+            if sampled.is_some_and(|s| zones_contradicted(&unique, b.span.pages, s.last_dup_ratio))
+            {
                 info!(
                     pid = b.span.proc.pid,
                     start = b.span.start,
