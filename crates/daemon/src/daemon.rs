@@ -370,6 +370,10 @@ struct Book {
     /// [`REMERGE_MIN_PAGES`]).
     sweep_remerges: u32,
     sweep_remerge_after: Nanos,
+    /// Pages expected to merge, from the duplicate share that promoted it
+    /// whole, until the mark is done (then handed to its lifecycle, see
+    /// `Lifecycles::expect`).
+    expected_dups: Option<u64>,
 }
 
 impl Book {
@@ -398,6 +402,7 @@ impl Book {
             unique_at: 0,
             sweep_remerges: 0,
             sweep_remerge_after: 0,
+            expected_dups: None,
         }
     }
 
@@ -885,10 +890,13 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 // were marked. ksmd's trickle would take minutes; the
                 // region merges again at the active pace.
                 let b = self.books.get_mut(&f.region).expect("checked above");
+                let merged = self.lives[f.region].merged_now();
                 if f.unmerged_dups >= REMERGE_MIN_PAGES
                     && now >= b.sweep_remerge_after
                     && self.lives.remerge(f.region, self.ksm_now.full_scans, now)
                 {
+                    self.lives
+                        .expect(f.region, merged + u64::from(f.unmerged_dups));
                     // Duplicates ksmd cannot merge (pinned pages, say)
                     // would send it back every epoch: each time it waits
                     // twice as long, up to 64 sweep spacings.
@@ -1582,6 +1590,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 continue;
             }
             let Some(zones) = exclude else {
+                b.expected_dups = Some((dup * f64::from(b.span.pages)).ceil() as u64);
                 batches.entry(pid).or_default().push(Item {
                     id,
                     advice: Advice {
@@ -1916,9 +1925,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                             self.counters.marks += 1;
                             self.counters.vma_splits += split;
                             for id in covered {
-                                if let Some(b) = self.books.get(&id) {
+                                if let Some(b) = self.books.get_mut(&id) {
                                     // Out of the ladder until it settles.
                                     self.lives.mark(id, self.ksm_now.full_scans, now);
+                                    if let Some(e) = b.expected_dups.take() {
+                                        self.lives.expect(id, e);
+                                    }
                                     summary.promoted.push(id);
                                     info!(
                                         pid,
@@ -2085,12 +2097,13 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         // Pages waiting for ksmd: those of unsettled regions that a full
         // scan covers (a region not yet counted through counts whole, so
         // that a fresh promotion gets the full pace; at least one page per
-        // region). The pacer weighs them against the full scan below.
-        // Runs marked since the last refresh count too (see
-        // `pending_run_pages`).
+        // region; a quiet one, merging nothing new, an eighth: see
+        // `Lifecycle::waiting_pages`). The pacer weighs them against the
+        // full scan below. Runs marked since the last refresh count too
+        // (see `pending_run_pages`).
+        let full_scans = self.ksm_now.full_scans;
         let unmerged: u64 = (self.lives.values())
-            .filter(|l| l.merging())
-            .map(|l| l.scan_pages().max(1))
+            .map(|l| l.waiting_pages(full_scans))
             .sum::<u64>()
             + self.pending_run_pages;
         // And what one full scan of ksmd covers, as far as pagesift knows
