@@ -210,6 +210,55 @@ const UNIQUE_ZONES_FRESH: Nanos = 15 * SEC;
 /// noise around a region's true share does not. pagesift's choice.
 const ZONE_CONTRADICTION: f64 = 0.05;
 
+/// The spans of the regions known before a refresh, with when each was
+/// first seen, to date the pieces a mark split off them. Marking a run
+/// splits its VMA, and each piece is a region of its own at the next
+/// refresh, new to the books; counted as new, it waited
+/// `scan.sweep_min_age_s` (5 s) again for the sweep after every mark
+/// nearby. In `pagesift bench --quick --only vm-boot` (2026-11-27) the
+/// 15 552-page rest of a guest's RAM, split off by a 160-page run marked
+/// at 29 s, was swept only at 41 s (two epochs later) and held 60 MiB of
+/// duplicates that ksm-1000 had merged by 33 s.
+struct KnownSpans(Vec<KnownSpan>);
+
+/// A known region: its process, its VMA's range, its own range, and when
+/// it was first seen.
+struct KnownSpan {
+    proc: ProcKey,
+    vma: (u64, u64),
+    range: (u64, u64),
+    first_seen: Nanos,
+}
+
+impl KnownSpans {
+    fn of<'a>(books: impl Iterator<Item = &'a Book>) -> KnownSpans {
+        let mut v: Vec<_> = books
+            .map(|b| KnownSpan {
+                proc: b.span.proc,
+                vma: (b.span.vma_start, b.span.vma_end),
+                range: (b.span.start, b.span.end()),
+                first_seen: b.first_seen,
+            })
+            .collect();
+        v.sort_unstable_by_key(|k| (k.proc, k.vma.0));
+        KnownSpans(v)
+    }
+
+    /// The earliest first sight of the known regions of the same process
+    /// that overlap `span` and whose VMA held all of `span`'s VMA: a
+    /// mapping made anew elsewhere, or larger, is not such a piece.
+    fn known_since(&self, span: &Span) -> Option<Nanos> {
+        let from = self.0.partition_point(|k| k.proc < span.proc);
+        (self.0[from..].iter())
+            .take_while(|k| k.proc == span.proc && k.vma.0 <= span.vma_start)
+            .filter(|k| {
+                span.vma_end <= k.vma.1 && k.range.0 < span.end() && span.start < k.range.1
+            })
+            .map(|k| k.first_seen)
+            .min()
+    }
+}
+
 /// `a` and `b` (lists of zones `[first, end)`) joined into one sorted list
 /// of disjoint zones.
 fn join_zones(a: &[(u32, u32)], b: &[(u32, u32)]) -> Vec<(u32, u32)> {
@@ -1294,7 +1343,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             );
         }
         self.left_out = left_out;
-        // Regions of eligible processes.
+        // Regions of eligible processes. A region new to this refresh that
+        // is a piece of a region known before (a mark split its VMA) is as
+        // old as that region: see `known_since`.
+        let before = KnownSpans::of(self.books.values());
         let regions = self.target.regions();
         let mut seen = BTreeSet::new();
         for r in regions {
@@ -1311,7 +1363,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             let book = self
                 .books
                 .entry(r.id)
-                .or_insert_with(|| Book::new(span.clone(), now));
+                .or_insert_with(|| Book::new(span.clone(), before.known_since(&span).unwrap_or(now)));
             if book.span.pages != span.pages {
                 book.resized();
             }
@@ -2505,6 +2557,45 @@ mod tests {
             vec![(0, 48), (100, 400), (500, 600)]
         );
         assert_eq!(join_zones(&[], &[(3, 9)]), vec![(3, 9)]);
+    }
+
+    fn span_of(pid: u32, vma: (u64, u64), start: u64, pages: u32) -> Span {
+        Span {
+            proc: ProcKey {
+                pid,
+                start_time: 0,
+                image: 0,
+            },
+            start,
+            pages,
+            vma_start: vma.0,
+            vma_end: vma.1,
+            mergeable: false,
+            name: None,
+        }
+    }
+
+    #[test]
+    fn a_piece_split_off_a_known_region_is_as_old_as_it() {
+        let vma = (1 << 30, (1 << 30) + 4096 * PAGE);
+        let books = [
+            Book::new(span_of(7, vma, vma.0, 2048), 5 * SEC),
+            Book::new(span_of(7, vma, vma.0 + 2048 * PAGE, 2048), 9 * SEC),
+            Book::new(span_of(8, vma, vma.0, 4096), SEC),
+        ];
+        let known = KnownSpans::of(books.iter());
+        // A mark split pages 100..116 off: the rest after it is a VMA of
+        // its own inside the old one, overlapping both old regions.
+        let rest = (vma.0 + 116 * PAGE, vma.1);
+        assert_eq!(known.known_since(&span_of(7, rest, rest.0, 3980)), Some(5 * SEC));
+        let tail = (vma.0 + 3000 * PAGE, vma.1);
+        assert_eq!(known.known_since(&span_of(7, tail, tail.0, 1096)), Some(9 * SEC));
+        // Another process, a larger mapping, or a mapping elsewhere: new.
+        assert_eq!(known.known_since(&span_of(9, rest, rest.0, 3980)), None);
+        let larger = (vma.0, vma.1 + PAGE);
+        assert_eq!(known.known_since(&span_of(7, larger, vma.0, 4097)), None);
+        let elsewhere = (vma.1, vma.1 + 64 * PAGE);
+        assert_eq!(known.known_since(&span_of(7, elsewhere, elsewhere.0, 64)), None);
     }
 
     #[test]
