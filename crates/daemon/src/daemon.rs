@@ -251,9 +251,7 @@ impl KnownSpans {
         let from = self.0.partition_point(|k| k.proc < span.proc);
         (self.0[from..].iter())
             .take_while(|k| k.proc == span.proc && k.vma.0 <= span.vma_start)
-            .filter(|k| {
-                span.vma_end <= k.vma.1 && k.range.0 < span.end() && span.start < k.range.1
-            })
+            .filter(|k| span.vma_end <= k.vma.1 && k.range.0 < span.end() && span.start < k.range.1)
             .map(|k| k.first_seen)
             .min()
     }
@@ -1360,10 +1358,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             let full_scans = self.ksm_now.full_scans;
             let self_managed = self.self_managed.contains(&span.proc.pid);
             let ours = self.marks.covers(span.proc, span.start, span.end());
-            let book = self
-                .books
-                .entry(r.id)
-                .or_insert_with(|| Book::new(span.clone(), before.known_since(&span).unwrap_or(now)));
+            let book = self.books.entry(r.id).or_insert_with(|| {
+                Book::new(span.clone(), before.known_since(&span).unwrap_or(now))
+            });
             if book.span.pages != span.pages {
                 book.resized();
             }
@@ -2587,15 +2584,24 @@ mod tests {
         // A mark split pages 100..116 off: the rest after it is a VMA of
         // its own inside the old one, overlapping both old regions.
         let rest = (vma.0 + 116 * PAGE, vma.1);
-        assert_eq!(known.known_since(&span_of(7, rest, rest.0, 3980)), Some(5 * SEC));
+        assert_eq!(
+            known.known_since(&span_of(7, rest, rest.0, 3980)),
+            Some(5 * SEC)
+        );
         let tail = (vma.0 + 3000 * PAGE, vma.1);
-        assert_eq!(known.known_since(&span_of(7, tail, tail.0, 1096)), Some(9 * SEC));
+        assert_eq!(
+            known.known_since(&span_of(7, tail, tail.0, 1096)),
+            Some(9 * SEC)
+        );
         // Another process, a larger mapping, or a mapping elsewhere: new.
         assert_eq!(known.known_since(&span_of(9, rest, rest.0, 3980)), None);
         let larger = (vma.0, vma.1 + PAGE);
         assert_eq!(known.known_since(&span_of(7, larger, vma.0, 4097)), None);
         let elsewhere = (vma.1, vma.1 + 64 * PAGE);
-        assert_eq!(known.known_since(&span_of(7, elsewhere, elsewhere.0, 64)), None);
+        assert_eq!(
+            known.known_since(&span_of(7, elsewhere, elsewhere.0, 64)),
+            None
+        );
     }
 
     #[test]

@@ -115,7 +115,8 @@ use crate::pipeline::ladder::{Ladder, LadderConfig, MAX_CLUSTER_PAGES, Move, Sam
 use crate::pipeline::strength::{StrengthConfig, StrengthController};
 use crate::source::{MemorySource, PageState, SourceError};
 use crate::{Nanos, PageRef, PageWords, RegionId, WORDS_PER_PAGE};
-use std::collections::{HashMap, VecDeque};
+use hashbrown::HashMap;
+use std::collections::VecDeque;
 
 /// Probes kept per region for COW detection.
 const PROBES_PER_REGION: usize = 16;
@@ -505,7 +506,7 @@ impl Distiller {
         let gone: Vec<RegionId> = self
             .regions
             .keys()
-            .filter(|id| !live.contains_key(id))
+            .filter(|&id| !live.contains_key(id))
             .copied()
             .collect();
         for id in gone {

@@ -148,9 +148,9 @@
 //!   "COW breaks over duplicates above V_cow", as in the code.
 
 use crate::{Nanos, PageRef, RegionId};
+use hashbrown::HashMap;
 use rand::{Rng, RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::collections::HashMap;
 
 /// Nanoseconds in a millisecond.
 const MS: Nanos = 1_000_000;

@@ -68,7 +68,8 @@
 
 use crate::{PageRef, RegionId};
 use fixedbitset::FixedBitSet;
-use std::collections::{BTreeMap, HashMap};
+use hashbrown::HashMap;
+use std::collections::BTreeMap;
 
 /// Which pages of a region an epoch found duplicated (or merged): a bit
 /// per page (a `FixedBitSet` of exactly the region's pages).
