@@ -52,7 +52,8 @@
 //!
 //! What a merging region asks of ksmd's pace is
 //! [`Lifecycle::waiting_pages`]: its unmerged pages, narrowed to those
-//! still expected to merge (when the caller said how many it expects) or
+//! still expected to merge (when the caller said how many it expects,
+//! once ksmd has passed over all of it) or
 //! to an eighth once it is quiet (nothing newly merged in two passes, two
 //! full scans after its mark), since each page waiting costs ksmd a scan
 //! of every mergeable page and what is left of a quiet region is mostly
@@ -333,8 +334,18 @@ impl Lifecycle {
     /// still worth a fresh promotion's pace, never below a
     /// [`QUIET_WAITING_DIVISOR`]-th of it (at least a page), so that the
     /// deciding scan that settles it still comes:
-    /// - **expected merges** ([`Lifecycles::expect`]): the pages the caller
-    ///   expected to merge that have not merged yet;
+    /// - **expected merges** ([`Lifecycles::expect`]), once ksmd has passed
+    ///   over all of it (two full scans ended since the mark: the scan in
+    ///   progress at the mark may have passed it already): the pages the
+    ///   caller expected to merge that have not merged yet. Not before: a
+    ///   first visit merges every page whose twin is merged already (it is
+    ///   compared with the stable tree), and an expectation from the
+    ///   duplicate share that promoted a region understates one whose
+    ///   twins are merged elsewhere, which is only evidence above V_dup (in
+    ///   `pagesift bench --quick --only files` without hints, 2026-11-27,
+    ///   three regions of a reader's file copy promoted on such a share
+    ///   waited at an eighth of the pace from their mark and did not merge
+    ///   in the remaining 14 s of the window);
     /// - **quiet**: two full scans have ended since it was marked, and its
     ///   last two passes found nothing newly merged. ksmd has by then
     ///   visited every page that could merge at least once and most of
@@ -360,8 +371,10 @@ impl Lifecycle {
             return floor;
         }
         match self.expected {
-            Some(e) => e.saturating_sub(self.merged_now()).clamp(floor, pages),
-            None => pages,
+            Some(e) if full_scans >= self.marked_scan.saturating_add(2) => {
+                e.saturating_sub(self.merged_now()).clamp(floor, pages)
+            }
+            _ => pages,
         }
     }
 
@@ -894,14 +907,19 @@ mod tests {
             "an expectation before the mark is ignored"
         );
         l.expect(R, 300);
-        assert_eq!(l[R].waiting_pages(10), 300);
-        l.record(R, &states(100, 924), SEC, 10, &rules);
-        assert_eq!(l[R].waiting_pages(10), 200, "those that have yet to merge");
+        assert_eq!(
+            l[R].waiting_pages(11),
+            1024,
+            "whole until ksmd has passed over all of it"
+        );
+        assert_eq!(l[R].waiting_pages(12), 300);
+        l.record(R, &states(100, 924), SEC, 12, &rules);
+        assert_eq!(l[R].waiting_pages(12), 200, "those that have yet to merge");
         // Never below an eighth of what a full scan covers, nor above it.
-        l.record(R, &states(290, 734), 2 * SEC, 10, &rules);
-        assert_eq!(l[R].waiting_pages(10), 734 / QUIET_WAITING_DIVISOR);
+        l.record(R, &states(290, 734), 2 * SEC, 12, &rules);
+        assert_eq!(l[R].waiting_pages(12), 734 / QUIET_WAITING_DIVISOR);
         l.expect(R, 5000);
-        assert_eq!(l[R].waiting_pages(10), 734);
+        assert_eq!(l[R].waiting_pages(12), 734);
         // Merging again forgets it.
         let end = l.record(R, &states(1024, 0), 3 * SEC, 13, &rules).unwrap();
         assert!(end.settled);
