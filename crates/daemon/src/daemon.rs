@@ -2146,7 +2146,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         // Pages waiting for ksmd: those of unsettled regions that a full
         // scan covers (a region not yet counted through counts whole, so
         // that a fresh promotion gets the full pace; at least one page per
-        // region; a quiet one, merging nothing new, an eighth: see
+        // region; narrowed to those still expected to merge, or to an
+        // eighth once it merges nothing new: see
         // `Lifecycle::waiting_pages`). The pacer weighs them against the
         // full scan below. Runs marked since the last refresh count too
         // (see `pending_run_pages`).
