@@ -544,7 +544,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
     {
         let h = &st["hints"];
         notes.push(format!(
-            "hints {}{}: {} events, {} pages received, {} pushed, {} untracked, {} lost to a full ring, {} stale, {} overwritten, {} looked up, {} duplicates, {} pages marked; {:.0} ns per hint from the ring to the stack (drain, map, push; stack of {})",
+            "hints {}{}: {} events, {} pages received, {} pushed, {} already mergeable, {} untracked, {} lost to a full ring, {} stale, {} overwritten, {} looked up, {} duplicates, {} pages marked; {:.0} ns per hint from the ring to the stack (drain, map, push; stack of {})",
             h["state"].as_str().unwrap_or("?"),
             h["reason"]
                 .as_str()
@@ -552,6 +552,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
             h["events"],
             h["received"],
             h["pushed"],
+            h["mergeable"],
             h["untracked"],
             h["dropped_ring"],
             h["dropped_stale"],

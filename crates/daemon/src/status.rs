@@ -245,9 +245,12 @@ pub struct HintsStatus {
     pub received: u64,
     /// Hinted pages of tracked, unmerged regions pushed on the stack.
     pub pushed: u64,
-    /// Hinted pages outside any region the loop samples (unknown memory,
-    /// or regions already mergeable).
+    /// Hinted pages outside any region the loop knows.
     pub untracked: u64,
+    /// Hinted pages of regions already mergeable (promoted or foreign):
+    /// ksmd scans them anyway.
+    #[serde(default)]
+    pub mergeable: u64,
     /// Events the kernel dropped because the ring was full.
     pub dropped_ring: u64,
     /// Hints dropped as stale (older than the maximum age or the last

@@ -17,8 +17,9 @@
 //! 3. **Feed** (each wake-up, before distilling): the ring is drained;
 //!    each hinted range is cut into pages of the regions it overlaps; the
 //!    pages of regions that are sampling or held (not yet mergeable) are
-//!    pushed on the stack, newest last, stamped with the wake's time; the
-//!    rest are counted as untracked. The CPU time of this step over the
+//!    pushed on the stack, newest last, stamped with the wake's time; those
+//!    of regions already mergeable are counted apart from the rest, which
+//!    are untracked. The CPU time of this step over the
 //!    pages pushed is the per-hint cost.
 //! 4. **Distil**: while the stack holds hints the wake-up is
 //!    `Distiller::wake_with_hints` at the configured ratio; the maximum
@@ -128,6 +129,7 @@ struct Counts {
     received: u64,
     pushed: u64,
     untracked: u64,
+    mergeable: u64,
     sampled: u64,
     duplicates: u64,
     pages_marked: u64,
@@ -243,6 +245,7 @@ impl HintFeed {
             received: c.received,
             pushed: c.pushed,
             untracked: c.untracked,
+            mergeable: c.mergeable,
             dropped_ring: self.tap.as_ref().map_or(0, |t| t.ring_dropped()),
             dropped_stale: st.expired,
             overwritten: st.overwritten,
@@ -349,7 +352,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     Some(Mode::Sampling | Mode::Held { .. })
                 );
                 if !sampling {
-                    feed.counts.untracked += n;
+                    feed.counts.mergeable += n;
                     continue;
                 }
                 for k in 0..n {
