@@ -215,7 +215,8 @@ const ZONE_CONTRADICTION: f64 = 0.05;
 /// splits its VMA, and each piece is a region of its own at the next
 /// refresh, new to the books; counted as new, it waited
 /// `scan.sweep_min_age_s` (5 s) again for the sweep after every mark
-/// nearby. In `pagesift bench --quick --only vm-boot` (2026-11-27) the
+/// nearby. In one `pagesift bench --quick --only vm-boot` run (2026-11-27,
+/// read by hand from the daemon's log and the run's CSV) the
 /// 15 552-page rest of a guest's RAM, split off by a 160-page run marked
 /// at 29 s, was swept only at 41 s (two epochs later) and held 60 MiB of
 /// duplicates that ksm-1000 had merged by 33 s.

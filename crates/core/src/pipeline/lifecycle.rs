@@ -355,25 +355,24 @@ impl Lifecycle {
     /// them costs ksmd's re-scanning *every* mergeable page (a page merges
     /// on its second visit), so a promotion costs in proportion to the
     /// whole mergeable set, whatever it holds. A region with few duplicates
-    /// is worth only a fraction of that. In `pagesift bench --quick --only
-    /// vm-boot` (three booting guests, 2026-11-27) the regions that settled
+    /// is worth only a fraction of that. In one `pagesift bench --quick
+    /// --only vm-boot` run (three booting guests, 2026-11-27, counted by
+    /// hand from the daemon's "settled" log lines) the regions that settled
     /// with under a fifth of their pages merged made up 62 % of the
-    /// page-seconds waited, and one 11 744-page region raised by the sweep
-    /// 50 s in cost ksmd 0.6 CPU-s for 2 MiB.
+    /// page-seconds waited; in another, one 11 744-page region raised by
+    /// the sweep 50 s in was followed by 0.6 CPU-s of ksmd (its CSV) for
+    /// 2 MiB more saved.
     pub fn waiting_pages(&self, full_scans: u64) -> u64 {
         if !self.merging() {
             return 0;
         }
         let pages = self.scan_pages().max(1);
         let floor = (pages / QUIET_WAITING_DIVISOR).max(1);
-        let quiet = self.quiet_passes >= 2 && full_scans >= self.marked_scan.saturating_add(2);
-        if quiet {
-            return floor;
-        }
+        // ksmd has passed over all of it (see above).
+        let passed = full_scans >= self.marked_scan.saturating_add(2);
         match self.expected {
-            Some(e) if full_scans >= self.marked_scan.saturating_add(2) => {
-                e.saturating_sub(self.merged_now()).clamp(floor, pages)
-            }
+            _ if passed && self.quiet_passes >= 2 => floor,
+            Some(e) if passed => e.saturating_sub(self.merged_now()).clamp(floor, pages),
             _ => pages,
         }
     }
