@@ -219,6 +219,14 @@ const COUNTERS: &[(&str, &str)] = &[
         "Regions raised to the top level on the sweep's evidence",
     ),
     (
+        "sweep_probed_regions",
+        "Regions checked against their fingerprint when their time out was over",
+    ),
+    (
+        "sweep_probed_unchanged_regions",
+        "Of those, regions found unchanged and not walked again",
+    ),
+    (
         "numa_migrations",
         "Merged pages moved to the node NUMA placement chose",
     ),
@@ -435,6 +443,11 @@ impl Metrics {
             ("sweep_hashed_pages", d.sweep.pages_hashed as f64),
             ("sweep_cpu_seconds", d.sweep.cpu_ns as f64 / 1e9),
             ("sweep_raised_regions", d.sweep.raised as f64),
+            ("sweep_probed_regions", d.sweep.probed as f64),
+            (
+                "sweep_probed_unchanged_regions",
+                d.sweep.probed_unchanged as f64,
+            ),
             ("daemon_cpu_seconds", d.cpu_seconds),
             ("ksmd_cpu_seconds", k.cpu_seconds),
             ("hint_events", s.hints.events as f64),

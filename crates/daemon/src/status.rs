@@ -641,7 +641,7 @@ pub fn render(s: &Status) -> String {
     let w = &d.sweep;
     let _ = writeln!(
         o,
-        "sweep: {} epochs (last {:.1} s), {} pages hashed of {} walked, {:.0} ns/page walked, {:.2} CPU-s; {} regions raised, {} duplicate runs found",
+        "sweep: {} epochs (last {:.1} s), {} pages hashed of {} walked, {:.0} ns/page walked, {:.2} CPU-s; {} regions raised, {} duplicate runs found; {} regions checked by fingerprint, {} of them unchanged",
         w.epochs,
         w.last_epoch_ns as f64 / 1e9,
         w.pages_hashed,
@@ -649,7 +649,9 @@ pub fn render(s: &Status) -> String {
         w.cpu_ns as f64 / w.pages_walked.max(1) as f64,
         w.cpu_ns as f64 / 1e9,
         w.raised,
-        w.runs
+        w.runs,
+        w.probed,
+        w.probed_unchanged
     );
     o.push_str(&render_savings(&s.savings));
     let _ = writeln!(
