@@ -243,13 +243,9 @@ fn proc_io(pid: u32) -> Option<(u64, u64)> {
     Some((get("rchar")?, get("read_bytes")?))
 }
 
-/// CPU seconds (user + system) of `pid` so far.
+/// CPU seconds (user + system, all threads) of `pid` so far.
 fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = procfs::process::Process::new(pid as i32)
-        .ok()?
-        .stat()
-        .ok()?;
-    Some((stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64)
+    Some(pagesift_linux::procstat::cpu_ns(pid).ok()? as f64 / 1e9)
 }
 
 fn serial_field(log: &str, marker: &str, key: &str) -> Option<String> {

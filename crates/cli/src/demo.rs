@@ -922,11 +922,7 @@ impl Meter {
 
 /// CPU time of a process (all threads), ns.
 fn process_cpu_ns(pid: u32) -> Option<u64> {
-    let st = procfs::process::Process::new(pid as i32)
-        .ok()?
-        .stat()
-        .ok()?;
-    Some((st.utime + st.stime) * 1_000_000_000 / procfs::ticks_per_second())
+    pagesift_linux::procstat::cpu_ns(pid).ok()
 }
 
 /// CPU shares over the last second or so.
