@@ -53,7 +53,7 @@
 //! found no page through the recall: new copies of remembered content
 //! mean that memory sitting out may hold their twins, which only a walk
 //! tells, so then regions are walked when their time is out, probe or
-//! not. (Before 2026-11-28 every such region was walked: on an idle host
+//! not. (Until 2026-11-27 every such region was walked: on an idle host
 //! with 4 GiB of distinct memory in 93 regions the daemon hashed all of
 //! it again 80 s after its first epoch ended, 1.9 % of a core over
 //! `scripts/bench-idle`'s minute.)

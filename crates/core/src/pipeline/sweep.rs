@@ -243,9 +243,9 @@ impl RegionFinding {
     }
 }
 
-/// Pages a [`Fingerprint`] holds (fewer in a smaller region). 32 reads
-/// cost about what 32 pages of a walk cost, a 512th of a 64 MiB region's
-/// walk. pagesift's choice.
+/// Pages a [`Fingerprint`] holds (fewer in a smaller region): a 512th of
+/// the pages a 64 MiB region's walk reads, though read one by one rather
+/// than in runs. pagesift's choice.
 pub const FINGERPRINT_PAGES: u32 = 32;
 
 /// How a walk saw one page of a [`Fingerprint`].
