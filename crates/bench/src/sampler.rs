@@ -12,8 +12,9 @@
 //!   breaks; file pages (shared libraries of several QEMUs) stay out of
 //!   it;
 //! - CPU: ksmd's (`schedstat`), the pagesift daemon's (its process
-//!   CPU-time clock, to the ns, all threads, from t = 0: the run starts the clock once the daemon
-//!   has started and notes its start-up CPU apart), and ksmtuned's
+//!   CPU-time clock, to the ns, all threads, from t = 0: the run starts
+//!   the clock once the daemon has started and notes its start-up CPU
+//!   apart), and ksmtuned's
 //!   (the caller passes it in), plus their sum;
 //! - COW breaks of KSM pages: `cow_ksm` of `/proc/vmstat` since t = 0.
 //!

@@ -73,8 +73,8 @@ pub fn memory_rollup(pid: u32) -> Result<MemoryRollup, LinuxError> {
 /// CPU time (user + system, all threads, exited ones included) a process
 /// has used, in ns: its process CPU-time clock (`clock_getcpuclockid`),
 /// the scheduler's exact runtime. `/proc/PID/stat`'s utime + stime count
-/// in USER_HZ ticks (10 ms here), an eighth of the 0.5 % goal over the
-/// bench's 8 s short-lived windows.
+/// in USER_HZ ticks (10 ms here): 0.125 % of a core over the bench's 8 s
+/// short-lived windows, a quarter of their 0.5 % goal.
 pub fn cpu_ns(pid: u32) -> Result<u64, LinuxError> {
     let gone = |e: nix::errno::Errno, what: &str| {
         if e == nix::errno::Errno::ESRCH {
