@@ -324,6 +324,11 @@ pub struct Estimates {
     pub sampled: u64,
     /// Units that could not be read (left the population).
     pub failed: u64,
+    /// The saving the verified twins alone prove, Σ (x − 1) over their
+    /// groups: a certain lower bound of the true saving, and the floor of
+    /// `total.saving.low` (which, being the low end of a 95 % interval
+    /// otherwise, may lie above the truth in a rare sample).
+    pub verified_saving: f64,
 }
 
 /// The per-frame variables: saving share, then the three categories.
@@ -1241,6 +1246,7 @@ impl Sampler {
             exhaustive,
             sampled: self.samples.len() as u64,
             failed: cells.iter().map(|c| u64::from(c.failed)).sum(),
+            verified_saving: certain,
         }
     }
 
@@ -2119,9 +2125,17 @@ mod tests {
                     prop_assert!(iv.low >= 0.0 && iv.high <= d.frames as f64, "{:?}", iv);
                 }
             }
-            // Verified twins bound the total saving from below.
+            // Verified twins bound the total saving from below, and floor
+            // the interval's low end. (The low end itself may exceed the
+            // truth: it is a 95 % interval's. Seed ea96c252… in
+            // proptest-regressions gave a low of 1335.018 against a true
+            // 1335 pages, 0.018 above, with the floor below both.)
             let (_, tot) = p.truth();
-            prop_assert!(e.total.saving.low <= tot[0] + 1e-9);
+            prop_assert!(e.verified_saving <= tot[0] + 1e-9, "{} against {}", e.verified_saving, tot[0]);
+            prop_assert!(
+                e.total.saving.low + 1e-9 >= e.verified_saving.min(e.total.saving.value),
+                "{:?} under the verified {}", e.total.saving, e.verified_saving
+            );
         }
     }
 }
