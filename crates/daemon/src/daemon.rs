@@ -1986,6 +1986,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                                         pid,
                                         start = b.span.start,
                                         pages = b.span.pages,
+                                        age_s =
+                                            now.saturating_sub(b.first_seen) as f64 / SEC as f64,
                                         "promoted: marked mergeable"
                                     );
                                 }
