@@ -422,6 +422,11 @@ struct Book {
     /// whole, until the mark is done (then handed to its lifecycle, see
     /// `Lifecycles::expect`).
     expected_dups: Option<u64>,
+    /// Its lifecycle's hold count when a watch last judged it cold: a
+    /// region held since (count above this) is not cold until a watch
+    /// says so again (see `write_verdict`). Kept apart from the watch,
+    /// which stops as soon as the region may be marked.
+    cleared_holds: u32,
 }
 
 impl Book {
@@ -451,6 +456,7 @@ impl Book {
             sweep_remerges: 0,
             sweep_remerge_after: 0,
             expected_dups: None,
+            cleared_holds: 0,
         }
     }
 
@@ -1161,7 +1167,13 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             if level == 0 && b.watch.is_none() && !swept.contains(&id) {
                 continue;
             }
-            let verdict = write_verdict(b, dup_share(ladder, id), &self.config, now);
+            let held = held_since_cleared(&self.lives, b, id);
+            let verdict = write_verdict(b, dup_share(ladder, id), &self.config, now, held);
+            // Cold all over: cleared. Cold except some zones is not (the
+            // zones outlive the watch in `exclude`, for a whole mark only).
+            if b.watch.is_some() && verdict == WriteVerdict::Cold {
+                b.cleared_holds = self.lives.get(id).map_or(0, |l| l.holds());
+            }
             if swept.contains(&id) && b.watch.is_some() {
                 match verdict {
                     WriteVerdict::Cold => {
@@ -1565,7 +1577,13 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             let dup = dup_share(self.distiller.ladder(), id);
             let verdict = match &b.exclude {
                 Some(zones) => WriteVerdict::ColdExcept(zones.clone()),
-                None => write_verdict(b, dup, &self.config, now),
+                None => write_verdict(
+                    b,
+                    dup,
+                    &self.config,
+                    now,
+                    held_since_cleared(&self.lives, b, id),
+                ),
             };
             let exclude = match verdict {
                 WriteVerdict::Hot => {
@@ -1795,8 +1813,13 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 || whole_now
                 || !self.injectable(pid, now)
                 || (!hinted
-                    && write_verdict(b, dup_share(self.distiller.ladder(), id), &self.config, now)
-                        != WriteVerdict::Cold)
+                    && write_verdict(
+                        b,
+                        dup_share(self.distiller.ladder(), id),
+                        &self.config,
+                        now,
+                        held_since_cleared(&self.lives, b, id),
+                    ) != WriteVerdict::Cold)
             {
                 continue;
             }
@@ -2478,13 +2501,33 @@ fn write_rules(config: &Config) -> WriteRules {
 }
 
 /// Whether a region's watched writes would make it thrash once merged, and
-/// where (`core::pipeline::write_watch`). Not watched, or V_cow = 100 % (writes
-/// cannot stop a promotion): cold.
-fn write_verdict(b: &Book, dup: f64, config: &Config, now: Nanos) -> WriteVerdict {
+/// where (`core::pipeline::write_watch`). V_cow = 100 % (writes cannot stop
+/// a promotion): cold. Not watched: cold, unless it was `held_before` (for
+/// its writes, or unmarked for thrashing) and writes are watched: then only
+/// a watch can clear it again, so it waits for one. A region released from
+/// its hold re-enters at the bottom, where nothing is watched, yet sampling
+/// there still follows duplicate runs in it: in `pagesift bench --only
+/// short-lived` (2026-11-27, daemon log read by hand) a heap held for hot
+/// writes had a sampled run marked about 7 s later, its writes unseen.
+fn write_verdict(
+    b: &Book,
+    dup: f64,
+    config: &Config,
+    now: Nanos,
+    held_since_cleared: bool,
+) -> WriteVerdict {
+    let watching = config.actuate.write_tracking && config.ladder.v_cow < 1.0;
     match &b.watch {
         Some(w) if config.ladder.v_cow < 1.0 => w.verdict(dup, now, &write_rules(config)),
+        None if watching && held_since_cleared => WriteVerdict::Watching,
         _ => WriteVerdict::Cold,
     }
+}
+
+/// Whether `id` was held (for its writes, or unmarked for thrashing) since
+/// a watch last judged it cold.
+fn held_since_cleared(lives: &Lifecycles, b: &Book, id: RegionId) -> bool {
+    lives.get(id).is_some_and(|l| l.holds() > b.cleared_holds)
 }
 
 /// Whether sampling's duplicate share `dup` (of a region of `pages`

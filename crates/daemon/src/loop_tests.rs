@@ -1485,3 +1485,58 @@ fn status_shows_each_cgroups_own_savings_and_sums_the_rest() {
     assert_eq!(s.processes.rest.as_ref().map(|r| r.entries), Some(2));
     assert_eq!(s.total.cow_breaks, 32);
 }
+
+#[test]
+fn a_held_region_still_written_after_its_hold_is_never_marked_by_a_run() {
+    // Two regions of one content in two processes, written a few pages
+    // every wake (same bytes): both are watched, found hot and held. Then
+    // most of each is rewritten with distinct data (a heap reused, say),
+    // and the writes go on in the 128 pages they still share. Back at the
+    // bottom the regions are poor in duplicates and not watched (the
+    // bottom is not), but sampling there finds the run they share: it
+    // must not be marked on the strength of "no watch, so no writes".
+    let w = world();
+    let (a, b) = {
+        let mut m = w.borrow_mut();
+        m.spawn(40, "cow", false);
+        m.spawn(42, "cow", false);
+        (m.map(40, &[9; 1024], false), m.map(42, &[9; 1024], false))
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    let held = |d: &D| [a, b].map(|id| matches!(d.mode(id), Some(Mode::Held { .. })));
+    let mut rewritten = false;
+    for i in 0..1500u32 {
+        {
+            let mut m = w.borrow_mut();
+            let span = if rewritten { 128 } else { 1024 };
+            for k in 0..4 {
+                let page = (i * 4 + k) % span;
+                for id in [a, b] {
+                    m.mem.write(PageRef { region: id, page }, 9).unwrap();
+                }
+            }
+        }
+        let s = run(&mut d, &mut now, 1);
+        if !rewritten && held(&d) == [true, true] {
+            rewritten = true;
+            let mut m = w.borrow_mut();
+            for (n, id) in [a, b].into_iter().enumerate() {
+                for page in 128..1024u32 {
+                    let c = 1_000_000 * (n as u64 + 1) + u64::from(page);
+                    m.mem.write(PageRef { region: id, page }, c).unwrap();
+                }
+            }
+        }
+        assert!(
+            s[0].run_marks.is_empty(),
+            "a run of a written region was marked at {:.1} s: {:?}",
+            now as f64 / SEC as f64,
+            s[0].run_marks
+        );
+    }
+    assert!(rewritten, "not held for their writes");
+    let m = w.borrow();
+    assert!(!m.spans[&a].mergeable && !m.spans[&b].mergeable);
+    assert!(m.batches.is_empty(), "{:?}", m.batches);
+}
