@@ -297,6 +297,11 @@ pub struct ActuateSection {
     /// break its merged pages faster than V_cow allows. Off: COW breaks
     /// are learnt only after merging, by accounting.
     pub write_tracking: bool,
+    /// Leave unmarked the regions of a process whose recent large regions
+    /// were unmapped young, until they outlive those (`core::pipeline::lifespan`):
+    /// ksmd's two visits would come too late. Off (the short-lived profile):
+    /// every region is marked as soon as the ladder says so.
+    pub skip_short_lived: bool,
 }
 
 impl Default for ActuateSection {
@@ -312,6 +317,7 @@ impl Default for ActuateSection {
             run_min_pages: 16,
             run_pad_pages: 64,
             write_tracking: true,
+            skip_short_lived: true,
         }
     }
 }
@@ -1492,6 +1498,8 @@ address = "9100"
         assert_eq!(c.scan.sleep_ms, 20);
         assert_eq!(c.scan.refresh_ms, 20);
         assert!(!c.actuate.write_tracking);
+        assert!(!c.actuate.skip_short_lived);
+        assert!(Config::default().actuate.skip_short_lived);
         // Two visits of a 200 ms region's pages fit in its life.
         assert!(c.pacing().active_scans_per_s >= 2.0 / 0.2);
         assert_eq!(

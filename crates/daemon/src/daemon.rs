@@ -127,6 +127,7 @@ use pagesift_core::pipeline::distill::{Distiller, DistillerConfig, DupRun};
 use pagesift_core::pipeline::governor::{MAX_SLEEP, sleep_for_share};
 use pagesift_core::pipeline::lifecycle::{AccountRules, Lifecycles};
 pub use pagesift_core::pipeline::lifecycle::{MAX_HOLD, Mode, SETTLE_SCANS};
+use pagesift_core::pipeline::lifespan::{LifespanRules, Lifespans};
 use pagesift_core::pipeline::savings::{Breakdown, ProcessSavings, Savings, breakdown};
 use pagesift_core::pipeline::write_watch::{DupMap, WriteRules, WriteVerdict, WriteWatch};
 use pagesift_core::source::{PageState, SourceError};
@@ -427,6 +428,9 @@ struct Book {
     /// says so again (see `write_verdict`). Kept apart from the watch,
     /// which stops as soon as the region may be marked.
     cleared_holds: u32,
+    /// Whether the log said it waits for its process's regions to live
+    /// longer (once per book).
+    short_noted: bool,
 }
 
 impl Book {
@@ -457,6 +461,7 @@ impl Book {
             sweep_remerge_after: 0,
             expected_dups: None,
             cleared_holds: 0,
+            short_noted: false,
         }
     }
 
@@ -563,6 +568,13 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// Every region's lifecycle, and the regions hidden from the ladder
     /// (held, or promoted and still merging): see `core::pipeline::lifecycle`.
     lives: Lifecycles,
+    /// How long each process's large regions lived: regions of a process
+    /// whose regions die young wait before they are marked
+    /// (`core::pipeline::lifespan`).
+    lifespans: Lifespans<ProcKey>,
+    /// The sampling regions `lifespans` expects to die young, hidden from
+    /// the ladder (`Daemon::hide_short_lived`).
+    short_lived: BTreeSet<RegionId>,
     /// CPU per wake-up phase (status and metrics).
     phase_cpu: PhaseCpu,
     /// Which phase the running wake-up is in, for the watchdog.
@@ -662,6 +674,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             cgroups: HashMap::new(),
             self_managed: HashSet::new(),
             lives: Lifecycles::new(),
+            lifespans: Lifespans::new(LifespanRules::default()),
+            short_lived: BTreeSet::new(),
             phase_cpu: PhaseCpu::default(),
             wake_watch: WakeWatch::new(),
             skipped: BTreeMap::new(),
@@ -1427,19 +1441,26 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             .collect();
         for id in gone {
             let life = self.lives.forget(id);
-            if let Some(b) = self.books.remove(&id)
-                && life.is_some_and(|l| l.mode() == Mode::Promoted)
-                && !self.books.values().any(|o| {
-                    o.span.proc == b.span.proc
-                        && o.span.start < b.span.end()
-                        && b.span.start < o.span.end()
-                })
-            {
-                // Unmapped (not merely renumbered): its marks went with it.
+            let Some(b) = self.books.remove(&id) else {
+                continue;
+            };
+            let renumbered = self.books.values().any(|o| {
+                o.span.proc == b.span.proc
+                    && o.span.start < b.span.end()
+                    && b.span.start < o.span.end()
+            });
+            if renumbered {
+                continue;
+            }
+            // Unmapped: its marks went with it.
+            if life.is_some_and(|l| l.mode() == Mode::Promoted) {
                 self.marks.remove(b.span.proc, b.span.start, b.span.end());
             }
+            let age = now.saturating_sub(b.first_seen);
+            self.lifespans.died(b.span.proc, b.span.pages, age, now);
         }
         let live: HashSet<ProcKey> = self.allowed.values().copied().collect();
+        self.lifespans.retain(|k| live.contains(k));
         for key in self.marks.processes() {
             if !live.contains(&key) {
                 self.marks.forget(key);
@@ -1501,14 +1522,60 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         }
     }
 
+    /// The regions expected to be unmapped young (see `expected_short`)
+    /// that are sampling: kept out of the ladder, as held ones are, so
+    /// that they neither climb nor keep the upper levels (and the daemon)
+    /// busy for memory that will be gone before it could be merged. One
+    /// that outlives its process's early deaths comes back at the bottom.
+    /// Whether the set changed.
+    fn hide_short_lived(&mut self, now: Nanos) -> bool {
+        if self.lifespans.is_empty() && self.short_lived.is_empty() {
+            return false;
+        }
+        let mut short = BTreeSet::new();
+        for (&id, b) in &mut self.books {
+            if self.lives.mode(id) != Some(Mode::Sampling)
+                || !expected_short(&self.lifespans, &self.config, b, now)
+            {
+                continue;
+            }
+            short.insert(id);
+            if !b.short_noted {
+                b.short_noted = true;
+                info!(
+                    pid = b.span.proc.pid,
+                    start = b.span.start,
+                    pages = b.span.pages,
+                    age_s = now.saturating_sub(b.first_seen) as f64 / SEC as f64,
+                    "its process's regions are unmapped young: not sampled or marked until it outlives them"
+                );
+            }
+        }
+        if short == self.short_lived {
+            return false;
+        }
+        self.short_lived = short;
+        true
+    }
+
     fn distil(&mut self, now: Nanos) -> u64 {
         // Both flags are cleared here (no short circuit).
-        let view_changed = self.lives.take_view_changed();
+        let view_changed = self.lives.take_view_changed() | self.hide_short_lived(now);
+        let joined;
+        let hidden = if self.short_lived.is_empty() {
+            self.lives.hidden()
+        } else {
+            joined = (self.lives.hidden().iter())
+                .chain(&self.short_lived)
+                .copied()
+                .collect::<BTreeSet<_>>();
+            &joined
+        };
         if self.need_sync || view_changed {
             let view = View {
                 target: &mut self.target,
                 allowed: &self.allowed,
-                hidden: self.lives.hidden(),
+                hidden,
             };
             self.distiller.sync_regions(&view, now);
             self.need_sync = false;
@@ -1516,7 +1583,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let mut view = View {
             target: &mut self.target,
             allowed: &self.allowed,
-            hidden: self.lives.hidden(),
+            hidden,
         };
         let c0 = host::thread_cpu_ns();
         let mut report = self.hints.wake(&mut self.distiller, &mut view, now);
@@ -1572,6 +1639,11 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 self.distiller.readmit(id);
             }
             if !sampling || b.awaits_watch(watching, now) {
+                continue;
+            }
+            if expected_short(&self.lifespans, &self.config, b, now) {
+                // On the top level when its process's first early death
+                // was seen: hidden from the next wake on.
                 continue;
             }
             let dup = dup_share(self.distiller.ladder(), id);
@@ -1811,6 +1883,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             let held = matches!(mode, Some(Mode::Held { .. }));
             if !(mode == Some(Mode::Sampling) || (hinted && held))
                 || whole_now
+                || (!hinted && expected_short(&self.lifespans, &self.config, b, now))
                 || !self.injectable(pid, now)
                 || (!hinted
                     && write_verdict(
@@ -2522,6 +2595,14 @@ fn write_verdict(
         None if watching && held_since_cleared => WriteVerdict::Watching,
         _ => WriteVerdict::Cold,
     }
+}
+
+/// Whether `b` is expected to be unmapped before ksmd could merge it, its
+/// process's large regions having died young (`core::pipeline::lifespan`),
+/// and the config says to wait.
+fn expected_short(lifespans: &Lifespans<ProcKey>, config: &Config, b: &Book, now: Nanos) -> bool {
+    config.actuate.skip_short_lived
+        && lifespans.expected_short(b.span.proc, now.saturating_sub(b.first_seen), now)
 }
 
 /// Whether `id` was held (for its writes, or unmarked for thrashing) since

@@ -1540,3 +1540,87 @@ fn a_held_region_still_written_after_its_hold_is_never_marked_by_a_run() {
     assert!(!m.spans[&a].mergeable && !m.spans[&b].mergeable);
     assert!(m.batches.is_empty(), "{:?}", m.batches);
 }
+
+/// A process that maps a 1024-page region of one content, keeps it
+/// `life`, unmaps it and maps the next one `life` later, for `wakes`
+/// wakes. Whether each cycle's region was marked while it lived.
+fn cycles(toml: &str, life: Nanos, wakes: usize) -> Vec<bool> {
+    let w = world();
+    w.borrow_mut().spawn(50, "cycler", false);
+    let mut d = daemon(&w, &format!("{toml}[eligible]\nall = true\n"), &[]);
+    let (mut now, mut marked) = (0, Vec::new());
+    let mut current: Option<(RegionId, Nanos)> = None;
+    let mut next_map = 0;
+    for _ in 0..wakes {
+        match current {
+            None if now >= next_map => {
+                let id = w.borrow_mut().map(50, &[9; 1024], false);
+                current = Some((id, now));
+                marked.push(false);
+            }
+            Some((id, at)) if now >= at + life => {
+                w.borrow_mut().unmap(id);
+                current = None;
+                next_map = now + life;
+            }
+            _ => {}
+        }
+        run(&mut d, &mut now, 1);
+        if let Some((id, _)) = current {
+            let m = w.borrow();
+            *marked.last_mut().unwrap() |=
+                m.spans[&id].mergeable || (0..1024).any(|p| m.page_mergeable(id, p));
+        }
+    }
+    marked
+}
+
+#[test]
+fn regions_of_a_process_whose_regions_die_young_are_not_marked() {
+    // Each region lives 8 s, long enough to climb to the top and be marked
+    // (the first one is: nothing was known of the process yet). Once one
+    // died at 8 s, the next ones are expected to die young too, and wait
+    // until they outlive 1.5 x 8 s, which they never do.
+    let marked = cycles("", 8 * SEC, 1000);
+    assert!(marked.len() >= 6, "{marked:?}");
+    assert!(marked[0], "the first region was not marked: {marked:?}");
+    assert!(marked[1..].iter().all(|m| !m), "{marked:?}");
+    // The short-lived profile's setting marks them all.
+    let marked = cycles("[actuate]\nskip_short_lived = false\n", 8 * SEC, 1000);
+    assert!(marked.iter().all(|m| *m), "{marked:?}");
+}
+
+#[test]
+fn a_region_that_outlives_its_process_s_early_deaths_is_marked() {
+    // Regions of 8 s, then one that stays: it waits until 12 s, then is
+    // marked as any other.
+    let marked = cycles("", 8 * SEC, 300);
+    assert!(marked[0]);
+    let w = world();
+    w.borrow_mut().spawn(50, "cycler", false);
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    let first = w.borrow_mut().map(50, &[9; 1024], false);
+    run(&mut d, &mut now, 80);
+    w.borrow_mut().unmap(first);
+    run(&mut d, &mut now, 10);
+    let kept = w.borrow_mut().map(50, &[9; 1024], false);
+    let mapped_at = now;
+    let mut marked_at = None;
+    let mut hidden = false;
+    for _ in 0..600 {
+        run(&mut d, &mut now, 1);
+        // Meanwhile it is out of the ladder: neither sampled nor climbing.
+        hidden |= d.distiller().ladder().level_of(kept).is_none();
+        if w.borrow().spans[&kept].mergeable {
+            marked_at = Some(now - mapped_at);
+            break;
+        }
+    }
+    let at = marked_at.expect("the lasting region was never marked");
+    assert!(
+        at > 12 * SEC,
+        "marked at {} ms, before it outlived 1.5 x 8 s",
+        at / 1_000_000
+    );    assert!(hidden, "sampled on the ladder while it waited");
+}

@@ -48,6 +48,9 @@ pub struct World {
     /// at the trickle takes minutes to get round); off by default: it
     /// merges everything mergeable on every pace call.
     pub idle_at_trickle: bool,
+    /// A region was mapped or unmapped since the daemon last asked (what
+    /// the real target learns from statm).
+    pub maps_changed: bool,
 }
 
 /// A shared handle on the world.
@@ -88,6 +91,7 @@ impl World {
     /// as if the process had marked it itself.
     pub fn map(&mut self, pid: u32, contents: &[u64], mergeable: bool) -> RegionId {
         let id = self.mem.map(pid, contents);
+        self.maps_changed = true;
         let key = self
             .procs
             .iter()
@@ -145,6 +149,16 @@ impl World {
                 id
             })
             .collect()
+    }
+
+    /// Unmaps one region (`munmap` of its VMA), with the marks inside it.
+    pub fn unmap(&mut self, id: RegionId) {
+        self.maps_changed = true;
+        if let Some(s) = self.spans.remove(&id) {
+            let (start, end) = (s.start, s.start + u64::from(s.pages) * 4096);
+            (self.partial).retain(|&(pid, a, e)| pid != s.proc.pid || e <= start || end <= a);
+        }
+        self.mem.unmap(id);
     }
 
     /// Unmaps every region of a process (its mm goes: exit or exec).
@@ -302,7 +316,7 @@ impl Target for SimTarget {
     }
 
     fn processes_changed(&mut self) -> bool {
-        false
+        std::mem::take(&mut self.0.borrow_mut().maps_changed)
     }
     fn refresh(&mut self) -> Result<(), String> {
         Ok(())

@@ -1,0 +1,227 @@
+//! Lifespans: whether a region is likely to be unmapped before ksmd could
+//! merge it, judged by how long its process's earlier regions lived.
+//!
+//! ## Why
+//!
+//! V_life (UKSM §5.2, [`crate::pipeline::ladder`]) keeps a region younger
+//! than 100 ms off the upper levels, and the ladder's rounds add more: under
+//! the full governor a region reaches the top about two seconds after it is
+//! first seen. A region that lives a little longer than that is marked just
+//! before it is unmapped, and ksmd spends its two visits on pages that are
+//! gone a moment later. In `pagesift bench --quick --only short-lived` under
+//! the defaults (2026-11-28, daemon log read by hand), the 64 MiB cycles of
+//! the 2 s case were marked whole at an age of 1.83 s, 0.17 s before their
+//! unmap; ksmd used 0.057 CPU-s over that daemon's run, more than the
+//! whole 0.5 % goal allows in the 8 s window (0.04 CPU-s).
+//!
+//! A process that maps and unmaps large regions in a loop (UKSM §8.1.3's
+//! short-lived workload; an allocator returning arenas; a tool run over
+//! and over) shows it: its regions die young, and at about the same age.
+//!
+//! ## The rule
+//!
+//! Each process keeps the ages at death of its last [`LifespanRules::kept`]
+//! regions of at least [`LifespanRules::min_pages`] pages that died within
+//! [`LifespanRules::memory`] of now. If any of them died younger than
+//! [`LifespanRules::short`], the process's regions are *expected short*
+//! until they are older than [`LifespanRules::margin`] times the oldest of
+//! those ages: one that outlives that has proved to be another kind of
+//! region, and is judged as any other. An expected-short region is not
+//! marked (neither whole nor by runs); it is still sampled, so nothing is
+//! lost but the marks that would have come too late.
+//!
+//! A process with no recent early death is never gated, so a region of a
+//! long-running process is marked as soon as the ladder says so. The cost
+//! of a wrong guess is delay, not loss: a region gated by an unrelated
+//! early death waits at most `margin` times that death's age (a few
+//! seconds), then is marked as before.
+//!
+//! Invariants: per process, at most `kept` deaths, newest last, each of a
+//! region of at least `min_pages` pages; the key is the process's identity
+//! (a pid reused by another process is another key).
+
+use crate::Nanos;
+use std::collections::{BTreeMap, VecDeque};
+
+const SEC: Nanos = 1_000_000_000;
+
+/// The rule's parameters (module header). [`Default`] is pagesift's choice.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LifespanRules {
+    /// Smallest region whose death counts (pages): small mappings come and
+    /// go in every process (stacks of short threads, I/O buffers), and
+    /// marking them costs ksmd little anyway. 256 pages, 1 MiB.
+    pub min_pages: u32,
+    /// A death counts as evidence for this long after it.
+    pub memory: Nanos,
+    /// A death at an age below this is an early one. 10 s: five times the
+    /// climb to the top under the full governor.
+    pub short: Nanos,
+    /// An expected-short region is judged normally once older than this
+    /// times the oldest recent death age.
+    pub margin: f64,
+    /// Deaths kept per process.
+    pub kept: usize,
+}
+
+impl Default for LifespanRules {
+    fn default() -> Self {
+        LifespanRules {
+            min_pages: 256,
+            memory: 60 * SEC,
+            short: 10 * SEC,
+            margin: 1.5,
+            kept: 4,
+        }
+    }
+}
+
+/// The recent deaths of each process's large regions.
+#[derive(Clone, Debug)]
+pub struct Lifespans<K> {
+    rules: LifespanRules,
+    /// Per process: (when it died, its age then), oldest first.
+    deaths: BTreeMap<K, VecDeque<(Nanos, Nanos)>>,
+}
+
+impl<K: Ord + Copy> Lifespans<K> {
+    pub fn new(rules: LifespanRules) -> Lifespans<K> {
+        Lifespans {
+            rules,
+            deaths: BTreeMap::new(),
+        }
+    }
+
+    /// A region of `pages` pages of `proc` was unmapped at `now`, `age`
+    /// after it was first seen.
+    pub fn died(&mut self, proc: K, pages: u32, age: Nanos, now: Nanos) {
+        if pages < self.rules.min_pages {
+            return;
+        }
+        let d = self.deaths.entry(proc).or_default();
+        if d.len() == self.rules.kept {
+            d.pop_front();
+        }
+        d.push_back((now, age));
+    }
+
+    /// Whether a region of `proc` aged `age` at `now` is expected to be
+    /// unmapped young (module header).
+    pub fn expected_short(&self, proc: K, age: Nanos, now: Nanos) -> bool {
+        let Some(d) = self.deaths.get(&proc) else {
+            return false;
+        };
+        let recent = || {
+            d.iter()
+                .filter(|&&(at, _)| now.saturating_sub(at) <= self.rules.memory)
+                .map(|&(_, age)| age)
+        };
+        if !recent().any(|a| a < self.rules.short) {
+            return false;
+        }
+        let oldest = recent().max().unwrap_or(0);
+        (age as f64) <= oldest as f64 * self.rules.margin
+    }
+
+    /// Whether no death is kept: then nothing is expected short.
+    pub fn is_empty(&self) -> bool {
+        self.deaths.is_empty()
+    }
+
+    /// `proc` exited, or left the eligible set.
+    pub fn forget(&mut self, proc: K) {
+        self.deaths.remove(&proc);
+    }
+
+    /// Forgets every process not in `live`.
+    pub fn retain(&mut self, mut live: impl FnMut(&K) -> bool) {
+        self.deaths.retain(|k, _| live(k));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MS: Nanos = 1_000_000;
+
+    fn spans() -> Lifespans<u32> {
+        Lifespans::new(LifespanRules::default())
+    }
+
+    #[test]
+    fn a_process_without_early_deaths_is_never_gated() {
+        let mut l = spans();
+        assert!(!l.expected_short(1, 0, 0));
+        l.died(1, 16384, 30 * SEC, 40 * SEC);
+        assert!(!l.expected_short(1, 0, 41 * SEC));
+        // Small regions do not count, however young.
+        l.died(2, 255, 100 * MS, 41 * SEC);
+        assert!(!l.expected_short(2, 0, 42 * SEC));
+    }
+
+    #[test]
+    fn after_a_young_death_its_siblings_wait_until_older_than_the_margin() {
+        let mut l = spans();
+        l.died(1, 16384, 2 * SEC, 10 * SEC);
+        assert!(l.expected_short(1, 1_830 * MS, 12 * SEC));
+        assert!(l.expected_short(1, 3 * SEC, 12 * SEC));
+        assert!(!l.expected_short(1, 3 * SEC + 1, 12 * SEC));
+        // Other processes are not affected.
+        assert!(!l.expected_short(2, SEC, 12 * SEC));
+        // The oldest recent death sets the bar.
+        l.died(1, 16384, 4 * SEC, 14 * SEC);
+        assert!(l.expected_short(1, 5 * SEC, 15 * SEC));
+        assert!(!l.expected_short(1, 6 * SEC + 1, 15 * SEC));
+    }
+
+    #[test]
+    fn evidence_expires_and_is_forgotten_with_the_process() {
+        let mut l = spans();
+        l.died(1, 16384, 2 * SEC, 10 * SEC);
+        assert!(!l.expected_short(1, SEC, 10 * SEC + 60 * SEC + 1));
+        l.died(2, 16384, 2 * SEC, 10 * SEC);
+        l.forget(2);
+        assert!(!l.expected_short(2, SEC, 11 * SEC));
+        l.died(3, 16384, 2 * SEC, 10 * SEC);
+        l.retain(|&k| k != 3);
+        assert!(!l.expected_short(3, SEC, 11 * SEC));
+    }
+
+    #[test]
+    fn only_the_last_deaths_are_kept() {
+        let mut l = spans();
+        l.died(1, 16384, 2 * SEC, 10 * SEC);
+        for i in 0..4 {
+            l.died(1, 16384, 30 * SEC, (11 + i) * SEC);
+        }
+        // The early death was pushed out: no early death left.
+        assert!(!l.expected_short(1, SEC, 20 * SEC));
+    }
+
+    proptest! {
+        #[test]
+        fn a_region_older_than_every_gate_is_never_gated(
+            deaths in proptest::collection::vec((1u32..100_000, 0u64..20 * SEC), 0..12),
+            age in 0u64..100 * SEC,
+        ) {
+            let mut l = spans();
+            let mut now = 0;
+            for &(pages, a) in &deaths {
+                now += SEC;
+                l.died(7, pages, a, now);
+            }
+            let bar = deaths.iter().rev().filter(|d| d.0 >= 256).take(4)
+                .map(|d| d.1).max().unwrap_or(0) as f64 * 1.5;
+            if age as f64 > bar {
+                prop_assert!(!l.expected_short(7, age, now));
+            }
+            let early = deaths.iter().rev().filter(|d| d.0 >= 256).take(4)
+                .any(|d| d.1 < 10 * SEC);
+            if !early {
+                prop_assert!(!l.expected_short(7, age, now));
+            }
+        }
+    }
+}
