@@ -1622,5 +1622,6 @@ fn a_region_that_outlives_its_process_s_early_deaths_is_marked() {
         at > 12 * SEC,
         "marked at {} ms, before it outlived 1.5 x 8 s",
         at / 1_000_000
-    );    assert!(hidden, "sampled on the ladder while it waited");
+    );
+    assert!(hidden, "sampled on the ladder while it waited");
 }

@@ -272,6 +272,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Index passes over a guest's whole RAM (the others read only hinted pages)",
     ),
     (
+        "scrub_examined_pages",
+        "Host page-cache pages read and matched against guest RAM",
+    ),
+    (
         "scrub_cpu_seconds",
         "CPU time spent scrubbing the host page cache",
     ),
@@ -482,6 +486,7 @@ impl Metrics {
             self.advance("scrubs", sc.scrubs as f64);
             self.advance("scrub_indexed_pages", sc.indexed_pages as f64);
             self.advance("scrub_full_indexes", sc.full_indexes as f64);
+            self.advance("scrub_examined_pages", sc.examined_pages as f64);
             self.advance("scrub_cpu_seconds", sc.cpu_seconds);
             self.image_cached.clear();
             for i in &sc.images {

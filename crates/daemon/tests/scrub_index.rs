@@ -1,7 +1,8 @@
 //! The scrubber's guest index between full passes: with I/O hints on, a
-//! scrub re-reads only the guest pages the hints named, and a host cache
-//! page whose content reached the guest through a hinted read is dropped
-//! at once. A real process stands in for the guest (a `qemu`-named python3
+//! scrub re-reads only the guest pages the hints named, reads only the
+//! host cache pages whose verdict may have changed, and a host cache page
+//! whose content reached the guest through a hinted read is dropped at
+//! once. A real process stands in for the guest (a `qemu`-named python3
 //! holding an image file open read-write and 64 MiB of anonymous "RAM");
 //! the hints are given by hand (the BPF path that produces them is tested
 //! in `pagesift-linux`'s iohint tests and the bench's guest tests). The
@@ -138,9 +139,23 @@ fn hinted_guest_pages_are_indexed_without_a_full_pass() {
     assert_eq!(st.full_indexes, 1);
     let full_pass = st.indexed_pages;
     assert!(full_pass >= 80 * MIB / 4096, "{st:?}");
+    assert_eq!(
+        st.examined_pages, pages,
+        "a full pass reads every cached page"
+    );
+
+    // 1b. Nothing was read into the guest since: a scrub between full
+    // passes reads none of the cached pages again (the guest held none of
+    // them, and none of its pages changed), and drops nothing.
+    let (dropped, cached) = scrub.scrub_all(&[guest.pid]);
+    let st = scrub.status();
+    assert_eq!((dropped, cached), (0, pages), "{st:?}");
+    assert_eq!(st.full_indexes, 1);
+    assert_eq!(st.examined_pages, pages, "cached pages were read again");
 
     // 2. The guest "reads" the image into its RAM at 1 MiB; the hint names
-    // those pages. The next scrub re-reads only them and drops the whole
+    // those pages. The next scrub re-reads only them, reads again the
+    // cached pages that now have a twin among them, and drops the whole
     // cached image.
     let at = guest.addr + MIB;
     assert_eq!(guest.ask(&format!("load {MIB}")), "loaded");
@@ -153,6 +168,7 @@ fn hinted_guest_pages_are_indexed_without_a_full_pass() {
     assert_eq!(st.indexed_pages - full_pass, pages, "only the hinted pages");
     assert_eq!(cached, pages);
     assert_eq!(dropped, pages, "{st:?}");
+    assert_eq!(st.examined_pages, 2 * pages);
 
     // 3. Changes the hints do not see: the guest overwrites its copy and
     // loads the image again elsewhere, with no hint. The index still names
