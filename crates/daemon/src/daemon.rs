@@ -1456,8 +1456,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             if life.is_some_and(|l| l.mode() == Mode::Promoted) {
                 self.marks.remove(b.span.proc, b.span.start, b.span.end());
             }
-            let age = now.saturating_sub(b.first_seen);
-            self.lifespans.died(b.span.proc, b.span.pages, age, now);
+            (self.lifespans).died(b.span.proc, b.span.pages, b.first_seen, now);
         }
         let live: HashSet<ProcKey> = self.allowed.values().copied().collect();
         self.lifespans.retain(|k| live.contains(k));
@@ -2602,7 +2601,7 @@ fn write_verdict(
 /// and the config says to wait.
 fn expected_short(lifespans: &Lifespans<ProcKey>, config: &Config, b: &Book, now: Nanos) -> bool {
     config.actuate.skip_short_lived
-        && lifespans.expected_short(b.span.proc, now.saturating_sub(b.first_seen), now)
+        && lifespans.expected_short(b.span.proc, b.span.pages, b.first_seen, now)
 }
 
 /// Whether `id` was held (for its writes, or unmarked for thrashing) since
