@@ -1456,7 +1456,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             if life.is_some_and(|l| l.mode() == Mode::Promoted) {
                 self.marks.remove(b.span.proc, b.span.start, b.span.end());
             }
-            (self.lifespans).died(b.span.proc, b.span.pages, b.first_seen, now);
+            self.lifespans
+                .died(b.span.proc, b.span.pages, b.first_seen, now);
         }
         let live: HashSet<ProcKey> = self.allowed.values().copied().collect();
         self.lifespans.retain(|k| live.contains(k));
@@ -2574,9 +2575,10 @@ fn write_rules(config: &Config) -> WriteRules {
 
 /// Whether a region's watched writes would make it thrash once merged, and
 /// where (`core::pipeline::write_watch`). V_cow = 100 % (writes cannot stop
-/// a promotion): cold. Not watched: cold, unless it was `held_before` (for
-/// its writes, or unmarked for thrashing) and writes are watched: then only
-/// a watch can clear it again, so it waits for one. A region released from
+/// a promotion): cold. Not watched: cold, unless it was held (for its
+/// writes, or unmarked for thrashing) since a watch last found it cold
+/// (`held_since_cleared`) and writes are watched: then only a watch can
+/// clear it again, so it waits for one. A region released from
 /// its hold re-enters at the bottom, where nothing is watched, yet sampling
 /// there still follows duplicate runs in it: in `pagesift bench --only
 /// short-lived` (2026-11-27, daemon log read by hand) a heap held for hot
