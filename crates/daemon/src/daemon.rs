@@ -423,11 +423,6 @@ struct Book {
     /// whole, until the mark is done (then handed to its lifecycle, see
     /// `Lifecycles::expect`).
     expected_dups: Option<u64>,
-    /// Its lifecycle's hold count when a watch last judged it cold: a
-    /// region held since (count above this) is not cold until a watch
-    /// says so again (see `write_verdict`). Kept apart from the watch,
-    /// which stops as soon as the region may be marked.
-    cleared_holds: u32,
     /// Whether the log said it waits for its process's regions to live
     /// longer (once per book).
     short_noted: bool,
@@ -460,7 +455,6 @@ impl Book {
             sweep_remerges: 0,
             sweep_remerge_after: 0,
             expected_dups: None,
-            cleared_holds: 0,
             short_noted: false,
         }
     }
@@ -1181,12 +1175,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             if level == 0 && b.watch.is_none() && !swept.contains(&id) {
                 continue;
             }
-            let held = held_since_cleared(&self.lives, b, id);
+            let held = held_since_cleared(&self.lives, id);
             let verdict = write_verdict(b, dup_share(ladder, id), &self.config, now, held);
-            // Cold all over: cleared. Cold except some zones is not (the
-            // zones outlive the watch in `exclude`, for a whole mark only).
+            // Cold all over: cleared (the watch stops as soon as the
+            // region may be marked, the clearance stays). Cold except some
+            // zones is not (the zones outlive the watch in `exclude`, for
+            // a whole mark only).
             if b.watch.is_some() && verdict == WriteVerdict::Cold {
-                b.cleared_holds = self.lives.get(id).map_or(0, |l| l.holds());
+                self.lives.clear_writes(id);
             }
             if swept.contains(&id) && b.watch.is_some() {
                 match verdict {
@@ -1654,7 +1650,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     dup,
                     &self.config,
                     now,
-                    held_since_cleared(&self.lives, b, id),
+                    held_since_cleared(&self.lives, id),
                 ),
             };
             let exclude = match verdict {
@@ -1891,7 +1887,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                         dup_share(self.distiller.ladder(), id),
                         &self.config,
                         now,
-                        held_since_cleared(&self.lives, b, id),
+                        held_since_cleared(&self.lives, id),
                     ) != WriteVerdict::Cold)
             {
                 continue;
@@ -2606,10 +2602,10 @@ fn expected_short(lifespans: &Lifespans<ProcKey>, config: &Config, b: &Book, now
         && lifespans.expected_short(b.span.proc, b.span.pages, b.first_seen, now)
 }
 
-/// Whether `id` was held (for its writes, or unmarked for thrashing) since
-/// a watch last judged it cold.
-fn held_since_cleared(lives: &Lifecycles, b: &Book, id: RegionId) -> bool {
-    lives.get(id).is_some_and(|l| l.holds() > b.cleared_holds)
+/// Whether `id` was held since a watch last judged it cold
+/// (`Lifecycle::held_since_cleared`).
+fn held_since_cleared(lives: &Lifecycles, id: RegionId) -> bool {
+    lives.get(id).is_some_and(|l| l.held_since_cleared())
 }
 
 /// Whether sampling's duplicate share `dup` (of a region of `pages`

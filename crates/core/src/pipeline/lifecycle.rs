@@ -79,6 +79,13 @@
 //!   the caller knows when to re-sync the ladder's view.
 //! - a region is in one mode: never held and promoted at once; a held
 //!   region is not marked before its hold ends;
+//! - a region held since a write watch last found it cold all over
+//!   ([`Lifecycle::held_since_cleared`]) is cold again only when a watch
+//!   says so ([`Lifecycles::clear_writes`]): released, it re-enters the
+//!   ladder at the bottom, where nothing is watched, and "not watched"
+//!   must not pass for "not written" (in `pagesift bench --only
+//!   short-lived`, 2026-11-27, a heap held for hot writes had a sampled
+//!   run marked about 7 s later, its writes unseen);
 //! - a hold ends only at or after its `until` (or when the region's own
 //!   process takes it over: then pagesift has nothing left to hold back);
 //! - the n-th hold lasts [`hold_time`]`(base, n)`: the base doubled n−1
@@ -203,6 +210,8 @@ pub struct Lifecycle {
     mode: Mode,
     settled: bool,
     holds: u32,
+    /// `holds` when a write watch last found it cold all over.
+    cleared_holds: u32,
     /// ksmd full scans when it was marked (or first seen mergeable).
     marked_scan: u64,
     /// When ksmd got it (marked, or first seen mergeable).
@@ -234,6 +243,7 @@ impl Lifecycle {
             mode: Mode::Sampling,
             settled: false,
             holds: 0,
+            cleared_holds: 0,
             marked_scan: 0,
             merging_since: now,
             cow_total: 0,
@@ -270,6 +280,13 @@ impl Lifecycle {
     /// How often it was held.
     pub fn holds(&self) -> u32 {
         self.holds
+    }
+
+    /// Whether it was held (for its writes, or unmarked for thrashing)
+    /// since a write watch last found it cold all over: then it is not
+    /// cold until a watch says so again (module header).
+    pub fn held_since_cleared(&self) -> bool {
+        self.holds > self.cleared_holds
     }
 
     /// When ksmd got it (marked, or first seen mergeable).
@@ -678,6 +695,14 @@ impl Lifecycles {
         Some(until)
     }
 
+    /// A write watch found `id` cold all over: the holds so far are
+    /// cleared (see [`Lifecycle::held_since_cleared`]).
+    pub fn clear_writes(&mut self, id: RegionId) {
+        if let Some(l) = self.regions.get_mut(&id) {
+            l.cleared_holds = l.holds;
+        }
+    }
+
     /// Ends `id`'s hold if it is held and its hold ended by `now`: back to
     /// sampling, shown to the ladder (which puts it at the bottom). Whether
     /// it ended.
@@ -797,6 +822,20 @@ mod tests {
         assert_eq!(hold_time(60, u32::MAX), MAX_HOLD);
         assert_eq!(hold_time(4, 0), 4 * SEC, "the first hold, counted from 0");
         assert_eq!(hold_time(0, 5), 0);
+    }
+
+    #[test]
+    fn a_hold_stands_until_a_watch_clears_it() {
+        let mut l = one(64);
+        assert!(!l[R].held_since_cleared(), "never held");
+        let until = l.hold(R, 0, 4).unwrap();
+        assert!(l.release(R, until));
+        assert_eq!(l.mode(R), Some(Mode::Sampling));
+        assert!(l[R].held_since_cleared(), "released is not cleared");
+        l.clear_writes(R);
+        assert!(!l[R].held_since_cleared());
+        l.hold(R, until, 4);
+        assert!(l[R].held_since_cleared(), "held again");
     }
 
     #[test]
