@@ -1456,7 +1456,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 .died(b.span.proc, b.span.pages, b.first_seen, now);
         }
         let live: HashSet<ProcKey> = self.allowed.values().copied().collect();
-        self.lifespans.retain(|k| live.contains(k));
+        self.lifespans.retain(now, |k| live.contains(k));
         for key in self.marks.processes() {
             if !live.contains(&key) {
                 self.marks.forget(key);

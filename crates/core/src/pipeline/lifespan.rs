@@ -152,9 +152,15 @@ impl<K: Ord + Copy> Lifespans<K> {
         self.deaths.remove(&proc);
     }
 
-    /// Forgets every process not in `live`.
-    pub fn retain(&mut self, mut live: impl FnMut(&K) -> bool) {
-        self.deaths.retain(|k, _| live(k));
+    /// Forgets every process not in `live`, and deaths no longer recent
+    /// at `now`, so that [`Lifespans::is_empty`] lets the caller skip the
+    /// rule once no process has shown an early death for a while.
+    pub fn retain(&mut self, now: Nanos, mut live: impl FnMut(&K) -> bool) {
+        let memory = self.rules.memory;
+        self.deaths.retain(|k, d| {
+            d.retain(|&(at, _, _)| now.saturating_sub(at) <= memory);
+            !d.is_empty() && live(k)
+        });
     }
 }
 
@@ -224,8 +230,11 @@ mod tests {
         l.forget(2);
         assert!(!short(&l, 2, 16384, SEC, 11 * SEC));
         died(&mut l, 3, 16384, 2 * SEC, 10 * SEC);
-        l.retain(|&k| k != 3);
+        l.retain(11 * SEC, |&k| k != 3);
         assert!(!short(&l, 3, 16384, SEC, 11 * SEC));
+        assert!(!l.is_empty(), "process 1's death is still recent");
+        l.retain(10 * SEC + 60 * SEC + 1, |_| true);
+        assert!(l.is_empty(), "expired deaths are dropped");
     }
 
     #[test]
