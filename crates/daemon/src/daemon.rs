@@ -1271,10 +1271,33 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             if self.target.processes_changed() {
                 self.pending_change = true;
             }
+            // A region unmapped and mapped again at the same addresses
+            // between two checks keeps the size the check compares (a
+            // cycle the checks alias with): its frames tell.
+            self.note_renewals(now, None);
             self.fill_counts_new = true;
             let cost = host::thread_cpu_ns().saturating_sub(t0);
             let spacing = (cost as f64 / self.config.scan.refresh_cpu) as Nanos;
             self.next_check = now + (self.config.scan.refresh_ms * MS).max(spacing);
+        } else {
+            // Between checks, the regions whose age the lifespan rule
+            // judges are looked at every wake-up (young ones, and those of
+            // processes that showed an early death): a cycle shorter than
+            // the check's interval would otherwise be caught only when two
+            // checks in a row find it mapped.
+            let rules = *self.lifespans.rules();
+            let early: HashSet<ProcKey> = self.lifespans.procs().copied().collect();
+            let young: BTreeSet<RegionId> = (self.books.iter())
+                .filter(|(_, b)| {
+                    b.span.pages >= rules.min_pages
+                        && (now.saturating_sub(b.first_seen) < rules.short
+                            || early.contains(&b.span.proc))
+                })
+                .map(|(&id, _)| id)
+                .collect();
+            if !young.is_empty() {
+                self.note_renewals(now, Some(&young));
+            }
         }
         let due = (self.force_refresh && now >= self.earliest_forced)
             || (self.pending_change && now >= self.earliest_refresh)
@@ -1305,6 +1328,30 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             "refreshed"
         );
         true
+    }
+
+    /// Regions mapped anew at the same addresses since the last look
+    /// (`Target::check_renewed`; `only`: the regions to look at, all
+    /// when `None`). Each generation is a life of its own: the old one
+    /// died now, at the age it had reached, and the new one is first seen
+    /// now, so that the lifespan rule sees a cycle that the maps cannot.
+    fn note_renewals(&mut self, now: Nanos, only: Option<&BTreeSet<RegionId>>) {
+        let min_pages = self.lifespans.rules().min_pages;
+        for id in self.target.check_renewed(min_pages, only) {
+            let Some(b) = self.books.get_mut(&id) else {
+                continue;
+            };
+            debug!(
+                pid = b.span.proc.pid,
+                start = b.span.start,
+                pages = b.span.pages,
+                age_s = now.saturating_sub(b.first_seen) as f64 / SEC as f64,
+                "mapped anew at the same addresses: a new life"
+            );
+            self.lifespans
+                .died(b.span.proc, b.span.pages, b.first_seen, now);
+            b.first_seen = now;
+        }
     }
 
     fn after_refresh(&mut self, now: Nanos) {

@@ -13,7 +13,10 @@
 //! single read of the `/proc` directory, and the loop refreshes only when
 //! processes came or went, after it marked something, or when a long
 //! interval has passed (mappings of a live process change too), never more
-//! often than the refresh CPU share allows.
+//! often than the refresh CPU share allows. A region unmapped and mapped
+//! again at the same addresses keeps the size the check compares; its
+//! frames tell ([`Target::check_renewed`]), at every check for every
+//! region and at every wake-up for the regions the lifespan rule judges.
 
 use crate::actuate::ProcKey;
 use crate::eligibility::ProcessFacts;
@@ -135,6 +138,18 @@ pub trait Target: MemorySource {
     /// [`RegionLimits::max_regions`].
     fn regions_left_out(&self) -> usize {
         0
+    }
+    /// Regions of at least `min_pages` pages, of those in `only` (all
+    /// when `None`), that were unmapped and mapped again at the same
+    /// addresses since they were last looked at (see
+    /// `pagesift_linux::renewal`). They keep their ids. The default finds
+    /// none (a simulated unmap is seen as such).
+    fn check_renewed(
+        &mut self,
+        _min_pages: u32,
+        _only: Option<&BTreeSet<RegionId>>,
+    ) -> Vec<RegionId> {
+        Vec::new()
     }
     /// Write-tracks exactly the `(pid, start, end)` ranges of `wanted`:
     /// starts the new ones, stops the ones not wanted any more (an empty
@@ -453,6 +468,14 @@ impl Target for LinuxTarget {
 
     fn regions_left_out(&self) -> usize {
         self.src.left_out()
+    }
+
+    fn check_renewed(
+        &mut self,
+        min_pages: u32,
+        only: Option<&BTreeSet<RegionId>>,
+    ) -> Vec<RegionId> {
+        self.src.check_renewed(min_pages, only)
     }
 
     fn reconfigure(&mut self, filter: ProcessFilter, limits: RegionLimits) -> Result<(), String> {

@@ -100,6 +100,7 @@ pub mod procstat;
 pub mod ptrace;
 pub mod read;
 pub mod readahead;
+pub mod renewal;
 pub mod secure;
 pub mod source;
 pub mod sys;

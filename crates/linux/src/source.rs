@@ -16,7 +16,10 @@
 //! re-reads the maps and keeps the id of a region that is still there (its
 //! length may change, e.g. a growing heap), gives new regions new ids, and
 //! forgets unmapped ones. The start time makes a reused pid a new process.
-//! Ids are never reused.
+//! Ids are never reused. A VMA unmapped and mapped again at the same
+//! addresses between two refreshes keeps its id: the maps cannot tell, but
+//! its frames can ([`LinuxSource::check_renewed`], [`crate::renewal`]), and
+//! the caller decides what that means.
 //!
 //! ## How many regions
 //! Everything the daemon keeps grows with the regions it tracks (about
@@ -82,6 +85,7 @@ use crate::kpageflags::{KPageFlags, KpfFlags};
 use crate::ksm::ProcessKsmStat;
 use crate::pagemap::{Pagemap, PagemapEntry};
 use crate::read::{PageBuffer, RemoteReader};
+use crate::renewal::Sentinels;
 use pagesift_core::ranges::RangeSet;
 use pagesift_core::source::{MemorySource, PageState, RegionInfo, SourceError};
 use pagesift_core::{PageRef, PageWords, RegionId};
@@ -242,6 +246,9 @@ pub struct LinuxSource {
     /// Write tracking of candidate ranges; answers `take_written`.
     #[cfg(target_arch = "x86_64")]
     writes: crate::uffd::WriteTracker,
+    /// Per region checked by [`LinuxSource::check_renewed`], its sentinel
+    /// entries at the last check; only ids of tracked regions.
+    sentinels: HashMap<RegionId, Sentinels>,
 }
 
 impl LinuxSource {
@@ -279,6 +286,7 @@ impl LinuxSource {
             left_out: 0,
             #[cfg(target_arch = "x86_64")]
             writes: crate::uffd::WriteTracker::new(),
+            sentinels: HashMap::new(),
         };
         s.discover(true)?;
         Ok(s)
@@ -498,7 +506,54 @@ impl LinuxSource {
             self.regions.insert(id, LinuxRegion { id, ..f.region });
         }
         self.ids = ids;
+        let regions = &self.regions;
+        self.sentinels.retain(|id, _| regions.contains_key(id));
         Ok(())
+    }
+
+    /// Checks the tracked anonymous regions of at least `min_pages`
+    /// pages outside mergeable VMAs, those in `only` (all when `None`),
+    /// for renewal ([`crate::renewal`]): two one-entry pagemap reads each.
+    /// Returns the renewed ones; they keep their ids (the caller decides
+    /// what a new life means), and their sentinels start over from what
+    /// was read now.
+    pub fn check_renewed(
+        &mut self,
+        min_pages: u32,
+        only: Option<&std::collections::BTreeSet<RegionId>>,
+    ) -> Vec<RegionId> {
+        let mut renewed = Vec::new();
+        let regions: Box<dyn Iterator<Item = &LinuxRegion>> = match only {
+            Some(ids) => Box::new(ids.iter().filter_map(|id| self.regions.get(id))),
+            None => Box::new(self.regions.values()),
+        };
+        for r in regions {
+            if r.kind != RegionKind::Anonymous || r.mergeable || r.pages < min_pages.max(2) {
+                continue;
+            }
+            let Some(p) = self.procs.get(&r.pid).filter(|p| !p.gone) else {
+                continue;
+            };
+            if p.mergeable.overlaps(r.start, r.address(r.pages)) {
+                // Advised by pagesift since the last refresh: KSM moves
+                // its frames.
+                continue;
+            }
+            let pagemap = p.inspector.pagemap();
+            let (mut first, mut last) = ([PagemapEntry(0)], [PagemapEntry(0)]);
+            if pagemap.read(r.start, &mut first).is_err()
+                || pagemap.read(r.address(r.pages - 1), &mut last).is_err()
+            {
+                continue;
+            }
+            let now = Sentinels([first[0], last[0]]);
+            if let Some(before) = self.sentinels.insert(r.id, now)
+                && before.renewed_by(&now)
+            {
+                renewed.push(r.id);
+            }
+        }
+        renewed
     }
 
     /// Records that pagesift made `[start, end)` of `pid` mergeable

@@ -41,7 +41,10 @@
 //! by hand on 2026-11-28: 1.75, 1.13, 0.99, 0.69 % of a core at T = 2, 1,
 //! 0.5, 0.2 s, against 0.92, 0.72, 0.69, 1.14 % without the exemption).
 //! The size rule is what keeps a QEMU's small buffers from holding back
-//! its guest RAM.
+//! its guest RAM. Such a cycle is now seen by its frames instead: the
+//! daemon reports a region mapped anew at the same addresses as a death
+//! (at the age it had reached) and starts its age again
+//! (`pagesift_linux::renewal`).
 //!
 //! A process with no recent early death is never gated, so a region of a
 //! long-running process is marked as soon as the ladder says so. The cost
@@ -105,6 +108,11 @@ impl<K: Ord + Copy> Lifespans<K> {
         }
     }
 
+    /// The rule's parameters.
+    pub fn rules(&self) -> &LifespanRules {
+        &self.rules
+    }
+
     /// A region of `pages` pages of `proc`, first seen at `first_seen`,
     /// was unmapped at `now`.
     pub fn died(&mut self, proc: K, pages: u32, first_seen: Nanos, now: Nanos) {
@@ -140,6 +148,11 @@ impl<K: Ord + Copy> Lifespans<K> {
         }
         let oldest = recent().max().unwrap_or(0);
         (age as f64) <= oldest as f64 * self.rules.margin
+    }
+
+    /// The processes with a death kept.
+    pub fn procs(&self) -> impl Iterator<Item = &K> {
+        self.deaths.keys()
     }
 
     /// Whether no death is kept: then nothing is expected short.
