@@ -135,6 +135,7 @@ use pagesift_core::text::printable;
 use pagesift_core::{Nanos, RegionId};
 use pagesift_linux::host;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::ops::Bound;
 use std::path::PathBuf;
 use tracing::{debug, info, warn};
 
@@ -156,6 +157,13 @@ pub const SKIP_RETRY: Nanos = 60 * SEC;
 /// docs/bench/repeat). A run marked waits for no refresh to pace ksmd
 /// (see `Daemon::pending_run_pages`).
 pub const FORCED_REFRESH_CPU: f64 = 0.005;
+
+/// Regions looked at for renewal per wake-up between checks (see
+/// `Daemon::maybe_refresh`): two one-entry pagemap reads each, so at most
+/// about 32 reads per wake-up. A process cycling a few large regions has
+/// each looked at every wake-up; a QEMU with hundreds of young regions has
+/// each looked at about once a second, as the check does anyway.
+pub const RENEWAL_LOOKS_PER_WAKE: usize = 16;
 /// How long a process whose injection met a bad moment (a thread inside
 /// an rseq critical section, which lasts nanoseconds to microseconds) is
 /// left alone before it is tried again.
@@ -569,6 +577,9 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// The sampling regions `lifespans` expects to die young, hidden from
     /// the ladder (`Daemon::hide_short_lived`).
     short_lived: BTreeSet<RegionId>,
+    /// The last region looked at for renewal between checks (they are
+    /// looked at in turn, [`RENEWAL_LOOKS_PER_WAKE`] a wake-up).
+    renewal_cursor: Option<RegionId>,
     /// CPU per wake-up phase (status and metrics).
     phase_cpu: PhaseCpu,
     /// Which phase the running wake-up is in, for the watchdog.
@@ -670,6 +681,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             lives: Lifecycles::new(),
             lifespans: Lifespans::new(LifespanRules::default()),
             short_lived: BTreeSet::new(),
+            renewal_cursor: None,
             phase_cpu: PhaseCpu::default(),
             wake_watch: WakeWatch::new(),
             skipped: BTreeMap::new(),
@@ -1281,22 +1293,40 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             self.next_check = now + (self.config.scan.refresh_ms * MS).max(spacing);
         } else {
             // Between checks, the regions whose age the lifespan rule
-            // judges are looked at every wake-up (young ones, and those of
-            // processes that showed an early death): a cycle shorter than
-            // the check's interval would otherwise be caught only when two
-            // checks in a row find it mapped.
+            // judges (young ones, and those of processes that showed an
+            // early death) are looked at, a few every wake-up in turn: a
+            // cycle shorter than the check's interval would otherwise be
+            // caught only when two checks in a row find it mapped. A
+            // QEMU has hundreds of such regions while its guest boots, so
+            // the look is bounded, not every region every wake-up.
             let rules = *self.lifespans.rules();
             let early: HashSet<ProcKey> = self.lifespans.procs().copied().collect();
-            let young: BTreeSet<RegionId> = (self.books.iter())
-                .filter(|(_, b)| {
-                    b.span.pages >= rules.min_pages
-                        && (now.saturating_sub(b.first_seen) < rules.short
-                            || early.contains(&b.span.proc))
-                })
+            let judged = |(_, b): &(&RegionId, &Book)| {
+                b.span.pages >= rules.min_pages
+                    && (now.saturating_sub(b.first_seen) < rules.short
+                        || early.contains(&b.span.proc))
+            };
+            let after = self
+                .renewal_cursor
+                .map_or(Bound::Unbounded, Bound::Excluded);
+            let mut turn: BTreeSet<RegionId> = (self.books.range((after, Bound::Unbounded)))
+                .filter(judged)
                 .map(|(&id, _)| id)
+                .take(RENEWAL_LOOKS_PER_WAKE)
                 .collect();
-            if !young.is_empty() {
-                self.note_renewals(now, Some(&young));
+            if turn.len() < RENEWAL_LOOKS_PER_WAKE {
+                // Wrap around.
+                let more = RENEWAL_LOOKS_PER_WAKE - turn.len();
+                turn.extend(
+                    (self.books.iter())
+                        .filter(judged)
+                        .map(|(&id, _)| id)
+                        .take(more),
+                );
+            }
+            self.renewal_cursor = turn.iter().next_back().copied();
+            if !turn.is_empty() {
+                self.note_renewals(now, Some(&turn));
             }
         }
         let due = (self.force_refresh && now >= self.earliest_forced)

@@ -16,7 +16,8 @@
 //! often than the refresh CPU share allows. A region unmapped and mapped
 //! again at the same addresses keeps the size the check compares; its
 //! frames tell ([`Target::check_renewed`]), at every check for every
-//! region and at every wake-up for the regions the lifespan rule judges.
+//! region and in between for a few of the regions the lifespan rule
+//! judges at each wake-up.
 
 use crate::actuate::ProcKey;
 use crate::eligibility::ProcessFacts;
