@@ -29,7 +29,10 @@
 //! 1. watched for less than `watch_min`: **Watching** (too early to say);
 //! 2. the breaks one accounting pass (`pass`) would see if the whole
 //!    region were merged, estimated (writes × duplicate share × pass /
-//!    watched time), are below `min_breaks`: **Cold**, mark it all;
+//!    watched time) and, once the map has been in force for `watch_min`,
+//!    counted on it, are both below `min_breaks`: **Cold**, mark it all
+//!    (the estimate alone let a writer that keeps to the duplicates pass
+//!    when the sampled share had missed them);
 //! 3. else, if the writes fell into at most `max_zones` zones covering at
 //!    most `max_zone_share` of the region: zones that stopped spreading
 //!    give **ColdExcept** those zones (widened by `zone_gap` on each side,
@@ -312,14 +315,10 @@ impl WriteWatch {
         }
         let per_pass_of =
             |writes: f64, over: Nanos| writes * rules.pass as f64 / over.max(1) as f64;
-        // Few writes at all: nothing to fear, whatever they land on.
-        let estimate = per_pass_of(self.writes as f64 * dup, watched);
-        if estimate < rules.min_breaks as f64 {
-            return WriteVerdict::Cold;
-        }
         // The breaks a pass would see, and the duplicates they are weighed
         // against: counted where the map is known long enough, estimated
-        // from the duplicate share otherwise.
+        // from the duplicate share otherwise (as if writes fell anywhere).
+        let estimate = per_pass_of(self.writes as f64 * dup, watched);
         let (per_pass, dups, counted) = match &self.located {
             Some(l) if now.saturating_sub(l.since) >= rules.watch_min => (
                 per_pass_of(l.on_dups as f64, now.saturating_sub(l.since)),
@@ -328,6 +327,17 @@ impl WriteWatch {
             ),
             _ => (estimate, dup * f64::from(self.pages), false),
         };
+        // Few writes at all: nothing to fear, whatever they land on. Few
+        // by the estimate *and* by the count where the map is known: a
+        // writer that keeps to the region's duplicates (128 shared pages
+        // of 1024, rewritten 40 times a second) has few writes once
+        // weighed by the duplicate share, and the estimate alone judged
+        // it cold while the map said every write broke a merge (the loop
+        // test a_held_region_still_written_after_its_hold_is_never_marked_by_a_run,
+        // run over 150 s, marked a run of its duplicates 3 times in 60).
+        if estimate.max(per_pass) < rules.min_breaks as f64 {
+            return WriteVerdict::Cold;
+        }
         let verdict = self.judge_writes(per_pass, dups, now, rules);
         // The estimate alone would keep it from merging: wait a while for
         // the map that tells whether the writes land on its duplicates.
@@ -579,6 +589,32 @@ mod tests {
         w.locate(map(16_384, 4096..16_384), 0);
         sweep_pages(&mut w);
         assert_eq!(w.verdict(1.0, S, &rules()), WriteVerdict::Cold);
+    }
+
+    #[test]
+    fn writes_kept_to_the_duplicates_are_not_cold_by_a_share_that_missed_them() {
+        // 128 duplicates in 1024 pages, and every one of 40 writes in a
+        // second lands on them. The sampled duplicate share missed the
+        // block (0): weighed by it the writes are none, counted on the
+        // map every one breaks a merge.
+        let mut w = WriteWatch::new(1024, 0);
+        w.locate(map(1024, 0..128), 0);
+        for i in 0..40u32 {
+            let p = (i * 4) % 128;
+            w.record(p, p + 1, 64);
+            if i % 10 == 9 {
+                w.checkpoint(Nanos::from(i + 1) * S / 40);
+            }
+        }
+        assert_eq!(w.writes_on_duplicates(), Some(40));
+        let v = w.verdict(0.0, S, &rules());
+        assert!(!matches!(v, WriteVerdict::Cold), "{v:?}");
+        // Without the map, the share is all there is to go on.
+        let mut w = WriteWatch::new(1024, 0);
+        for i in 0..40u32 {
+            w.record((i * 4) % 128, (i * 4) % 128 + 1, 64);
+        }
+        assert_eq!(w.verdict(0.0, S, &rules()), WriteVerdict::Cold);
     }
 
     #[test]
