@@ -10,7 +10,7 @@
 
 mod support;
 
-use pagesift_testkit::{Target, Workload, require_root, serial, temp_dir};
+use pagesift_testkit::{Daemon, Target, Workload, require_root, serial, temp_dir};
 use pagesift_workload::CycleRecord;
 use serde_json::Value;
 use std::time::{Duration, Instant};
@@ -433,6 +433,79 @@ fn userfaultfds(pid: u32) -> usize {
         .count()
 }
 
+/// A short-lived workload (map 32 MiB of one content, keep it T, unmap
+/// it, wait T, forever) with its cycle log, and a daemon run on it with
+/// `config`: the two short-lived tests below.
+struct Cycling {
+    w: Workload,
+    log: std::path::PathBuf,
+    /// Its checksum while mapped (the content is the same every cycle).
+    sum: String,
+    /// Where its first cycle was mapped: [start, end).
+    range: (u64, u64),
+}
+
+impl Cycling {
+    fn start(dir: &std::path::Path, period_ms: u64) -> Cycling {
+        let log = dir.join("cycles.jsonl");
+        let period = period_ms.to_string();
+        let mut w = Workload::start(&[
+            "short-lived",
+            "--mib",
+            "32",
+            "--period-ms",
+            &period,
+            "--cycle-log",
+            log.to_str().unwrap(),
+        ]);
+        let (start, pages) = w.region();
+        let sum = Cycling::mapped_sum(&mut w);
+        Cycling {
+            w,
+            log,
+            sum,
+            range: (start, start + pages * 4096),
+        }
+    }
+
+    /// "checksum" answers null while the region is unmapped.
+    fn mapped_sum(w: &mut Workload) -> String {
+        loop {
+            if let Some(s) = w.ask("checksum")["checksum"].as_str() {
+                break s.to_string();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The cycles mapped after `started` (Unix seconds), as the workload
+    /// logged them right before each unmap.
+    fn cycles_since(&self, started: f64) -> Vec<CycleRecord> {
+        std::fs::read_to_string(&self.log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<CycleRecord>(l).unwrap())
+            .filter(|c| c.mapped_at > started)
+            .collect()
+    }
+
+    /// Stops the daemon; the workload lives on with its memory as it
+    /// wrote it, and nothing of pagesift's is left in it.
+    fn finish(mut self, mut d: Daemon) {
+        let stopped = d.stop();
+        assert!(stopped.success(), "exit {stopped}:\n{}", d.log());
+        drop(d);
+        assert!(alive(self.w.pid()));
+        let sum = Cycling::mapped_sum(&mut self.w);
+        assert_eq!(sum, self.sum, "the workload's memory changed");
+        assert_eq!(
+            userfaultfds(self.w.pid()),
+            0,
+            "a userfaultfd is left in the target"
+        );
+    }
+}
+
 /// Short-lived memory under the defaults, which leave it alone (UKSM
 /// §8.1.3's default case). The workload starts before the daemon and maps
 /// its 32 MiB anew at the same address every 2 s (1 s mapped, 1 s not):
@@ -442,46 +515,28 @@ fn userfaultfds(pid: u32) -> usize {
 /// (`pagesift_linux::renewal`): no mark of any part of it, and no cycle
 /// merged, for 20 s. Before the renewal check, `pagesift bench --quick
 /// --only short-lived-1000ms,short-lived-200ms` marked the cycle's region
-/// whole at an apparent age of about 4 s in every run. The
-/// workload keeps running with its memory as it wrote it.
+/// whole at an apparent age of about 4 s in every run.
 #[test]
 fn short_lived_cycles_are_left_alone_under_the_defaults() {
     require_root();
     let _serial = serial();
     let tmp = temp_dir("accept-short-defaults");
     let dir = tmp.path();
-    let log = dir.join("cycles.jsonl");
-    let mut w = Workload::start(&[
-        "short-lived",
-        "--mib",
-        "32",
-        "--period-ms",
-        "1000",
-        "--cycle-log",
-        log.to_str().unwrap(),
-    ]);
-    let p = w.pid().to_string();
-    let (start, pages) = w.region();
-    let end = start + pages * 4096;
-    let mapped_sum = |w: &mut Workload| loop {
-        if let Some(s) = w.ask("checksum")["checksum"].as_str() {
-            break s.to_string();
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let sum = mapped_sum(&mut w);
+    let c = Cycling::start(dir, 1000);
     let config = dir.join("defaults.toml");
     std::fs::write(&config, "# pagesift's defaults\n").unwrap();
-    let mut d = start_daemon(
+    let p = c.w.pid().to_string();
+    let d = start_daemon(
         dir,
         &["--config", config.to_str().unwrap(), "--pid", &p],
         false,
     );
     let started = pagesift_workload::unix_now();
     std::thread::sleep(Duration::from_secs(20));
-    assert!(alive(w.pid()), "the workload died");
+    assert!(alive(c.w.pid()), "the workload died");
     let text = d.log();
     // Marks name the range's start and length.
+    let (start, end) = c.range;
     let marked_in_cycle: Vec<&str> = (text.lines())
         .filter(|l| l.contains("mergeable") && l.contains("marked"))
         .filter(|l| {
@@ -499,25 +554,10 @@ fn short_lived_cycles_are_left_alone_under_the_defaults() {
         marked_in_cycle.is_empty(),
         "the cycle's region was marked: {marked_in_cycle:#?}"
     );
-    let merged: Vec<u64> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<CycleRecord>(l).unwrap())
-        .filter(|c| c.mapped_at > started)
-        .map(|c| c.merged)
-        .collect();
+    let merged: Vec<u64> = c.cycles_since(started).iter().map(|c| c.merged).collect();
     assert!(merged.len() >= 8, "{} cycles:\n{text}", merged.len());
     assert!(merged.iter().all(|&m| m == 0), "{merged:?}");
-    let stopped = d.stop();
-    assert!(stopped.success(), "exit {stopped}:\n{}", d.log());
-    drop(d);
-    assert!(alive(w.pid()));
-    assert_eq!(mapped_sum(&mut w), sum, "the workload's memory changed");
-    assert_eq!(
-        userfaultfds(w.pid()),
-        0,
-        "a userfaultfd is left in the target"
-    );
+    c.finish(d);
 }
 
 /// Short-lived memory (UKSM §8.1.3: map a region of one content, keep it
@@ -535,58 +575,27 @@ fn short_lived_cycles_are_merged_under_the_short_lived_profile() {
     let _serial = serial();
     let tmp = temp_dir("accept-short");
     let dir = tmp.path();
-    let log = dir.join("cycles.jsonl");
-    let mut w = Workload::start(&[
-        "short-lived",
-        "--mib",
-        "32",
-        "--period-ms",
-        "500",
-        "--cycle-log",
-        log.to_str().unwrap(),
-    ]);
-    let p = w.pid().to_string();
-    // The content is the same every cycle; "checksum" answers null while
-    // the region is unmapped.
-    let mapped_sum = |w: &mut Workload| loop {
-        if let Some(s) = w.ask("checksum")["checksum"].as_str() {
-            break s.to_string();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let sum = mapped_sum(&mut w);
+    let c = Cycling::start(dir, 500);
     let config = dir.join("pagesift.toml");
     std::fs::write(
         &config,
         include_str!("../../../dist/profiles/short-lived.toml"),
     )
     .unwrap();
-    let mut d = start_daemon(
+    let p = c.w.pid().to_string();
+    let d = start_daemon(
         dir,
         &["--config", config.to_str().unwrap(), "--pid", &p],
         false,
     );
     let started = pagesift_workload::unix_now();
     std::thread::sleep(Duration::from_secs(7));
-    assert!(alive(w.pid()), "the workload died");
-    let shares: Vec<f64> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<CycleRecord>(l).unwrap())
-        .filter(|c| c.mapped_at > started)
+    assert!(alive(c.w.pid()), "the workload died");
+    let shares: Vec<f64> = (c.cycles_since(started).iter())
         .map(|c| c.merged as f64 / c.pages as f64)
         .collect();
     eprintln!("short-lived, T = 0.5 s, 32 MiB: merged share per cycle {shares:.2?}");
     assert!(shares.len() >= 4, "{} cycles:\n{}", shares.len(), d.log());
     assert!(shares.iter().all(|&s| s >= 0.9), "{shares:?}\n{}", d.log());
-    let stopped = d.stop();
-    assert!(stopped.success(), "exit {stopped}:\n{}", d.log());
-    drop(d);
-    assert!(alive(w.pid()));
-    assert_eq!(mapped_sum(&mut w), sum, "the workload's memory changed");
-    assert_eq!(
-        userfaultfds(w.pid()),
-        0,
-        "a userfaultfd is left in the target"
-    );
+    c.finish(d);
 }

@@ -449,6 +449,11 @@ impl Book {
             && self.raised_at.is_some_and(|t| now < t + RAISED_WATCH_WAIT)
     }
 
+    /// Its age at `now` (since first seen, or since mapped anew), seconds.
+    fn age_s(&self, now: Nanos) -> f64 {
+        now.saturating_sub(self.first_seen) as f64 / SEC as f64
+    }
+
     fn new(span: Span, now: Nanos) -> Book {
         Book {
             span,
@@ -1292,39 +1297,11 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             let spacing = (cost as f64 / self.config.scan.refresh_cpu) as Nanos;
             self.next_check = now + (self.config.scan.refresh_ms * MS).max(spacing);
         } else {
-            // Between checks, the regions whose age the lifespan rule
-            // judges (young ones, and those of processes that showed an
-            // early death) are looked at, a few every wake-up in turn: a
-            // cycle shorter than the check's interval would otherwise be
-            // caught only when two checks in a row find it mapped. A
-            // QEMU has hundreds of such regions while its guest boots, so
-            // the look is bounded, not every region every wake-up.
-            let rules = *self.lifespans.rules();
-            let early: HashSet<ProcKey> = self.lifespans.procs().copied().collect();
-            let judged = |(_, b): &(&RegionId, &Book)| {
-                b.span.pages >= rules.min_pages
-                    && (now.saturating_sub(b.first_seen) < rules.short
-                        || early.contains(&b.span.proc))
-            };
-            let after = self
-                .renewal_cursor
-                .map_or(Bound::Unbounded, Bound::Excluded);
-            let mut turn: BTreeSet<RegionId> = (self.books.range((after, Bound::Unbounded)))
-                .filter(judged)
-                .map(|(&id, _)| id)
-                .take(RENEWAL_LOOKS_PER_WAKE)
-                .collect();
-            if turn.len() < RENEWAL_LOOKS_PER_WAKE {
-                // Wrap around.
-                let more = RENEWAL_LOOKS_PER_WAKE - turn.len();
-                turn.extend(
-                    (self.books.iter())
-                        .filter(judged)
-                        .map(|(&id, _)| id)
-                        .take(more),
-                );
-            }
-            self.renewal_cursor = turn.iter().next_back().copied();
+            // Between checks, a few of the regions whose age the lifespan
+            // rule judges are looked at every wake-up: a cycle shorter
+            // than the check's interval would otherwise be caught only
+            // when two checks in a row find it mapped.
+            let turn = self.renewal_turn(now);
             if !turn.is_empty() {
                 self.note_renewals(now, Some(&turn));
             }
@@ -1360,6 +1337,43 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         true
     }
 
+    /// The regions to look at for renewal at this wake-up between checks:
+    /// the next [`RENEWAL_LOOKS_PER_WAKE`] after the last one looked at,
+    /// in id order and wrapping around, among those the lifespan rule
+    /// judges (at least its smallest size, and younger than its early age
+    /// or of a process with an early death). A QEMU has hundreds of such
+    /// regions while its guest boots, so they take turns.
+    pub(crate) fn renewal_turn(&mut self, now: Nanos) -> BTreeSet<RegionId> {
+        let rules = *self.lifespans.rules();
+        let early: HashSet<ProcKey> = self.lifespans.procs().copied().collect();
+        let judged = |(_, b): &(&RegionId, &Book)| {
+            b.span.pages >= rules.min_pages
+                && (now.saturating_sub(b.first_seen) < rules.short || early.contains(&b.span.proc))
+        };
+        let after = self
+            .renewal_cursor
+            .map_or(Bound::Unbounded, Bound::Excluded);
+        // In visiting order, so that the cursor is the last one visited
+        // (after a wrap, one near the start).
+        let mut order: Vec<RegionId> = (self.books.range((after, Bound::Unbounded)))
+            .filter(judged)
+            .map(|(&id, _)| id)
+            .take(RENEWAL_LOOKS_PER_WAKE)
+            .collect();
+        let more = RENEWAL_LOOKS_PER_WAKE - order.len();
+        if more > 0 {
+            let wrapped: Vec<RegionId> = (self.books.iter())
+                .filter(judged)
+                .map(|(&id, _)| id)
+                .take_while(|id| !order.contains(id))
+                .take(more)
+                .collect();
+            order.extend(wrapped);
+        }
+        self.renewal_cursor = order.last().copied();
+        order.into_iter().collect()
+    }
+
     /// Regions mapped anew at the same addresses since the last look
     /// (`Target::check_renewed`; `only`: the regions to look at, all
     /// when `None`). Each generation is a life of its own: the old one
@@ -1375,7 +1389,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 pid = b.span.proc.pid,
                 start = b.span.start,
                 pages = b.span.pages,
-                age_s = now.saturating_sub(b.first_seen) as f64 / SEC as f64,
+                age_s = b.age_s(now),
                 "mapped anew at the same addresses: a new life"
             );
             self.lifespans
@@ -1619,7 +1633,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     pid = b.span.proc.pid,
                     start = b.span.start,
                     pages = b.span.pages,
-                    age_s = now.saturating_sub(b.first_seen) as f64 / SEC as f64,
+                    age_s = b.age_s(now),
                     "its process's regions are unmapped young: not sampled or marked until it outlives them"
                 );
             }
@@ -2155,8 +2169,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                                         pid,
                                         start = b.span.start,
                                         pages = b.span.pages,
-                                        age_s =
-                                            now.saturating_sub(b.first_seen) as f64 / SEC as f64,
+                                        age_s = b.age_s(now),
                                         "promoted: marked mergeable"
                                     );
                                 }
@@ -2437,7 +2450,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 .into(),
                 merged_pages: life.merged_now(),
                 cow_breaks: life.cow_total(),
-                age_s: now.saturating_sub(b.first_seen) as f64 / SEC as f64,
+                age_s: b.age_s(now),
                 dup_ratio: stats.map_or(0.0, |s| s.last_dup_ratio),
             }
         };

@@ -1632,3 +1632,29 @@ fn a_region_that_outlives_its_process_s_early_deaths_is_marked() {
     );
     assert!(hidden, "sampled on the ladder while it waited");
 }
+
+/// Between checks, the regions the lifespan rule judges take turns to be
+/// looked at for renewal (`Daemon::renewal_turn`): 40 young regions, 16 a
+/// wake-up, are all looked at within three turns, none twice before every
+/// one has been.
+#[test]
+fn young_regions_take_turns_to_be_looked_at_for_renewal() {
+    use crate::daemon::RENEWAL_LOOKS_PER_WAKE;
+    use std::collections::BTreeSet;
+    let w = world();
+    let ids: BTreeSet<RegionId> = {
+        let mut m = w.borrow_mut();
+        m.spawn(40, "cow", false);
+        (0..40u64).map(|k| m.map(40, &[k; 512], false)).collect()
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 1);
+    let turns: Vec<BTreeSet<RegionId>> = (0..3).map(|_| d.renewal_turn(now)).collect();
+    assert!(turns.iter().all(|t| t.len() == RENEWAL_LOOKS_PER_WAKE));
+    assert!(turns[0].is_disjoint(&turns[1]), "{turns:?}");
+    let all: BTreeSet<RegionId> = turns.iter().flatten().copied().collect();
+    assert_eq!(all, ids);
+    // The third turn wrapped around to the first regions.
+    assert_eq!(turns[2].intersection(&turns[0]).count(), 8, "{turns:?}");
+}
