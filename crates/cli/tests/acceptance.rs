@@ -478,6 +478,23 @@ impl Cycling {
         }
     }
 
+    /// Runs the daemon on this workload alone with `config` for `secs`;
+    /// returns it, still running, and when it started (Unix seconds).
+    fn run_daemon(&self, dir: &std::path::Path, config: &str, secs: u64) -> (Daemon, f64) {
+        let path = dir.join("pagesift.toml");
+        std::fs::write(&path, config).unwrap();
+        let p = self.w.pid().to_string();
+        let d = start_daemon(
+            dir,
+            &["--config", path.to_str().unwrap(), "--pid", &p],
+            false,
+        );
+        let started = pagesift_workload::unix_now();
+        std::thread::sleep(Duration::from_secs(secs));
+        assert!(alive(self.w.pid()), "the workload died");
+        (d, started)
+    }
+
     /// The cycles mapped after `started` (Unix seconds), as the workload
     /// logged them right before each unmap.
     fn cycles_since(&self, started: f64) -> Vec<CycleRecord> {
@@ -523,17 +540,7 @@ fn short_lived_cycles_are_left_alone_under_the_defaults() {
     let tmp = temp_dir("accept-short-defaults");
     let dir = tmp.path();
     let c = Cycling::start(dir, 1000);
-    let config = dir.join("defaults.toml");
-    std::fs::write(&config, "# pagesift's defaults\n").unwrap();
-    let p = c.w.pid().to_string();
-    let d = start_daemon(
-        dir,
-        &["--config", config.to_str().unwrap(), "--pid", &p],
-        false,
-    );
-    let started = pagesift_workload::unix_now();
-    std::thread::sleep(Duration::from_secs(20));
-    assert!(alive(c.w.pid()), "the workload died");
+    let (d, started) = c.run_daemon(dir, "# pagesift's defaults\n", 20);
     let text = d.log();
     // Marks name the range's start and length.
     let (start, end) = c.range;
@@ -576,21 +583,8 @@ fn short_lived_cycles_are_merged_under_the_short_lived_profile() {
     let tmp = temp_dir("accept-short");
     let dir = tmp.path();
     let c = Cycling::start(dir, 500);
-    let config = dir.join("pagesift.toml");
-    std::fs::write(
-        &config,
-        include_str!("../../../dist/profiles/short-lived.toml"),
-    )
-    .unwrap();
-    let p = c.w.pid().to_string();
-    let d = start_daemon(
-        dir,
-        &["--config", config.to_str().unwrap(), "--pid", &p],
-        false,
-    );
-    let started = pagesift_workload::unix_now();
-    std::thread::sleep(Duration::from_secs(7));
-    assert!(alive(c.w.pid()), "the workload died");
+    let profile = include_str!("../../../dist/profiles/short-lived.toml");
+    let (d, started) = c.run_daemon(dir, profile, 7);
     let shares: Vec<f64> = (c.cycles_since(started).iter())
         .map(|c| c.merged as f64 / c.pages as f64)
         .collect();
