@@ -41,10 +41,10 @@
 //! by hand on 2026-11-28: 1.75, 1.13, 0.99, 0.69 % of a core at T = 2, 1,
 //! 0.5, 0.2 s, against 0.92, 0.72, 0.69, 1.14 % without the exemption).
 //! The size rule is what keeps a QEMU's small buffers from holding back
-//! its guest RAM. Such a cycle is now seen by its frames instead: the
-//! daemon reports a region mapped anew at the same addresses as a death
-//! (at the age it had reached) and starts its age again
-//! (`pagesift_linux::renewal`).
+//! its guest RAM. A cycle that unmaps and maps again at the same address
+//! between two refreshes is now told by its frames
+//! (`pagesift_linux::renewal`): the daemon counts a death at the age the
+//! region had reached and starts its age again.
 //!
 //! A process with no recent early death is never gated, so a region of a
 //! long-running process is marked as soon as the ladder says so. The cost

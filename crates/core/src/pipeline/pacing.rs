@@ -218,9 +218,10 @@ impl Default for PacingConfig {
             // region): a set smaller than that saves less than eight
             // scans a second cost. Under the defaults, short-lived at
             // T = 0.5 s had a 122-page heap run and a 68-page arena marked;
-            // ksmd spent 0.018 CPU-s on them in the 8 s window (docs/bench/quick
-            // on 96db82d, its log), 45 % of the 0.5 % goal, for 63 pages
-            // merged.
+            // ksmd spent 0.02 CPU-s on them in the 8 s window (the quick
+            // run on 96db82d, 2026-11-28, report in commit 15b5710; which
+            // regions, from its daemon log), half of the 0.5 % goal, for
+            // 63 pages merged.
             quick_min_pages: 256,
             // Measured: 223,092 merges/s at 67.7 % CPU ≈ 3.0 µs (module header).
             seed_cost_ns: 3_000.0,
