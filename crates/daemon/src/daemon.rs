@@ -70,8 +70,10 @@
 //!    page remembers pages seen merged (KSM page or zero page); such a page
 //!    later present but not merged is a COW break. After a whole pass the
 //!    region's COW-broken ratio is compared with V_cow: above it in two
-//!    passes in a row (`core::pipeline::lifecycle::THRASHING_PASSES`; one
-//!    is a burst), the region is unmarked. The ratio is UKSM's (§5.2, `uksm.c`'s `cal_dedup_ratio`: COW faults on
+//!    passes (`core::pipeline::lifecycle::THRASHING_PASSES`; one is a
+//!    burst) with no pass below it over the settled region between them,
+//!    the region is unmarked (a region merged again after each burst is
+//!    below V_cow while it merges, and is thrashing all the same). The ratio is UKSM's (§5.2, `uksm.c`'s `cal_dedup_ratio`: COW faults on
 //!    merged pages in a round over pages merged in that round), with one
 //!    change: breaks seen in this pass over the larger of the pages newly
 //!    seen merged in it and the pages merged at the end of the previous
