@@ -1167,7 +1167,7 @@ mod tests {
         let mut scans = 0;
         // A round: two passes, the second begun after the deciding scan
         // (settled), with 53 pages merged.
-        let mut round = |l: &mut Lifecycles, scans: &mut u64| {
+        let round = |l: &mut Lifecycles, scans: &mut u64| {
             let a = l.record(R, &states(53, 65), 0, *scans + 5, &rules).unwrap();
             *scans += 5;
             let b = l.record(R, &states(53, 65), 0, *scans, &rules).unwrap();
