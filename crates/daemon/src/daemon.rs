@@ -71,9 +71,12 @@
 //!    later present but not merged is a COW break. After a whole pass the
 //!    region's COW-broken ratio is compared with V_cow: above it in two
 //!    passes (`core::pipeline::lifecycle::THRASHING_PASSES`; one is a
-//!    burst) with no pass below it over the settled region between them,
-//!    the region is unmarked (a region merged again after each burst is
-//!    below V_cow while it merges, and is thrashing all the same). The ratio is UKSM's (§5.2, `uksm.c`'s `cal_dedup_ratio`: COW faults on
+//!    burst) within two settled-pass intervals of each other, the region
+//!    is unmarked (a region merged again after each burst is below V_cow
+//!    while it merges, and is thrashing all the same). A region of up to
+//!    [`REMERGE_PASS_PAGES`] that merges again from the top gets its
+//!    first pass at once, so that its breaks are counted before ksmd
+//!    merges them again. The ratio is UKSM's (§5.2, `uksm.c`'s `cal_dedup_ratio`: COW faults on
 //!    merged pages in a round over pages merged in that round), with one
 //!    change: breaks seen in this pass over the larger of the pages newly
 //!    seen merged in it and the pages merged at the end of the previous
@@ -192,6 +195,11 @@ const PACE_INTERVAL: Nanos = SEC;
 const ACCOUNT_BASE_SHARE: f64 = 0.02;
 /// Pages inspected per accounting call.
 const ACCOUNT_CHUNK: usize = 512;
+/// Largest region that gets its first accounting pass at once when it
+/// merges again from the top (16 MiB: its pagemap and kpageflags read in
+/// chunks, at about 155 ns a page 0.6 ms), see [`Daemon::actuate`].
+/// pagesift's choice.
+const REMERGE_PASS_PAGES: u64 = 4096;
 /// Fewest COW breaks in one accounting pass that can unmark a region: a
 /// few writes to merged pages are normal life, not thrashing. pagesift's
 /// choice (the same 16 as `actuate.min_merged_for_demotion`).
@@ -1881,6 +1889,23 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 );
             }
         }
+        // A region merged again from the top has its first pass now, before
+        // ksmd is paced for it: the pages it lost since it settled are its
+        // COW breaks (`core::pipeline::lifecycle`'s thrashing rule), and a
+        // ksmd at a small set's quick rate can merge them again before the
+        // next wake-up's pass would see them broken. Larger regions take
+        // ksmd longer than that and wait for the budgeted pass.
+        let rules = account_rules(&self.config);
+        for id in summary.remerging.clone() {
+            let small = self
+                .lives
+                .get(id)
+                .is_some_and(|l| u64::from(l.pages()) <= REMERGE_PASS_PAGES);
+            if small {
+                let mut budget = REMERGE_PASS_PAGES;
+                self.account_region(id, now, self.ksm_now.full_scans, &rules, &mut budget);
+            }
+        }
         self.ready_sweep_runs();
         for (pid, item) in self.run_items(now, &batches) {
             batches.entry(pid).or_default().push(item);
@@ -2279,53 +2304,66 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             }
             let id = ids[(first + k) % ids.len()];
             self.account_from = Some(id);
-            while let Some(life) = self.lives.get(id) {
-                let n = (life.pages() - life.cursor())
-                    .min(ACCOUNT_CHUNK as u32)
-                    .min(budget as u32) as usize;
-                if n == 0 {
-                    break;
-                }
-                let from = life.cursor();
-                self.states.clear();
-                self.states.resize(n, PageState::NotPresent);
-                match self.target.page_states(id, from, &mut self.states) {
-                    Ok(()) => {}
-                    Err(SourceError::Gone(_)) => {
-                        self.force_refresh = true;
-                        break;
-                    }
-                    Err(e) => {
-                        debug!(region = id.0, error = %e, "accounting read failed");
-                        self.force_refresh = true;
-                        break;
-                    }
-                }
-                budget -= n as u64;
-                let Some(end) = self.lives.record(id, &self.states, now, full_scans, &rules) else {
-                    continue;
-                };
-                // A pass ended. Settled: nothing present is left unmerged,
-                // or ksmd has had its chances (see the module header); a
-                // promoted region is back on the ladder, at the bottom.
-                let life = &self.lives[id];
-                if end.settled
-                    && let Some(b) = self.books.get(&id)
-                {
-                    info!(
-                        pid = b.span.proc.pid,
-                        start = b.span.start,
-                        merged = life.last_pass().merged,
-                        pages = b.span.pages,
-                        seconds = now.saturating_sub(life.merging_since()) as f64 / SEC as f64,
-                        "settled: ksmd has merged what it can"
-                    );
-                }
-                if end.demote {
-                    self.pending_unmarks.push(id);
-                }
+            self.account_region(id, now, full_scans, &rules, &mut budget);
+        }
+    }
+
+    /// One region's accounting from its cursor on, within `budget` pages
+    /// (taken from it), to the end of its pass at most.
+    fn account_region(
+        &mut self,
+        id: RegionId,
+        now: Nanos,
+        full_scans: u64,
+        rules: &AccountRules,
+        budget: &mut u64,
+    ) {
+        while let Some(life) = self.lives.get(id) {
+            let n = (life.pages() - life.cursor())
+                .min(ACCOUNT_CHUNK as u32)
+                .min(*budget as u32) as usize;
+            if n == 0 {
                 break;
             }
+            let from = life.cursor();
+            self.states.clear();
+            self.states.resize(n, PageState::NotPresent);
+            match self.target.page_states(id, from, &mut self.states) {
+                Ok(()) => {}
+                Err(SourceError::Gone(_)) => {
+                    self.force_refresh = true;
+                    break;
+                }
+                Err(e) => {
+                    debug!(region = id.0, error = %e, "accounting read failed");
+                    self.force_refresh = true;
+                    break;
+                }
+            }
+            *budget -= n as u64;
+            let Some(end) = self.lives.record(id, &self.states, now, full_scans, rules) else {
+                continue;
+            };
+            // A pass ended. Settled: nothing present is left unmerged,
+            // or ksmd has had its chances (see the module header); a
+            // promoted region is back on the ladder, at the bottom.
+            let life = &self.lives[id];
+            if end.settled
+                && let Some(b) = self.books.get(&id)
+            {
+                info!(
+                    pid = b.span.proc.pid,
+                    start = b.span.start,
+                    merged = life.last_pass().merged,
+                    pages = b.span.pages,
+                    seconds = now.saturating_sub(life.merging_since()) as f64 / SEC as f64,
+                    "settled: ksmd has merged what it can"
+                );
+            }
+            if end.demote {
+                self.pending_unmarks.push(id);
+            }
+            break;
         }
     }
 

@@ -297,6 +297,57 @@ fn a_thrashing_promoted_region_is_unmarked_and_held_out_of_the_ladder() {
     assert!(st.totals.cow_breaks >= 1024);
 }
 
+/// Under the defaults (a settled region passed over every 30 s), a region
+/// whose merged pages are all rewritten a few seconds after each merge
+/// climbs back to the top and merges again before any settled pass. It
+/// is demoted all the same, within a few rounds, and the COW faults it
+/// costs its process stop: the breaks of each round are counted by a
+/// pass at the remerge, before ksmd (here at once) merges them again.
+#[test]
+fn a_region_broken_after_every_merge_is_demoted_across_rounds() {
+    let w = world();
+    let dup = {
+        let mut m = w.borrow_mut();
+        m.spawn(32, "thrash", false);
+        // A real ksmd at the trickle takes minutes to get round: the
+        // rewritten pages wait for the daemon to merge them again.
+        m.idle_at_trickle = true;
+        m.map(32, &[9; 1024], false)
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert_eq!(d.mode(dup), Some(Mode::Promoted));
+    assert_eq!(w.borrow().count(dup, PageState::Merged), 1024);
+    let (mut rounds, mut remerges, mut demoted) = (0, 0, false);
+    'rounds: for _ in 0..20 {
+        // Merged: every page rewritten (same content), then 5 s.
+        if w.borrow().count(dup, PageState::Merged) == 1024 {
+            rounds += 1;
+            let mut m = w.borrow_mut();
+            for page in 0..1024 {
+                m.mem.write(PageRef { region: dup, page }, 9).unwrap();
+            }
+        }
+        for s in run(&mut d, &mut now, 50) {
+            remerges += s.remerging.len();
+            if s.demoted == vec![dup] {
+                demoted = true;
+                break 'rounds;
+            }
+        }
+    }
+    assert!(remerges >= 2, "merged again {remerges} times");
+    assert!(
+        demoted,
+        "never demoted in {rounds} rounds of merges and breaks"
+    );
+    assert!(rounds <= 3, "demoted after {rounds} rounds");
+    assert!(matches!(d.mode(dup), Some(Mode::Held { .. })));
+    assert!(!w.borrow().spans[&dup].mergeable);
+    assert!(d.status(now).totals.cow_breaks >= 2048);
+}
+
 #[test]
 fn with_v_cow_at_100_percent_a_rewritten_region_stays_merged() {
     let w = world();

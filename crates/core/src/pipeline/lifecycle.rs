@@ -60,9 +60,10 @@
 //! unique.
 //!
 //! At the end of each pass a promoted region is flagged for demotion when
-//! its COW-broken ratio was above V_cow in [`THRASHING_PASSES`] passes
-//! with no pass between that found it below V_cow *after it had settled*
-//! (passes while it merges do not clear the count): breaks in a pass over the larger
+//! its COW-broken ratio was above V_cow in [`THRASHING_PASSES`] passes,
+//! each within [`THRASHING_WINDOW`] settled-pass intervals of the one
+//! before (a minute under the defaults; passes below V_cow in between do
+//! not clear the count): breaks in a pass over the larger
 //! of the pages newly seen merged in it and the pages merged at the end of
 //! the previous pass (UKSM's `cal_dedup_ratio` has the first alone, which
 //! calls any region with steady churn thrashing). Each such pass needs a
@@ -73,8 +74,8 @@
 //! back to the top and merges again ([`remerge`](Lifecycles::remerge))
 //! before a settled region's next pass (`settled_every`), so each round's
 //! breaks are seen by the first pass of the next round only, and the
-//! passes that watch it merge again are below V_cow. Counted in a row,
-//! that never thrashed: under the default config a 118-page heap of
+//! passes that watch it merge again, and the settled one soon after, are
+//! below V_cow. Counted in a row, that never thrashed: under the default config a 118-page heap of
 //! `pagesift-workload short-lived` (1 s cycles) was merged and broken
 //! again every 5 s, 230 COW faults in 25 s (daemon log, 2026-11-28). For
 //! the same reason the pass before a round's first one may be the last
@@ -133,6 +134,11 @@ pub const MAX_HOLD: Nanos = 3600 * SEC;
 /// are not merged again; only a region whose pages merge and break again
 /// thrashes in the next pass too. pagesift's choice.
 pub const THRASHING_PASSES: u32 = 2;
+
+/// Settled-pass intervals (`AccountRules::settled_every`) within which
+/// passes above V_cow count together (see the module header): two, a
+/// minute under the defaults. pagesift's choice.
+pub const THRASHING_WINDOW: u64 = 2;
 
 /// The `n`-th hold of a region (`n` ≥ 1): `base_s` seconds, doubling with
 /// each hold, at most [`MAX_HOLD`].
@@ -229,9 +235,11 @@ pub struct Lifecycle {
     /// When ksmd got it (marked, or first seen mergeable).
     merging_since: Nanos,
     cow_total: u64,
-    /// Passes above V_cow since the last pass below it over a settled
-    /// region (see the module header).
+    /// Passes above V_cow in a row, each within [`THRASHING_WINDOW`]
+    /// settled intervals of the one before (see the module header), and
+    /// when the last of them ended.
     thrashing_passes: u32,
+    last_above: Option<Nanos>,
     /// Passes in a row, since it was last marked, that found nothing newly
     /// merged.
     quiet_passes: u32,
@@ -266,6 +274,7 @@ impl Lifecycle {
             merging_since: now,
             cow_total: 0,
             thrashing_passes: 0,
+            last_above: None,
             quiet_passes: 0,
             expected: None,
             pages,
@@ -442,6 +451,7 @@ impl Lifecycle {
     fn start_marked(&mut self, full_scans: u64, now: Nanos) {
         self.marked_passes = 0;
         self.thrashing_passes = 0;
+        self.last_above = None;
         self.start_merging(full_scans, now);
     }
 
@@ -553,7 +563,6 @@ impl Lifecycle {
         } else {
             rules.merging_every
         });
-        let was_settled = self.settled;
         let settled = !self.settled
             && (self.last.present == 0
                 || self.pass_started_scan >= self.settle_scan(rules.settle_scans));
@@ -565,14 +574,19 @@ impl Lifecycle {
             && prev_merged >= rules.min_merged.max(1)
             && self.last.cow >= rules.min_breaks
             && self.last.cow as f64 / self.last.fresh.max(prev_merged).max(1) as f64 > rules.v_cow;
-        self.thrashing_passes = if above {
-            self.thrashing_passes.saturating_add(1)
-        } else if was_settled {
-            0
-        } else {
-            self.thrashing_passes
-        };
-        let demote = self.thrashing_passes >= THRASHING_PASSES;
+        if above {
+            let window = rules.settled_every.saturating_mul(THRASHING_WINDOW);
+            let near = self
+                .last_above
+                .is_some_and(|t| now.saturating_sub(t) <= window);
+            self.thrashing_passes = if near {
+                self.thrashing_passes.saturating_add(1)
+            } else {
+                1
+            };
+            self.last_above = Some(now);
+        }
+        let demote = above && self.thrashing_passes >= THRASHING_PASSES;
         PassEnd { settled, demote }
     }
 }
@@ -1155,48 +1169,55 @@ mod tests {
 
     /// Merged, written, back at the top and merged again, round after
     /// round, each round's breaks seen by its first pass only: thrashing,
-    /// though no two passes in a row are above V_cow (a heap of
-    /// `pagesift-workload short-lived` did this every 5 s under the
-    /// defaults). A settled pass below V_cow between two bursts clears
-    /// the count.
+    /// though no two passes in a row are above V_cow, and a settled pass
+    /// below it follows each round (a heap of `pagesift-workload
+    /// short-lived` did this every 5 s under the defaults). Bursts further
+    /// apart than the window are not.
     #[test]
     fn a_region_that_breaks_in_every_merging_round_is_flagged() {
         let rules = AccountRules::default();
-        let mut l = one(118);
-        l.mark(R, 0, 0);
-        let mut scans = 0;
-        // A round: two passes, the second begun after the deciding scan
-        // (settled), with 53 pages merged.
-        let round = |l: &mut Lifecycles, scans: &mut u64| {
-            let a = l.record(R, &states(53, 65), 0, *scans + 5, &rules).unwrap();
+        // A round at `t` s: two passes, the second begun after the deciding
+        // scan (settled), with 53 pages merged, and a settled pass a
+        // second later that finds them still merged.
+        let round = |l: &mut Lifecycles, scans: &mut u64, t: u64| {
+            let a = l.record(R, &states(53, 65), t * SEC, *scans + 5, &rules);
             *scans += 5;
-            let b = l.record(R, &states(53, 65), 0, *scans, &rules).unwrap();
-            assert!(b.settled && !a.demote && !b.demote);
+            let b = l.record(R, &states(53, 65), t * SEC, *scans, &rules);
+            let c = l.record(R, &states(53, 65), (t + 1) * SEC, *scans, &rules);
+            let (a, b, c) = (a.unwrap(), b.unwrap(), c.unwrap());
+            assert!(b.settled && !a.demote && !b.demote && !c.demote);
         };
-        round(&mut l, &mut scans);
-        // Written since it settled: the first pass of the next round
+        // Written 5 s after each round: the first pass of the next round
         // finds all 53 broken.
-        assert!(l.remerge(R, scans, 0));
-        let end = l.record(R, &states(0, 118), 0, scans, &rules).unwrap();
-        assert!(!end.demote, "one burst is not thrashing");
-        round(&mut l, &mut scans);
-        assert!(l.remerge(R, scans, 0));
-        let end = l.record(R, &states(0, 118), 0, scans, &rules).unwrap();
-        assert!(end.demote, "broken again in the next round: thrashing");
-
-        // The same bursts with a settled pass below V_cow between them.
+        let burst = |l: &mut Lifecycles, scans: u64, t: u64| {
+            assert!(l.remerge(R, scans, t * SEC));
+            l.record(R, &states(0, 118), t * SEC, scans, &rules)
+                .unwrap()
+        };
         let mut l = one(118);
         l.mark(R, 0, 0);
         let mut scans = 0;
-        round(&mut l, &mut scans);
-        assert!(l.remerge(R, scans, 0));
-        l.record(R, &states(0, 118), 0, scans, &rules);
-        round(&mut l, &mut scans);
-        let end = l.record(R, &states(53, 65), 0, scans, &rules).unwrap();
-        assert!(!end.settled && !end.demote, "a settled region's pass");
-        assert!(l.remerge(R, scans, 0));
-        let end = l.record(R, &states(0, 118), 0, scans, &rules).unwrap();
-        assert!(!end.demote, "bursts apart: no thrashing");
+        round(&mut l, &mut scans, 0);
+        assert!(
+            !burst(&mut l, scans, 5).demote,
+            "one burst is not thrashing"
+        );
+        round(&mut l, &mut scans, 5);
+        assert!(burst(&mut l, scans, 10).demote, "broken again: thrashing");
+
+        // The same bursts more than two settled intervals (60 s) apart.
+        let mut l = one(118);
+        l.mark(R, 0, 0);
+        let mut scans = 0;
+        round(&mut l, &mut scans, 0);
+        assert!(!burst(&mut l, scans, 5).demote);
+        round(&mut l, &mut scans, 5);
+        assert!(
+            !burst(&mut l, scans, 70).demote,
+            "bursts apart: no thrashing"
+        );
+        round(&mut l, &mut scans, 70);
+        assert!(burst(&mut l, scans, 80).demote);
     }
 
     #[test]
