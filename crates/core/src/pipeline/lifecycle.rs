@@ -75,9 +75,10 @@
 //! before a settled region's next pass (`settled_every`), so each round's
 //! breaks are seen by the first pass of the next round only, and the
 //! passes that watch it merge again, and the settled one soon after, are
-//! below V_cow. Counted in a row, that never thrashed: under the default config a 118-page heap of
-//! `pagesift-workload short-lived` (1 s cycles) was merged and broken
-//! again every 5 s, 230 COW faults in 25 s (daemon log, 2026-11-28). For
+//! below V_cow. Counted in a row, that never thrashed: under the default
+//! config a 118-page heap of `pagesift-workload short-lived` (1 s cycles)
+//! was merged and broken again every 5 s, 230 COW faults in 25 s (daemon
+//! log, 2026-11-28). For
 //! the same reason the pass before a round's first one may be the last
 //! round's: the passes since the mark count (`marked_passes`), not the
 //! round's.
@@ -125,14 +126,15 @@ pub const QUIET_WAITING_DIVISOR: u64 = 8;
 /// Longest hold of a region.
 pub const MAX_HOLD: Nanos = 3600 * SEC;
 
-/// Passes in a row above V_cow that flag a promoted region for demotion.
+/// Passes above V_cow (within [`THRASHING_WINDOW`]) that flag a promoted
+/// region for demotion.
 /// One is a burst: a booting guest rewrote all 2 512 merged pages of a
 /// 64 MiB region of its RAM within a pass, once (`pagesift bench --quick
 /// --only vm-boot`, 2026-11-26, in two of the seven runs read), and the region, held
 /// for `actuate.demote_hold_s`, left about 60 MiB unmerged for the rest
 /// of the window. Pages rewritten with new content are no duplicates and
 /// are not merged again; only a region whose pages merge and break again
-/// thrashes in the next pass too. pagesift's choice.
+/// is above V_cow again soon. pagesift's choice.
 pub const THRASHING_PASSES: u32 = 2;
 
 /// Settled-pass intervals (`AccountRules::settled_every`) within which
@@ -235,10 +237,11 @@ pub struct Lifecycle {
     /// When ksmd got it (marked, or first seen mergeable).
     merging_since: Nanos,
     cow_total: u64,
-    /// Passes above V_cow in a row, each within [`THRASHING_WINDOW`]
-    /// settled intervals of the one before (see the module header), and
-    /// when the last of them ended.
+    /// Passes above V_cow, each within [`THRASHING_WINDOW`] settled
+    /// intervals of the one before (passes below V_cow in between neither
+    /// count nor clear; see the module header).
     thrashing_passes: u32,
+    /// When the last pass above V_cow ended.
     last_above: Option<Nanos>,
     /// Passes in a row, since it was last marked, that found nothing newly
     /// merged.
