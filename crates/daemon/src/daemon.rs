@@ -197,7 +197,7 @@ const ACCOUNT_BASE_SHARE: f64 = 0.02;
 const ACCOUNT_CHUNK: usize = 512;
 /// Largest region that gets its first accounting pass at once when it
 /// merges again from the top (16 MiB: its pagemap and kpageflags read in
-/// chunks, at about 155 ns a page 0.6 ms), see [`Daemon::actuate`].
+/// chunks, at about 155 ns a page: 0.6 ms), see [`Daemon::actuate`].
 /// pagesift's choice.
 const REMERGE_PASS_PAGES: u64 = 4096;
 /// Fewest COW breaks in one accounting pass that can unmark a region: a

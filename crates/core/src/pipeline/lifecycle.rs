@@ -77,8 +77,8 @@
 //! passes that watch it merge again, and the settled one soon after, are
 //! below V_cow. Counted in a row, that never thrashed: under the default
 //! config a 118-page heap of `pagesift-workload short-lived` (1 s cycles)
-//! was merged and broken again every 5 s, 230 COW faults in 25 s (daemon
-//! log, 2026-11-28). For
+//! was merged and broken again every 5 s, 230 COW breaks in 25 s (the
+//! daemon's count in its log, 2026-11-28). For
 //! the same reason the pass before a round's first one may be the last
 //! round's: the passes since the mark count (`marked_passes`), not the
 //! round's.
