@@ -14,7 +14,8 @@ use pagesift_core::Nanos;
 use pagesift_core::pipeline::pacing::{
     KsmdPace, KsmdTick, PaceMode, Pacer, PacingConfig, PacingDemand,
 };
-use pagesift_linux::ksm::{AdvisorMode, GuardOptions, KsmGuard, Ksmd, Run};
+use pagesift_linux::ksm::{AdvisorMode, GuardOptions, Ksm, KsmGuard, Ksmd, KsmdClock, Run};
+use pagesift_linux::proc::KeptOpen;
 
 /// ksmd's counters at one moment (`/sys/kernel/mm/ksm`) and its CPU time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -76,13 +77,20 @@ pub trait KsmControl {
 /// doubles ([`PACE_JUMP_PAGES`]).
 pub struct SysKsm {
     guard: KsmGuard,
-    ksmd: Option<Ksmd>,
+    /// ksmd's CPU-time files, kept open (read twice a second).
+    ksmd: Option<KsmdClock>,
+    /// `pages_shared`, `pages_sharing` and `full_scans`, kept open; `None`
+    /// if one could not be opened (then each sample opens them).
+    counters: Option<[KeptOpen; 3]>,
     pacer: Pacer,
     last: Option<(Nanos, u64)>,
     written: Option<KsmdPace>,
     /// The demand's `scan_pages` at the last tick.
     ticked_scan_pages: u64,
 }
+
+/// The counters [`KsmControl::sample`] reads, in [`KsmSample`]'s order.
+const COUNTERS: [&str; 3] = ["pages_shared", "pages_sharing", "full_scans"];
 
 /// How often the pacer ticks while the demand does not change regime.
 const PACE_TICK: Nanos = 1_000_000_000;
@@ -120,13 +128,20 @@ impl SysKsm {
             tracing::warn!(report = %r, "a previous owner of KSM died without restoring it: restored its settings first");
         }
         guard.set_unmerge_on_restore(false);
-        let ksmd = Ksmd::find().ok();
+        let ksmd = Ksmd::find().ok().and_then(|k| k.clock().ok());
         if ksmd.is_none() {
             tracing::warn!("no ksmd thread found: its CPU time is not measured");
         }
+        let counters = COUNTERS
+            .map(|name| guard.ksm().keep_open(name))
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .ok()
+            .and_then(|v| <[KeptOpen; 3]>::try_from(v).ok());
         Ok(SysKsm {
             guard,
             ksmd,
+            counters,
             pacer,
             last: None,
             written: None,
@@ -140,10 +155,7 @@ impl SysKsm {
     }
 
     fn ksmd_cpu(&self) -> u64 {
-        self.ksmd
-            .as_ref()
-            .and_then(|k| k.cpu_ns().ok())
-            .unwrap_or(0)
+        self.ksmd.as_ref().and_then(|k| k.ns().ok()).unwrap_or(0)
     }
 
     fn write(&mut self, pace: KsmdPace) -> Result<(), String> {
@@ -158,19 +170,27 @@ impl SysKsm {
 impl KsmControl for SysKsm {
     fn sample(&mut self) -> Result<KsmSample, String> {
         // Three counters, not all eleven: this runs every second.
-        let ksm = self.guard.ksm();
-        let read = |name: &str| -> Result<u64, String> {
-            Ok(ksm
-                .read_name(name)
-                .map_err(|e| e.to_string())?
-                .and_then(|t| t.parse().ok())
-                .unwrap_or(0))
+        let [shared, sharing, scans] = match &self.counters {
+            Some(files) => {
+                let read = |f: &KeptOpen| Ksm::parse_count(f).map_err(|e| e.to_string());
+                [read(&files[0])?, read(&files[1])?, read(&files[2])?]
+            }
+            None => {
+                let ksm = self.guard.ksm();
+                let mut v = [0; 3];
+                for (out, name) in v.iter_mut().zip(COUNTERS) {
+                    *out = (ksm.read_name(name).map_err(|e| e.to_string())?)
+                        .and_then(|t| t.parse().ok())
+                        .unwrap_or(0);
+                }
+                v
+            }
         };
         Ok(KsmSample {
             ksmd_cpu_ns: self.ksmd_cpu(),
-            pages_shared: read("pages_shared")?,
-            pages_sharing: read("pages_sharing")?,
-            full_scans: read("full_scans")?,
+            pages_shared: shared,
+            pages_sharing: sharing,
+            full_scans: scans,
         })
     }
 

@@ -219,6 +219,8 @@ pub struct LinuxTarget {
     /// Processes write tracking gave up on (skipped or failed): not
     /// attached again for it.
     untrackable: BTreeSet<u32>,
+    /// `/proc/vmstat`, kept open for `cow_ksm` (read with every status).
+    vmstat: Option<proc::KeptOpen>,
 }
 
 impl LinuxTarget {
@@ -240,6 +242,7 @@ impl LinuxTarget {
             #[cfg(target_arch = "x86_64")]
             injector: pagesift_linux::inject::Injector::new(Default::default()),
             untrackable: BTreeSet::new(),
+            vmstat: proc::KeptOpen::open("/proc/vmstat").ok(),
         };
         t.read_facts();
         Ok(t)
@@ -511,7 +514,11 @@ impl Target for LinuxTarget {
     }
 
     fn cow_ksm(&self) -> Option<u64> {
-        ksm::KsmVmstat::read().ok().and_then(|v| v.cow_ksm)
+        let v = match &self.vmstat {
+            Some(f) => ksm::KsmVmstat::read_from(f),
+            None => ksm::KsmVmstat::read(),
+        };
+        v.ok().and_then(|v| v.cow_ksm)
     }
 
     fn ksm_stat(&self, pid: u32) -> Option<ksm::ProcessKsmStat> {

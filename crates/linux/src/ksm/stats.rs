@@ -110,6 +110,14 @@ impl KsmVmstat {
         }
     }
 
+    /// Reads `/proc/vmstat` from a descriptor kept open
+    /// ([`crate::proc::KeptOpen`], opened on `/proc/vmstat`).
+    pub fn read_from(file: &crate::proc::KeptOpen) -> Result<KsmVmstat, LinuxError> {
+        (file.read_text())
+            .map(|t| KsmVmstat::parse(&t))
+            .map_err(|e| LinuxError::io("reading /proc/vmstat", e))
+    }
+
     /// Reads `/proc/vmstat`.
     pub fn read() -> Result<KsmVmstat, LinuxError> {
         std::fs::read_to_string("/proc/vmstat")
@@ -160,5 +168,7 @@ mod tests {
             Err(LinuxError::NoSuchProcess(999_999_999))
         ));
         assert!(KsmVmstat::read().unwrap().cow_ksm.is_some());
+        let kept = crate::proc::KeptOpen::open("/proc/vmstat").unwrap();
+        assert!(KsmVmstat::read_from(&kept).unwrap().cow_ksm.is_some());
     }
 }

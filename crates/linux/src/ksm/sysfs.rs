@@ -101,6 +101,25 @@ impl Ksm {
         }
     }
 
+    /// File `name` kept open, to read a counter every second with one
+    /// syscall ([`crate::proc::KeptOpen`]); parse its text with
+    /// [`Ksm::parse_count`].
+    pub fn keep_open(&self, name: &str) -> Result<crate::proc::KeptOpen, KsmError> {
+        let path = self.dir.join(name);
+        crate::proc::KeptOpen::open(path.display().to_string())
+            .map_err(|e| KsmError::io(format!("opening {}", path.display()), e))
+    }
+
+    /// A kept-open counter's value now.
+    pub fn parse_count(file: &crate::proc::KeptOpen) -> Result<u64, KsmError> {
+        let text =
+            (file.read_text()).map_err(|e| KsmError::io(format!("reading {}", file.path()), e))?;
+        text.trim().parse().map_err(|_| KsmError::Parse {
+            what: file.path().to_string(),
+            text,
+        })
+    }
+
     /// A knob's normalised text, `None` when the kernel lacks it.
     pub fn read(&self, knob: Knob) -> Result<Option<String>, KsmError> {
         self.read_name(knob.file_name())
