@@ -76,7 +76,11 @@
 //!    while it merges, and is thrashing all the same). A region of up to
 //!    [`REMERGE_PASS_PAGES`] that merges again from the top gets its
 //!    first pass at once, so that its breaks are counted before ksmd
-//!    merges them again. The ratio is UKSM's (§5.2, `uksm.c`'s `cal_dedup_ratio`: COW faults on
+//!    merges them again. A settled region's breaks that ksmd merges
+//!    again before its next pass would go unseen: once a second the
+//!    kernel's `cow_ksm` is compared with the breaks counted, and when it
+//!    rose by more, every settled region is passed over again at once
+//!    ([`Daemon::check_unseen_breaks`]). The ratio is UKSM's (§5.2, `uksm.c`'s `cal_dedup_ratio`: COW faults on
 //!    merged pages in a round over pages merged in that round), with one
 //!    change: breaks seen in this pass over the larger of the pages newly
 //!    seen merged in it and the pages merged at the end of the previous
@@ -200,6 +204,19 @@ const ACCOUNT_CHUNK: usize = 512;
 /// chunks, at about 155 ns a page: 0.6 ms), see [`Daemon::actuate`].
 /// pagesift's choice.
 const REMERGE_PASS_PAGES: u64 = 4096;
+
+/// COW breaks `cow_ksm` must show beyond those the passes counted before
+/// settled regions are passed over again ([`Daemon::check_unseen_breaks`]):
+/// fewer could not flag a region anyway (`MIN_BREAKS_FOR_DEMOTION`).
+const UNSEEN_BREAKS_MIN: u64 = MIN_BREAKS_FOR_DEMOTION;
+
+/// The least time between the end of a settled region's pass and one
+/// brought forward by unseen breaks: other processes' KSM pages breaking
+/// all the time would otherwise pass every settled region over without
+/// pause (the accounting budget still bounds the cost). A region rewritten
+/// every few seconds is still seen thrashing within the minute the rule
+/// allows. pagesift's choice.
+const UNSEEN_BREAKS_GAP: Nanos = 5 * SEC;
 /// Fewest COW breaks in one accounting pass that can unmark a region: a
 /// few writes to merged pages are normal life, not thrashing. pagesift's
 /// choice (the same 16 as `actuate.min_merged_for_demotion`).
@@ -534,6 +551,8 @@ struct Counters {
     /// Regions marked around their written zones.
     partial_marks: u64,
     remerges: u64,
+    /// See [`Daemon::check_unseen_breaks`].
+    unseen_break_alarms: u64,
     sampled: u64,
     wakes: u64,
 }
@@ -639,6 +658,10 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// Zero after every refresh.
     pending_run_pages: u64,
     cow_ksm_start: Option<u64>,
+    /// `cow_ksm` and the breaks pagesift's passes had counted at the last
+    /// look ([`Daemon::check_unseen_breaks`]), and when the next look is.
+    cow_seen: Option<(u64, u64)>,
+    next_cow_look: Nanos,
     started: Nanos,
     cpu_start_ns: u64,
     cpu_window: VecDeque<(Nanos, u64, u64)>,
@@ -723,6 +746,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             fill_counts_new: false,
             merging: false,
             cow_ksm_start,
+            cow_seen: None,
+            next_cow_look: now,
             tracked: 0,
             last_write_read: 0,
             scrub: None,
@@ -2275,6 +2300,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     /// by `lives` (`core::pipeline::lifecycle`: COW breaks, settling, the
     /// demotion rule).
     fn account(&mut self, now: Nanos) {
+        self.check_unseen_breaks(now);
         let dt = now.saturating_sub(self.last_account).min(SEC);
         self.last_account = now;
         let full_scans = self.ksm_now.full_scans;
@@ -2306,6 +2332,39 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             self.account_from = Some(id);
             self.account_region(id, now, full_scans, &rules, &mut budget);
         }
+    }
+
+    /// Breaks the passes did not see (`core::pipeline::lifecycle`, "Breaks
+    /// between settled passes"): about once a second, the kernel's
+    /// machine-wide `cow_ksm` against the breaks pagesift's passes
+    /// counted. When at least [`UNSEEN_BREAKS_MIN`] more happened than
+    /// they found, every settled region is passed over again at once, or
+    /// [`UNSEEN_BREAKS_GAP`] after its last pass.
+    fn check_unseen_breaks(&mut self, now: Nanos) {
+        if now < self.next_cow_look {
+            return;
+        }
+        self.next_cow_look = now + SEC;
+        let Some(cow) = self.target.cow_ksm() else {
+            return;
+        };
+        let counted: u64 = self.lives.values().map(|l| l.cow_total()).sum();
+        if let Some((cow0, counted0)) = self.cow_seen {
+            // Regions forgotten since take their counts with them: the
+            // count may fall, and then explains nothing.
+            let unseen =
+                (cow.saturating_sub(cow0)).saturating_sub(counted.saturating_sub(counted0));
+            if unseen >= UNSEEN_BREAKS_MIN {
+                let moved = self.lives.hasten_settled_passes(now, UNSEEN_BREAKS_GAP);
+                self.counters.unseen_break_alarms += 1;
+                debug!(
+                    unseen,
+                    regions = moved,
+                    "COW breaks the passes did not see: settled regions passed over again"
+                );
+            }
+        }
+        self.cow_seen = Some((cow, counted));
     }
 
     /// One region's accounting from its cursor on, within `budget` pages
@@ -2558,6 +2617,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             run_marks: self.counters.run_marks,
             partial_marks: self.counters.partial_marks,
             remerges: self.counters.remerges,
+            unseen_break_alarms: self.counters.unseen_break_alarms,
             write_tracked_ranges: self.tracked as u64,
             sampled_pages: self.counters.sampled,
             wakes: self.counters.wakes,
@@ -2573,7 +2633,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             target_share: self.pacing.share,
             pages_to_scan: self.pacing.pages_to_scan,
             sleep_ms: self.pacing.sleep_ms,
-            cow_ksm: match (self.target.cow_ksm(), self.cow_ksm_start) {
+            // The last look's, at most a second old (a read of
+            // /proc/vmstat costs about 30 µs).
+            cow_ksm: match (
+                self.cow_seen
+                    .map(|(c, _)| c)
+                    .or_else(|| self.target.cow_ksm()),
+                self.cow_ksm_start,
+            ) {
                 (Some(n), Some(s)) => Some(n.saturating_sub(s)),
                 _ => None,
             },

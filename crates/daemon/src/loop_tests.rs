@@ -348,6 +348,66 @@ fn a_region_broken_after_every_merge_is_demoted_across_rounds() {
     assert!(d.status(now).totals.cow_breaks >= 2048);
 }
 
+/// A settled region whose merged pages are rewritten every 10 s, with
+/// content ksmd merges again within 2 s at its trickle: the settled passes
+/// (every 30 s) find it merged every time and never see a break. The
+/// kernel's `cow_ksm` counts them, and the passes it brings forward see
+/// them before ksmd comes round: demoted within a minute or so. Without
+/// the kernel's figure (`cow_ksm` unknown) the same region is still
+/// merged, and broken, after twice as many rounds. (A ksmd that comes
+/// round within a second, before the next look at `cow_ksm`, beats both.)
+#[test]
+fn breaks_merged_again_between_settled_passes_are_seen_through_cow_ksm() {
+    let rounds_until_demoted = |kernel_counts: bool| -> Option<u32> {
+        let w = world();
+        let dup = {
+            let mut m = w.borrow_mut();
+            m.spawn(33, "churn", false);
+            m.trickle_every = 2;
+            m.cow_ksm = kernel_counts.then_some(0);
+            m.map(33, &[9; 1024], false)
+        };
+        let mut d = daemon(&w, ALL, &[]);
+        let mut now = 0;
+        run(&mut d, &mut now, 600);
+        assert_eq!(d.mode(dup), Some(Mode::Promoted));
+        let settled = d
+            .status(now)
+            .top_regions
+            .iter()
+            .any(|r| r.state == "promoted");
+        assert!(settled, "merged and settled before the first rewrite");
+        for round in 1..=14 {
+            {
+                let mut m = w.borrow_mut();
+                let merged = m.count(dup, PageState::Merged) as u64;
+                for page in 0..1024 {
+                    m.mem.write(PageRef { region: dup, page }, 9).unwrap();
+                }
+                if let Some(c) = m.cow_ksm.as_mut() {
+                    *c += merged;
+                }
+            }
+            if run(&mut d, &mut now, 100)
+                .iter()
+                .any(|s| s.demoted == vec![dup])
+            {
+                assert!(matches!(d.mode(dup), Some(Mode::Held { .. })));
+                assert!(!w.borrow().spans[&dup].mergeable);
+                return Some(round);
+            }
+        }
+        None
+    };
+    let seen = rounds_until_demoted(true);
+    eprintln!("demoted after {seen:?} rounds");
+    assert!(
+        seen.is_some_and(|r| r <= 3),
+        "demoted after {seen:?} rounds of 10 s"
+    );
+    assert_eq!(rounds_until_demoted(false), None, "the blind spot");
+}
+
 #[test]
 fn with_v_cow_at_100_percent_a_rewritten_region_stays_merged() {
     let w = world();

@@ -152,6 +152,10 @@ const GAUGES: &[(&str, &str)] = &[
         "remerges",
         "Merged regions that climbed back with new duplicates and were merged again",
     ),
+    (
+        "unseen_break_alarms",
+        "Times cow_ksm rose by more COW breaks than the accounting passes saw (settled regions passed over again)",
+    ),
     ("marked_bytes", "Bytes marked mergeable by pagesift"),
     ("skipped_processes", "Processes pagesift does not actuate"),
     ("ksm_pages_shared", "KSM pages in use"),
@@ -414,6 +418,7 @@ impl Metrics {
             ("run_marks", t.run_marks as f64),
             ("partial_marks", t.partial_marks as f64),
             ("remerges", t.remerges as f64),
+            ("unseen_break_alarms", t.unseen_break_alarms as f64),
             ("marked_bytes", t.marked_bytes as f64),
             ("skipped_processes", s.skipped.len() as f64),
             ("ksm_pages_shared", k.pages_shared as f64),

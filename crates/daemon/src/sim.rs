@@ -48,6 +48,14 @@ pub struct World {
     /// at the trickle takes minutes to get round); off by default: it
     /// merges everything mergeable on every pace call.
     pub idle_at_trickle: bool,
+    /// At the trickle, ksmd makes its pass on every `trickle_every`-th
+    /// pace call only (0 or 1: every call): a real ksmd comes round in
+    /// seconds, long after a write broke a merged page.
+    pub trickle_every: u32,
+    trickle_calls: u32,
+    /// `/proc/vmstat` `cow_ksm`, if the test keeps it (adding the merged
+    /// pages it writes); `None`: the kernel's figure is unknown.
+    pub cow_ksm: Option<u64>,
     /// A region was mapped or unmapped since the daemon last asked (what
     /// the real target learns from statm).
     pub maps_changed: bool,
@@ -368,7 +376,7 @@ impl Target for SimTarget {
         self.0.borrow().max_map_count
     }
     fn cow_ksm(&self) -> Option<u64> {
-        None
+        self.0.borrow().cow_ksm
     }
     fn take_gone(&mut self) -> Vec<u32> {
         std::mem::take(&mut self.0.borrow_mut().gone)
@@ -459,7 +467,12 @@ impl KsmControl for SimKsm {
         let share = if unmerged > 0 { target } else { 0.001 };
         let mut w = self.0.borrow_mut();
         w.shares.push(share);
-        if !(w.idle_at_trickle && unmerged == 0) {
+        let trickling = unmerged == 0;
+        if trickling {
+            w.trickle_calls += 1;
+        }
+        let comes_round = w.trickle_every <= 1 || w.trickle_calls.is_multiple_of(w.trickle_every);
+        if !trickling || (!w.idle_at_trickle && comes_round) {
             w.ksmd_pass();
         }
         Ok(Pacing {

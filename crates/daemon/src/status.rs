@@ -110,6 +110,11 @@ pub struct Totals {
     /// sent to merge it again.
     #[serde(default)]
     pub remerges: u64,
+    /// Times `/proc/vmstat` `cow_ksm` rose by more COW breaks than the
+    /// accounting passes had seen, and settled regions were passed over
+    /// again at once.
+    #[serde(default)]
+    pub unseen_break_alarms: u64,
     /// MADV_UNMERGEABLE calls that succeeded.
     pub unmarks: u64,
     /// Candidate ranges whose writes are being watched (userfaultfd

@@ -83,6 +83,26 @@
 //! round's: the passes since the mark count (`marked_passes`), not the
 //! round's.
 //!
+//! ## Breaks between settled passes
+//! A settled region is passed over only every `settled_every` (30 s under
+//! the defaults). A page broken and merged again by ksmd within that time
+//! is merged at both looks, and its break is never counted: a region whose
+//! merged pages are rewritten every few seconds with content ksmd merges
+//! again thrashes unseen, its process taking a COW fault on every write.
+//! The kernel counts every such copy machine-wide (`/proc/vmstat`
+//! `cow_ksm`), so the caller compares that count with the breaks its
+//! passes found and, when more happened than it saw, calls
+//! [`hasten_settled_passes`](Lifecycles::hasten_settled_passes): every
+//! settled region is passed over again at once (at most once per
+//! `min_gap`), while the broken pages are likely still unmerged (ksmd
+//! at its trickle takes seconds to minutes to come round). Breaks in
+//! other processes' KSM pages move the passes too; the caller's
+//! accounting budget still bounds what they cost. Breaks ksmd merges
+//! again before the caller's next look at `cow_ksm` (about a second) stay
+//! unseen: in the simulated loop test, with ksmd coming round every 2 s,
+//! the region is demoted after two rounds of 10 s, and never without
+//! `cow_ksm`; with ksmd coming round every second, never either way.
+//!
 //! ## Invariants (kept by [`Lifecycles`], property-tested below)
 //! - **hidden ⇔ held or merging**: the hidden set is exactly the regions
 //!   that are held, or promoted or foreign and not settled. Every transition goes
@@ -264,6 +284,8 @@ pub struct Lifecycle {
     pass_started_scan: u64,
     /// No new pass before this (a pass in progress goes on).
     next_pass_at: Nanos,
+    /// When its last pass ended (0: none yet).
+    pass_ended_at: Nanos,
 }
 
 impl Lifecycle {
@@ -289,6 +311,7 @@ impl Lifecycle {
             marked_passes: 0,
             pass_started_scan: 0,
             next_pass_at: 0,
+            pass_ended_at: 0,
         }
     }
 
@@ -559,6 +582,7 @@ impl Lifecycle {
             0
         };
         self.cursor = 0;
+        self.pass_ended_at = now;
         // Whether it was settled before this pass: one that settles now is
         // passed over again soon, as while it merged.
         self.next_pass_at = now.saturating_add(if self.settled {
@@ -804,6 +828,26 @@ impl Lifecycles {
             l.restart_undecided(full_scans, now, settle_scans);
         }
         merging
+    }
+
+    /// Unexplained COW breaks on the machine (see "Breaks between settled
+    /// passes" in the module header): the next pass of every settled,
+    /// accounted region between passes starts at `now`, or `min_gap`
+    /// after its last pass ended if that is later; never later than it
+    /// was due anyway. Returns how many regions' passes moved.
+    pub fn hasten_settled_passes(&mut self, now: Nanos, min_gap: Nanos) -> usize {
+        let mut moved = 0;
+        for l in self.regions.values_mut() {
+            if !(l.accounted() && l.settled && l.cursor == 0) {
+                continue;
+            }
+            let at = l.pass_ended_at.saturating_add(min_gap).max(now);
+            if at < l.next_pass_at {
+                l.next_pass_at = at;
+                moved += 1;
+            }
+        }
+        moved
     }
 
     /// The accounted regions whose pass should go on or start at `now`, in
@@ -1221,6 +1265,40 @@ mod tests {
         );
         round(&mut l, &mut scans, 70);
         assert!(burst(&mut l, scans, 80).demote);
+    }
+
+    #[test]
+    fn unexplained_breaks_bring_settled_passes_forward_within_the_gap() {
+        let rules = AccountRules::default();
+        let mut l = Lifecycles::new();
+        let (settled, merging, sampling) = (RegionId(1), RegionId(2), RegionId(3));
+        for id in [settled, merging, sampling] {
+            l.track(id, 64, 0);
+        }
+        l.mark(settled, 0, 0);
+        l.mark(merging, 0, 0);
+        // `settled` settles in a pass ending at 9 s, is passed over once
+        // more a second later (as while it merged), then every 30 s: next
+        // at 40 s.
+        let end = l.record(settled, &states(64, 0), 9 * SEC, 0, &rules);
+        assert!(end.unwrap().settled);
+        l.record(settled, &states(64, 0), 10 * SEC, 0, &rules);
+        assert!(!l[settled].pass_due(39 * SEC) && l[settled].pass_due(40 * SEC));
+        // Breaks 2 s after that pass: not before 5 s after it ended.
+        assert_eq!(l.hasten_settled_passes(12 * SEC, 5 * SEC), 1);
+        assert!(!l[settled].pass_due(14 * SEC) && l[settled].pass_due(15 * SEC));
+        // Later: at once; asking again moves nothing.
+        assert_eq!(l.hasten_settled_passes(20 * SEC, 5 * SEC), 0);
+        assert!(l[settled].pass_due(20 * SEC));
+        // Neither a merging region (passed over often anyway) nor one
+        // that is not accounted, nor one in the middle of a pass.
+        assert!(!l[merging].settled() && !l[sampling].accounted());
+        let mut l2 = one(128);
+        l2.mark(R, 0, 0);
+        l2.record(R, &states(128, 0), 0, 0, &rules);
+        l2.record(R, &states(64, 0), SEC, 0, &rules);
+        assert_eq!(l2[R].cursor(), 64);
+        assert_eq!(l2.hasten_settled_passes(60 * SEC, SEC), 0);
     }
 
     #[test]
