@@ -424,6 +424,80 @@ fn the_cow_broken_workload_is_never_marked_by_default_and_merged_with_v_cow_100(
     assert_eq!(w.checksum(), sum);
 }
 
+/// A region merged by the defaults whose process then writes every one of
+/// its pages every 5 s, each with the byte it held (so every write breaks
+/// a merged page and ksmd can merge it again): thrashing across merging
+/// rounds. The daemon unmarks it (`MADV_UNMERGEABLE`) within two minutes
+/// of the first writes, and the process keeps running with its memory as
+/// it was, with nothing of pagesift's left in it.
+#[test]
+fn a_region_broken_after_every_merge_is_unmarked() {
+    require_root();
+    let _serial = serial();
+    let tmp = temp_dir("accept-thrash");
+    let dir = tmp.path();
+    let mut w = Workload::start(&["static-dup", "--mib", "4"]);
+    let (start, pages) = w.region();
+    let sum = w.checksum();
+    let p = w.pid().to_string();
+    let config = dir.join("pagesift.toml");
+    std::fs::write(&config, "# pagesift's defaults\n").unwrap();
+    let mut d = start_daemon(
+        dir,
+        &["--config", config.to_str().unwrap(), "--pid", &p],
+        false,
+    );
+    d.wait_for(Duration::from_secs(120), "the region merged", |_| {
+        merging_pages(w.pid()) >= pages * 9 / 10
+    });
+    assert!(vm_flags(w.pid(), start).contains(&"mg".to_string()));
+    let cow0 = cow_ksm();
+    let t0 = Instant::now();
+    let mut bursts = 0;
+    let unmarked_after = loop {
+        let r = w.ask(&format!("touch 0 {pages}"));
+        assert_eq!(r["touched"].as_u64(), Some(pages), "{r}");
+        assert_eq!(r["checksum"].as_str(), Some(sum.as_str()));
+        bursts += 1;
+        std::thread::sleep(Duration::from_secs(5));
+        assert!(alive(w.pid()), "the workload died");
+        let st = d.status().unwrap();
+        if st["totals"]["unmarks"].as_u64() >= Some(1) {
+            break t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "still marked after {bursts} bursts of writes ({} breaks machine-wide):\n{st}\n{}",
+            cow_ksm() - cow0,
+            d.log()
+        );
+    };
+    let st = d.status().unwrap();
+    eprintln!(
+        "thrashing: unmarked {:.1} s after the first writes, {bursts} bursts; {} breaks counted, {} unseen-break alarms",
+        unmarked_after.as_secs_f64(),
+        st["totals"]["cow_breaks"],
+        st["totals"]["unseen_break_alarms"]
+    );
+    assert!(st["totals"]["cow_breaks"].as_u64() >= Some(pages), "{st}");
+    assert!(
+        !any_mergeable(w.pid(), start, pages * 4096),
+        "unmarked, yet:\n{}",
+        vmas_in(w.pid(), start, pages * 4096)
+    );
+    assert!(d.log().contains("demoted: thrashing"), "{}", d.log());
+    let stopped = d.stop();
+    assert!(stopped.success(), "exit {stopped}:\n{}", d.log());
+    drop(d);
+    assert_eq!(
+        userfaultfds(w.pid()),
+        0,
+        "a userfaultfd is left in the target"
+    );
+    assert!(alive(w.pid()));
+    assert_eq!(w.checksum(), sum);
+}
+
 /// Descriptors of `pid` that are userfaultfds (their `/proc` links).
 fn userfaultfds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))

@@ -22,7 +22,10 @@
 //! writes new, distinct content (`DIRTY_BASE + page`) into those pages, as
 //! a program that modifies its data would (breaking any merge of them),
 //! and answers with the new checksum, so a test can compare it with an
-//! unmerged twin workload given the same command.
+//! unmerged twin workload given the same command; `touch FIRST COUNT`
+//! writes each of those pages' first byte back unchanged, which breaks a
+//! merged page (a COW copy) without changing what it holds, so that ksmd
+//! can merge it again (a region that thrashes).
 //!
 //! Workloads (UKSM §8.1 for the last three's originals):
 //! - `static-dup`: N MiB of identical pages, or of K distinct contents.
@@ -568,6 +571,23 @@ fn serve_commands(shared: Shared, seed: u64) {
                         None => (0, None),
                     };
                     print_line(&serde_json::json!({ "rewritten": n, "checksum": sum }));
+                }
+                ["touch", first, count] => {
+                    let (Ok(first), Ok(count)) = (first.parse::<usize>(), count.parse::<usize>())
+                    else {
+                        print_line(&serde_json::json!({ "error": "usage: touch FIRST COUNT" }));
+                        continue;
+                    };
+                    let mut guard = shared.lock().unwrap();
+                    let (n, sum) = match guard.as_mut() {
+                        Some(m) => {
+                            let end = first.saturating_add(count).min(m.slots().len());
+                            let n = (first.min(end)..end).filter(|&i| m.touch_page(i)).count();
+                            (n, Some(m.checksum()))
+                        }
+                        None => (0, None),
+                    };
+                    print_line(&serde_json::json!({ "touched": n, "checksum": sum }));
                 }
                 [] => {}
                 _ => print_line(

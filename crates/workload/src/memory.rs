@@ -83,6 +83,21 @@ impl Memory {
         self.slots[i] = Slot::Data(id);
     }
 
+    /// Writes page `i`'s first byte back as it is: a merged page is
+    /// copied (a COW break) and keeps its content, so ksmd can merge it
+    /// again. Only data pages: a write to an untouched or zero-page slot
+    /// would fault a new page in, and the slot would no longer say what
+    /// is mapped. Whether it wrote.
+    pub fn touch_page(&mut self, i: usize) -> bool {
+        if !matches!(self.slots.get(i), Some(Slot::Data(_))) {
+            return false;
+        }
+        let page = &mut self.map.as_mut_slice()[i * PAGE..(i + 1) * PAGE];
+        // The compiler must not drop a store of the value just loaded.
+        page[0] = std::hint::black_box(page[0]);
+        true
+    }
+
     /// xxh3-64 over the accessed pages (index and bytes), as hex.
     pub fn checksum(&self) -> String {
         let mut h = XxHash3_64::new();
