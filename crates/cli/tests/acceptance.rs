@@ -322,7 +322,7 @@ fn the_cow_broken_workload_is_never_marked_by_default_and_merged_with_v_cow_100(
 
     // Defaults (V_cow = 50 %), settled regions re-checked every second.
     std::fs::write(&config, "governor = \"full\"\n[actuate]\nrecheck_s = 1\n").unwrap();
-    let mut d = start_daemon(
+    let d = start_daemon(
         dir,
         &["--config", config.to_str().unwrap(), "--pid", &p],
         false,
@@ -381,16 +381,7 @@ fn the_cow_broken_workload_is_never_marked_by_default_and_merged_with_v_cow_100(
         t0.elapsed().as_secs_f64(),
         tracked_max
     );
-    let stopped = d.stop();
-    assert!(stopped.success(), "exit {stopped}:\n{}", d.log());
-    drop(d);
-    assert_eq!(
-        userfaultfds(w.pid()),
-        0,
-        "a userfaultfd is left in the target"
-    );
-    assert!(alive(w.pid()));
-    assert_eq!(w.checksum(), sum);
+    stop_and_check_unharmed(d, &mut w, &sum);
 
     // V_cow = 100 %: the COW filter is off; the region is merged and stays
     // marked while the workload keeps breaking its pages.
@@ -412,16 +403,7 @@ fn the_cow_broken_workload_is_never_marked_by_default_and_merged_with_v_cow_100(
     assert_eq!(st["totals"]["unmarks"].as_u64(), Some(0), "{st}");
     assert!(vm_flags(w.pid(), start).contains(&"mg".to_string()));
     assert!(merging_pages(w.pid()) >= pages / 2);
-    let stopped = d.stop();
-    assert!(stopped.success(), "exit {stopped}:\n{}", d.log());
-    drop(d);
-    assert_eq!(
-        userfaultfds(w.pid()),
-        0,
-        "a userfaultfd is left in the target"
-    );
-    assert!(alive(w.pid()));
-    assert_eq!(w.checksum(), sum);
+    stop_and_check_unharmed(d, &mut w, &sum);
 }
 
 /// A region merged by the defaults whose process then writes every one of
@@ -486,6 +468,13 @@ fn a_region_broken_after_every_merge_is_unmarked() {
         vmas_in(w.pid(), start, pages * 4096)
     );
     assert!(d.log().contains("demoted: thrashing"), "{}", d.log());
+    stop_and_check_unharmed(d, &mut w, &sum);
+}
+
+/// Stops the daemon (it must exit cleanly), then checks that `w` is
+/// alive, holds no userfaultfd of pagesift's, and has the memory it had
+/// (`sum`).
+fn stop_and_check_unharmed(mut d: Daemon, w: &mut Workload, sum: &str) {
     let stopped = d.stop();
     assert!(stopped.success(), "exit {stopped}:\n{}", d.log());
     drop(d);

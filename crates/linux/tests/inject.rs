@@ -738,6 +738,60 @@ impl Drop for TestCgroup {
     }
 }
 
+/// A thread asleep in `restart_syscall` (its nanosleep was stopped by
+/// SIGSTOP and continued), stopped by a tracer that never saw the sleep
+/// start: nothing but the kernel's own restart state can resume it, which
+/// the rescue frame's `rt_sigreturn` would discard if the call were
+/// abandoned or the tracer died (the sleep would return EINTR, as the
+/// frozen-target test once saw). It is released untouched (this test
+/// fails without that: the injection went ahead), and the target sees no
+/// error. (A tracer that saw the sleep start restarts it itself:
+/// `nanosleep_target_sees_no_error`.)
+#[test]
+fn a_thread_continuing_a_sleep_it_was_not_seen_starting_is_released_untouched() {
+    let _g = serial();
+    let t = Target::start("sleep", &["--ms", "1500"]);
+    let pid = t.pid();
+    let signal = |sig| {
+        rustix::process::kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap(), sig)
+            .unwrap()
+    };
+    let syscall_nr = || -> Option<i64> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/syscall")).ok()?;
+        s.split_whitespace().next()?.parse().ok()
+    };
+    let mut skipped = 0;
+    for _ in 0..3 {
+        wait_for("the sleep", Duration::from_secs(5), || {
+            matches!(syscall_nr(), Some(35 | 230))
+        });
+        signal(rustix::process::Signal::STOP);
+        wait_for("the group stop", Duration::from_secs(2), || {
+            proc_state(pid) == 'T'
+        });
+        signal(rustix::process::Signal::CONT);
+        wait_for("restart_syscall", Duration::from_secs(2), || {
+            syscall_nr() == Some(219)
+        });
+        // A fresh injector: it never saw this sleep start.
+        let mut inj = Injector::new(InjectConfig::default());
+        match inj.run(pid, &[Syscall::Getpid]).unwrap() {
+            Outcome::Skipped(SkipReason::UnknownRestart { tid }) => {
+                assert_eq!(tid, pid);
+                skipped += 1;
+            }
+            // The sleep ended between the look and the stop.
+            Outcome::Done(i) => assert_ne!(i.interrupted_syscall, Some(219), "{i:?}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(tracer_pid(pid), 0);
+    }
+    assert!(skipped >= 2, "skipped {skipped} of 3");
+    // The sleeps were resumed by the kernel, none cut short: the target
+    // checks each one's result (`finish` fails on any error it saw).
+    t.finish();
+}
+
 #[test]
 fn frozen_target_is_skipped_and_a_call_that_cannot_start_is_abandoned() {
     let _g = serial();

@@ -114,9 +114,15 @@
 //! stray SIGTRAP. The only differences from an undisturbed run: a call
 //! interrupted with `-ERESTART_RESTARTBLOCK` (a relative sleep or timeout)
 //! starts over from its full duration (`rt_sigreturn` discards the kernel's
-//! restart state), a thread already in `restart_syscall` when stopped by a
-//! tracer that had not seen it before gets EINTR, and a `SIGSTOP` that
-//! arrived during the calls is lost. The tests kill the tracing process
+//! restart state), and a `SIGSTOP` that arrived during the calls is lost.
+//! A thread already in `restart_syscall` when stopped by a tracer that had
+//! not seen the call it continues is not injected into at all
+//! ([`SkipReason::UnknownRestart`]): released onto its frame, nothing
+//! could restart it but the kernel's own state, which `rt_sigreturn`
+//! resets, so it is released untouched. (Until 2026-11-28 it was injected
+//! into, and an abandoned call then ended its sleep with EINTR: the
+//! frozen-target test caught a target's 5 ms nanosleep ending so, once in
+//! a full run of the suite.) The tests kill the tracing process
 //! at each step of an injection in turn (`PAGESIFT_INJECT_FAULT`).
 //!
 //! ## Never hang, never harm

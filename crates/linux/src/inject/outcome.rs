@@ -189,6 +189,18 @@ pub enum SkipReason {
     /// aborted after the stop: the thread was released untouched, and the
     /// kernel aborts the section as for any preemption.
     RseqCriticalSection,
+    /// The stopped thread was in `restart_syscall`, continuing a sleep or
+    /// timeout whose remaining time only the kernel holds, and this tracer
+    /// had not seen the call it continues. Restored register by register
+    /// it would be fine, but released onto its rescue frame (an abandoned
+    /// call, or the tracer's death) `rt_sigreturn` discards that state and
+    /// the sleep returns EINTR to the application: the thread was released
+    /// untouched, and the kernel resumes its sleep. Try again later (the
+    /// sleep ends, or the tracer sees its next one start).
+    UnknownRestart {
+        /// The thread.
+        tid: u32,
+    },
     /// The batch could push the process's VMA count past the allowed
     /// fraction of `vm.max_map_count`.
     MapCountNearLimit {
@@ -232,6 +244,10 @@ impl fmt::Display for SkipReason {
             SkipReason::RseqCriticalSection => write!(
                 f,
                 "the stopped thread was inside an rseq critical section; released untouched"
+            ),
+            SkipReason::UnknownRestart { tid } => write!(
+                f,
+                "thread {tid} was continuing an interrupted sleep (restart_syscall) that an injection would end with EINTR; released untouched"
             ),
             SkipReason::SignalStorm => {
                 write!(f, "signals kept arriving before they could be blocked")

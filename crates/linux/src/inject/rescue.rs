@@ -89,7 +89,9 @@ fn put32(b: &mut [u8], at: usize, v: u32) {
 /// start with its own arguments (still in its registers): a relative sleep
 /// or timeout starts over, which the application cannot tell from a late
 /// wake-up. `origin` is that call's number when the thread is already in
-/// `restart_syscall` (known only if this tracer saw it before).
+/// `restart_syscall` (known only if this tracer saw it before; when it is
+/// not, the session releases the thread untouched instead,
+/// `SkipReason::UnknownRestart`).
 fn restart_applied(regs: &Regs, origin: Option<i64>) -> Regs {
     let mut r = *regs;
     if (r.orig_rax as i64) >= 0 {

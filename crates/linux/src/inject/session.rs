@@ -231,6 +231,11 @@ impl Session {
         }
         .map_err(|e| Prep::Step(os("PTRACE_GETREGSET")(e)))?;
         let origin = tracer.restart_origin(tid, start_time, &saved);
+        if origin.is_none() && restarting_unknown(&saved) {
+            // Nothing written yet: released as it is, the kernel restarts
+            // the sleep with the time it has left.
+            return Err(Prep::Skip(SkipReason::UnknownRestart { tid }));
+        }
         checkpoint();
         match Rescue::install(self.pid, &saved, origin, mask, &xstate, &g) {
             Ok(Some(r)) => self.rescue = Some(r),
@@ -486,4 +491,14 @@ fn in_rseq_critical_section(pid: u32, tid: u32, ip: u64) -> bool {
 pub(super) enum Prep {
     Skip(SkipReason),
     Step(StepError),
+}
+
+/// Whether a thread stopped with `regs` was in `restart_syscall` and its
+/// sleep was cut short by the stop (`-ERESTART_RESTARTBLOCK`): the kernel
+/// would continue it from the time it has left, kept in the thread's
+/// restart block, which the rescue frame's `rt_sigreturn` resets (the
+/// sleep would then return EINTR).
+fn restarting_unknown(regs: &Regs) -> bool {
+    regs.orig_rax as i64 == super::calls::nr::RESTART_SYSCALL
+        && -(regs.rax as i64) == super::calls::ERESTART_RESTARTBLOCK
 }

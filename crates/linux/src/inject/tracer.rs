@@ -60,14 +60,19 @@ pub(super) struct Reply {
     pub(super) exiting: bool,
 }
 
+/// tid → (its process's start time, rip, the call) of threads seen stopped
+/// in a call that restarts through `restart_syscall`.
+type Restarts = HashMap<u32, (u64, u64, i64)>;
+
+/// The [`Restarts`] seen by any tracer of this process (see
+/// [`Tracer::restart_origin`]).
+static RESTARTS: std::sync::Mutex<Option<Restarts>> = std::sync::Mutex::new(None);
+
 /// The state of the tracer thread.
 #[derive(Default)]
 pub(super) struct Tracer {
     /// pid → (start time, the gadgets found in it).
     insns: HashMap<u32, (u64, Gadgets)>,
-    /// tid → (its process's start time, rip, the call) of threads seen
-    /// stopped in a call that restarts through `restart_syscall`.
-    restarts: HashMap<u32, (u64, u64, i64)>,
     /// Threads known to sit in EINTR-prone calls.
     prone: EintrProne,
     /// pid → (start time, cgroup v2 path): a process rarely changes cgroup.
@@ -111,22 +116,27 @@ impl Tracer {
     }
 
     /// For a thread stopped in `restart_syscall`, the call it restarts, if
-    /// this tracer stopped it in that call before (at the same `rip`);
-    /// records the call of a thread stopped in it with
-    /// `-ERESTART_RESTARTBLOCK` for next time.
+    /// a tracer of this process stopped it in that call before (at the
+    /// same `rip`); records the call of a thread stopped in it with
+    /// `-ERESTART_RESTARTBLOCK` for next time. Shared by every tracer of
+    /// the process ([`RESTARTS`]): the daemon marks through one injector
+    /// and registers write tracking through another, and the sleep one of
+    /// them cut short is continued when the other attaches.
     pub(super) fn restart_origin(&mut self, tid: u32, start_time: u64, regs: &Regs) -> Option<i64> {
         let nr = regs.orig_rax as i64;
         if nr < 0 || -(regs.rax as i64) != ERESTART_RESTARTBLOCK {
             return None;
         }
+        let mut restarts = RESTARTS.lock().unwrap_or_else(|e| e.into_inner());
+        let restarts = restarts.get_or_insert_with(HashMap::new);
         if nr != nr::RESTART_SYSCALL {
-            if self.restarts.len() >= 65_536 {
-                self.restarts.clear();
+            if restarts.len() >= 65_536 {
+                restarts.clear();
             }
-            self.restarts.insert(tid, (start_time, regs.rip, nr));
+            restarts.insert(tid, (start_time, regs.rip, nr));
             return None;
         }
-        self.restarts
+        restarts
             .get(&tid)
             .filter(|&&(st, rip, _)| st == start_time && rip == regs.rip)
             .map(|&(_, _, n)| n)
@@ -336,6 +346,14 @@ impl Tracer {
             Err(e) => return self.fail(&mut s, e, vec![], exiting),
         }
         checkpoint();
+        // The call a sleep this stop cut short continues with
+        // (`restart_syscall` from now on), whatever happens below: released
+        // by a skip, the thread sleeps on in `restart_syscall`, and the next
+        // attach must know what that restarts (`Session::prepare`), or it
+        // would leave the thread alone (`SkipReason::UnknownRestart`).
+        if let Ok(regs) = ptrace::get_regs(tid) {
+            self.restart_origin(tid, stat.start_time, &regs);
+        }
         // The identity once more, now that the thread is stopped: an execve
         // since the caller looked would make these calls land in another
         // program (perhaps a setuid one).
