@@ -115,8 +115,8 @@
 //! interrupted with `-ERESTART_RESTARTBLOCK` (a relative sleep or timeout)
 //! starts over from its full duration (`rt_sigreturn` discards the kernel's
 //! restart state), and a `SIGSTOP` that arrived during the calls is lost.
-//! A thread already in `restart_syscall` when stopped by a tracer that had
-//! not seen the call it continues is not injected into at all
+//! A thread already in `restart_syscall` when stopped, continuing a call
+//! no tracer of this process had seen, is not injected into at all
 //! ([`SkipReason::UnknownRestart`]): released onto its frame, nothing
 //! could restart it but the kernel's own state, which `rt_sigreturn`
 //! resets, so it is released untouched. (Until 2026-11-28 it was injected

@@ -190,8 +190,8 @@ pub enum SkipReason {
     /// kernel aborts the section as for any preemption.
     RseqCriticalSection,
     /// The stopped thread was in `restart_syscall`, continuing a sleep or
-    /// timeout whose remaining time only the kernel holds, and this tracer
-    /// had not seen the call it continues. Restored register by register
+    /// timeout whose remaining time only the kernel holds, and no tracer of
+    /// this process had seen the call it continues. Restored register by register
     /// it would be fine, but released onto its rescue frame (an abandoned
     /// call, or the tracer's death) `rt_sigreturn` discards that state and
     /// the sleep returns EINTR to the application: the thread was released
@@ -247,7 +247,7 @@ impl fmt::Display for SkipReason {
             ),
             SkipReason::UnknownRestart { tid } => write!(
                 f,
-                "thread {tid} was continuing an interrupted sleep (restart_syscall) that an injection would end with EINTR; released untouched"
+                "thread {tid} was continuing an interrupted sleep (restart_syscall) that an abandoned injection would end with EINTR; released untouched"
             ),
             SkipReason::SignalStorm => {
                 write!(f, "signals kept arriving before they could be blocked")
