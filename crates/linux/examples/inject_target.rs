@@ -28,6 +28,9 @@
 //!   so the process also has the kernel's `iou-sqp-PID` thread (an I/O
 //!   worker: ptrace refuses it, and it never returns to user space). `tids`
 //!   has `uring_fd`.
+//! - `sleep-reader`: the main thread as in `sleep`, and one more blocked in
+//!   `read(2)` on a pipe until the end (each read must return data or the
+//!   end, never EINTR).
 //! - `threads`: five threads: one spinning in user space, one in `sleep`, one
 //!   in `futex`, one in `epoll` (on an idle eventfd-less epoll set), and the
 //!   main thread reading commands from stdin (`progress` prints the
@@ -548,6 +551,7 @@ fn main() {
     let mut tids = json!({"main": rustix::thread::gettid().as_raw_nonzero().get()});
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
+    let mut pipe_writer: Option<std::io::PipeWriter> = None;
     let counters: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
 
     let spawn_thread = |name: &'static str,
@@ -657,6 +661,30 @@ fn main() {
                 }),
             );
         }
+        "sleep-reader" => {
+            let (mut r, w) = std::io::pipe().expect("pipe");
+            pipe_writer = Some(w);
+            let e = errors.clone();
+            spawn_thread(
+                "reader",
+                &mut handles,
+                &mut tids,
+                Box::new(move || {
+                    use std::io::Read;
+                    let mut b = [0u8; 1];
+                    loop {
+                        match r.read(&mut b) {
+                            Ok(0) => break,
+                            Ok(_) => {}
+                            Err(err) => {
+                                e.push(format!("read: {err}"));
+                                break;
+                            }
+                        }
+                    }
+                }),
+            );
+        }
         "exit-after" => {
             for name in ["sleep1", "sleep2"] {
                 let (s, e) = (stop.clone(), errors.clone());
@@ -699,7 +727,7 @@ fn main() {
 
     let mut extra = json!({});
     let iterations = match a.mode.as_str() {
-        "sleep" | "seccomp" | "uffd-missing" => sleep_loop(d, false, &errors),
+        "sleep" | "seccomp" | "uffd-missing" | "sleep-reader" => sleep_loop(d, false, &errors),
         "signals" => {
             let n = sleep_loop(d, true, &errors);
             extra["signals"] = json!(handler::RECEIVED.load(Ordering::Relaxed));
@@ -858,6 +886,8 @@ fn main() {
         m => panic!("unknown mode {m}"),
     };
     stop.store(true, Ordering::Relaxed);
+    // The reader's end of the data.
+    drop(pipe_writer.take());
     for h in handles {
         let _ = h.join();
     }

@@ -792,6 +792,44 @@ fn a_thread_continuing_a_sleep_it_was_not_seen_starting_is_released_untouched() 
     t.finish();
 }
 
+/// The same with a second thread blocked in `read(2)` on a pipe: the
+/// thread continuing an unknown sleep is passed over for it, and the
+/// injection runs there. Neither thread sees an error.
+#[test]
+fn a_thread_blocked_elsewhere_is_chosen_over_one_continuing_an_unknown_sleep() {
+    let _g = serial();
+    let t = Target::start("sleep-reader", &["--ms", "1500"]);
+    let pid = t.pid();
+    let signal = |sig| {
+        rustix::process::kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap(), sig)
+            .unwrap()
+    };
+    let syscall_nr = || -> Option<i64> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/syscall")).ok()?;
+        s.split_whitespace().next()?.parse().ok()
+    };
+    wait_for("the sleep", Duration::from_secs(5), || {
+        matches!(syscall_nr(), Some(35 | 230))
+    });
+    signal(rustix::process::Signal::STOP);
+    wait_for("the group stop", Duration::from_secs(2), || {
+        proc_state(pid) == 'T'
+    });
+    signal(rustix::process::Signal::CONT);
+    wait_for("restart_syscall", Duration::from_secs(2), || {
+        syscall_nr() == Some(219)
+    });
+    let mut inj = Injector::new(InjectConfig::default());
+    let i = done(inj.run(pid, &[Syscall::Getpid]).unwrap());
+    assert_eq!(i.results, vec![pid as i64]);
+    assert_ne!(
+        i.tid, pid,
+        "the main thread, in restart_syscall, was chosen"
+    );
+    assert_eq!(i.interrupted_syscall, Some(0), "{i:?}");
+    t.finish();
+}
+
 #[test]
 fn frozen_target_is_skipped_and_a_call_that_cannot_start_is_abandoned() {
     let _g = serial();

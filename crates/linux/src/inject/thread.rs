@@ -14,7 +14,10 @@
 //!    more times, 100 µs apart: one that only woke briefly from an
 //!    EINTR-prone call would be caught back inside it.
 //! 3. **Unknown**: asleep in any other call (a socket with `SO_RCVTIMEO`
-//!    returns EINTR).
+//!    returns EINTR), or in `restart_syscall` continuing a sleep that no
+//!    tracer of this process saw start: the session releases such a
+//!    thread untouched (`SkipReason::UnknownRestart`), so it comes last
+//!    but one.
 //! 4. **EintrRisk**: asleep in a call that returns EINTR to the
 //!    application after *any* stop (`EINTR_AFTER_STOP`); chosen only when
 //!    the caller allows it.
@@ -257,6 +260,19 @@ pub(super) fn choose(
             continue;
         };
         match c.rank {
+            // Continuing a sleep no tracer saw start: the session would
+            // release it untouched (`SkipReason::UnknownRestart`), so any
+            // other thread that can be stopped is better.
+            ThreadRank::Quiet
+                if c.syscall == Some(nr::RESTART_SYSCALL)
+                    && !super::tracer::restart_known(tid, start) =>
+            {
+                others.push(ThreadChoice {
+                    rank: ThreadRank::Unknown,
+                    ..c
+                });
+                continue;
+            }
             ThreadRank::Quiet => return Ok(c),
             ThreadRank::EintrRisk => {
                 prone.insert(tid, (start, c.syscall.unwrap_or(-1)));

@@ -68,6 +68,18 @@ type Restarts = HashMap<u32, (u64, u64, i64)>;
 /// [`Tracer::restart_origin`]).
 static RESTARTS: std::sync::Mutex<Option<Restarts>> = std::sync::Mutex::new(None);
 
+/// Whether a tracer of this process saw thread `tid` (of the process that
+/// started at `start_time`) stop in a call that restarts through
+/// `restart_syscall`: its next attach in `restart_syscall` can then restore
+/// it (the thread chooser prefers threads for which this holds).
+pub(super) fn restart_known(tid: u32, start_time: u64) -> bool {
+    let restarts = RESTARTS.lock().unwrap_or_else(|e| e.into_inner());
+    restarts
+        .as_ref()
+        .and_then(|r| r.get(&tid))
+        .is_some_and(|&(st, _, _)| st == start_time)
+}
+
 /// The state of the tracer thread.
 #[derive(Default)]
 pub(super) struct Tracer {
