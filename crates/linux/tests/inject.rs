@@ -738,6 +738,31 @@ impl Drop for TestCgroup {
     }
 }
 
+/// Waits for `pid`'s main thread to sleep in nanosleep, then stops and
+/// continues the process (SIGSTOP, SIGCONT): the kernel resumes the sleep
+/// through `restart_syscall`, where this returns it.
+fn into_restart_syscall(pid: u32) {
+    let signal = |sig| {
+        rustix::process::kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap(), sig)
+            .unwrap()
+    };
+    let syscall_nr = || -> Option<i64> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/syscall")).ok()?;
+        s.split_whitespace().next()?.parse().ok()
+    };
+    wait_for("the sleep", Duration::from_secs(5), || {
+        matches!(syscall_nr(), Some(35 | 230))
+    });
+    signal(rustix::process::Signal::STOP);
+    wait_for("the group stop", Duration::from_secs(2), || {
+        proc_state(pid) == 'T'
+    });
+    signal(rustix::process::Signal::CONT);
+    wait_for("restart_syscall", Duration::from_secs(2), || {
+        syscall_nr() == Some(219)
+    });
+}
+
 /// A thread asleep in `restart_syscall` (its nanosleep was stopped by
 /// SIGSTOP and continued), stopped by a tracer that never saw the sleep
 /// start: nothing but the kernel's own restart state can resume it, which
@@ -752,27 +777,9 @@ fn a_thread_continuing_a_sleep_it_was_not_seen_starting_is_released_untouched() 
     let _g = serial();
     let t = Target::start("sleep", &["--ms", "1500"]);
     let pid = t.pid();
-    let signal = |sig| {
-        rustix::process::kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap(), sig)
-            .unwrap()
-    };
-    let syscall_nr = || -> Option<i64> {
-        let s = std::fs::read_to_string(format!("/proc/{pid}/syscall")).ok()?;
-        s.split_whitespace().next()?.parse().ok()
-    };
     let mut skipped = 0;
     for _ in 0..3 {
-        wait_for("the sleep", Duration::from_secs(5), || {
-            matches!(syscall_nr(), Some(35 | 230))
-        });
-        signal(rustix::process::Signal::STOP);
-        wait_for("the group stop", Duration::from_secs(2), || {
-            proc_state(pid) == 'T'
-        });
-        signal(rustix::process::Signal::CONT);
-        wait_for("restart_syscall", Duration::from_secs(2), || {
-            syscall_nr() == Some(219)
-        });
+        into_restart_syscall(pid);
         // A fresh injector: it never saw this sleep start.
         let mut inj = Injector::new(InjectConfig::default());
         match inj.run(pid, &[Syscall::Getpid]).unwrap() {
@@ -800,25 +807,7 @@ fn a_thread_blocked_elsewhere_is_chosen_over_one_continuing_an_unknown_sleep() {
     let _g = serial();
     let t = Target::start("sleep-reader", &["--ms", "1500"]);
     let pid = t.pid();
-    let signal = |sig| {
-        rustix::process::kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap(), sig)
-            .unwrap()
-    };
-    let syscall_nr = || -> Option<i64> {
-        let s = std::fs::read_to_string(format!("/proc/{pid}/syscall")).ok()?;
-        s.split_whitespace().next()?.parse().ok()
-    };
-    wait_for("the sleep", Duration::from_secs(5), || {
-        matches!(syscall_nr(), Some(35 | 230))
-    });
-    signal(rustix::process::Signal::STOP);
-    wait_for("the group stop", Duration::from_secs(2), || {
-        proc_state(pid) == 'T'
-    });
-    signal(rustix::process::Signal::CONT);
-    wait_for("restart_syscall", Duration::from_secs(2), || {
-        syscall_nr() == Some(219)
-    });
+    into_restart_syscall(pid);
     let mut inj = Injector::new(InjectConfig::default());
     let i = done(inj.run(pid, &[Syscall::Getpid]).unwrap());
     assert_eq!(i.results, vec![pid as i64]);
