@@ -14,7 +14,7 @@ use pagesift_core::Nanos;
 use pagesift_core::pipeline::pacing::{
     KsmdPace, KsmdTick, PaceMode, Pacer, PacingConfig, PacingDemand,
 };
-use pagesift_linux::ksm::{AdvisorMode, GuardOptions, Ksm, KsmGuard, Ksmd, KsmdClock, Run};
+use pagesift_linux::ksm::{AdvisorMode, GuardOptions, Ksm, KsmGuard, Ksmd, Run};
 use pagesift_linux::proc::KeptOpen;
 
 /// ksmd's counters at one moment (`/sys/kernel/mm/ksm`) and its CPU time.
@@ -77,8 +77,7 @@ pub trait KsmControl {
 /// doubles ([`PACE_JUMP_PAGES`]).
 pub struct SysKsm {
     guard: KsmGuard,
-    /// ksmd's CPU-time files, kept open (read twice a second).
-    ksmd: Option<KsmdClock>,
+    ksmd: Option<Ksmd>,
     /// `pages_shared`, `pages_sharing` and `full_scans`, kept open; `None`
     /// if one could not be opened (then each sample opens them).
     counters: Option<[KeptOpen; 3]>,
@@ -128,7 +127,7 @@ impl SysKsm {
             tracing::warn!(report = %r, "a previous owner of KSM died without restoring it: restored its settings first");
         }
         guard.set_unmerge_on_restore(false);
-        let ksmd = Ksmd::find().ok().and_then(|k| k.clock().ok());
+        let ksmd = Ksmd::find().ok();
         if ksmd.is_none() {
             tracing::warn!("no ksmd thread found: its CPU time is not measured");
         }
@@ -155,7 +154,7 @@ impl SysKsm {
     }
 
     fn ksmd_cpu(&self) -> u64 {
-        self.ksmd.as_ref().and_then(|k| k.ns().ok()).unwrap_or(0)
+        self.ksmd.and_then(|k| k.cpu_ns().ok()).unwrap_or(0)
     }
 
     fn write(&mut self, pace: KsmdPace) -> Result<(), String> {

@@ -450,6 +450,15 @@ fn paced_ksmd_merges_256_mib_at_the_target_share() {
         (cpu_prev, t_prev) = (cpu, now);
     }
     let cpu_end = ksmd.cpu().unwrap();
+    // The CPU-time clock the pacer reads agrees with schedstat, read
+    // right after it (ksmd may run a little in between).
+    let clock = ksmd.cpu_ns().unwrap();
+    if let Some(sched) = cpu_end.schedstat_ns {
+        assert!(
+            clock >= sched && clock - sched < 50_000_000,
+            "clock {clock} ns, schedstat {sched} ns"
+        );
+    }
     let run_s = (t_prev - t_start).as_secs_f64();
     let share = (cpu_end.ns() - cpu_start.ns()) as f64 / 1e9 / run_s;
     let ticks_share = (cpu_end.ticks_ns - cpu_start.ticks_ns) as f64 / 1e9 / run_s;

@@ -100,8 +100,9 @@
 //! accounting budget still bounds what they cost. Breaks ksmd merges
 //! again before the caller's next look at `cow_ksm` (about a second) stay
 //! unseen: in the simulated loop test, with ksmd coming round every 2 s,
-//! the region is demoted after two rounds of 10 s, and never without
-//! `cow_ksm`; with ksmd coming round every second, never either way.
+//! the region is demoted after two rounds of 10 s (12 runs of 12), and
+//! without `cow_ksm` not within 14 rounds in 9 runs of 12; with ksmd
+//! coming round every second, not either way (one run by hand).
 //!
 //! ## Invariants (kept by [`Lifecycles`], property-tested below)
 //! - **hidden ⇔ held or merging**: the hidden set is exactly the regions

@@ -230,7 +230,7 @@ impl Session {
             r => r,
         }
         .map_err(|e| Prep::Step(os("PTRACE_GETREGSET")(e)))?;
-        let origin = tracer.restart_origin(tid, start_time, &saved);
+        let origin = super::tracer::restart_origin(tid, start_time, &saved);
         if origin.is_none() && restarting_unknown(&saved) {
             // Nothing written yet: released as it is, the kernel restarts
             // the sleep with the time it has left.

@@ -80,6 +80,33 @@ pub(super) fn restart_known(tid: u32, start_time: u64) -> bool {
         .is_some_and(|&(st, _, _)| st == start_time)
 }
 
+/// For a thread stopped in `restart_syscall`, the call it restarts, if
+/// a tracer of this process stopped it in that call before (at the
+/// same `rip`); records the call of a thread stopped in it with
+/// `-ERESTART_RESTARTBLOCK` for next time. Shared by every tracer of
+/// the process ([`RESTARTS`]): the daemon marks through one injector
+/// and registers write tracking through another, and the sleep one of
+/// them cut short is continued when the other attaches.
+pub(super) fn restart_origin(tid: u32, start_time: u64, regs: &Regs) -> Option<i64> {
+    let nr = regs.orig_rax as i64;
+    if nr < 0 || -(regs.rax as i64) != ERESTART_RESTARTBLOCK {
+        return None;
+    }
+    let mut restarts = RESTARTS.lock().unwrap_or_else(|e| e.into_inner());
+    let restarts = restarts.get_or_insert_with(HashMap::new);
+    if nr != nr::RESTART_SYSCALL {
+        if restarts.len() >= 65_536 {
+            restarts.clear();
+        }
+        restarts.insert(tid, (start_time, regs.rip, nr));
+        return None;
+    }
+    restarts
+        .get(&tid)
+        .filter(|&&(st, rip, _)| st == start_time && rip == regs.rip)
+        .map(|&(_, _, n)| n)
+}
+
 /// The state of the tracer thread.
 #[derive(Default)]
 pub(super) struct Tracer {
@@ -125,33 +152,6 @@ impl Tracer {
             })
             .or_insert_with(|| (start_time, cgroup_path(pid)));
         entry.1.as_deref().is_some_and(cgroup_frozen)
-    }
-
-    /// For a thread stopped in `restart_syscall`, the call it restarts, if
-    /// a tracer of this process stopped it in that call before (at the
-    /// same `rip`); records the call of a thread stopped in it with
-    /// `-ERESTART_RESTARTBLOCK` for next time. Shared by every tracer of
-    /// the process ([`RESTARTS`]): the daemon marks through one injector
-    /// and registers write tracking through another, and the sleep one of
-    /// them cut short is continued when the other attaches.
-    pub(super) fn restart_origin(&mut self, tid: u32, start_time: u64, regs: &Regs) -> Option<i64> {
-        let nr = regs.orig_rax as i64;
-        if nr < 0 || -(regs.rax as i64) != ERESTART_RESTARTBLOCK {
-            return None;
-        }
-        let mut restarts = RESTARTS.lock().unwrap_or_else(|e| e.into_inner());
-        let restarts = restarts.get_or_insert_with(HashMap::new);
-        if nr != nr::RESTART_SYSCALL {
-            if restarts.len() >= 65_536 {
-                restarts.clear();
-            }
-            restarts.insert(tid, (start_time, regs.rip, nr));
-            return None;
-        }
-        restarts
-            .get(&tid)
-            .filter(|&&(st, rip, _)| st == start_time && rip == regs.rip)
-            .map(|&(_, _, n)| n)
     }
 
     /// The gadgets of the stopped process, from the cache if they are still
@@ -364,7 +364,7 @@ impl Tracer {
         // attach must know what that restarts (`Session::prepare`), or it
         // would leave the thread alone (`SkipReason::UnknownRestart`).
         if let Ok(regs) = ptrace::get_regs(tid) {
-            self.restart_origin(tid, stat.start_time, &regs);
+            restart_origin(tid, stat.start_time, &regs);
         }
         // The identity once more, now that the thread is stopped: an execve
         // since the caller looked would make these calls land in another

@@ -96,7 +96,7 @@ mod fake;
 pub use error::KsmError;
 pub use guard::{GuardOptions, KsmGuard};
 pub use knobs::{AdvisorMode, Knob, Run};
-pub use ksmd::{Ksmd, KsmdClock, KsmdCpu};
+pub use ksmd::{Ksmd, KsmdCpu};
 pub use prctl::{memory_merge, set_memory_merge, with_memory_merge};
 pub use restore::{RestoreReport, Unrestored};
 pub use signals::TerminationWatch;
