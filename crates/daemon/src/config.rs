@@ -154,6 +154,11 @@ pub struct LadderSection {
     /// (`core::pipeline::ladder`, "Early decisions"). Off: UKSM's fixed
     /// sampling density.
     pub early_decision: bool,
+    /// A region mapped again where its process's last region of that size
+    /// was marked goes to the top level at once, on its predecessors'
+    /// evidence, past V_life and the climb (`core::pipeline::recurrence`).
+    /// Off: every region climbs on its own samples.
+    pub raise_recurring: bool,
 }
 
 impl Default for LadderSection {
@@ -165,6 +170,7 @@ impl Default for LadderSection {
             v_cow: d.v_cow,
             v_life_ms: d.v_life / MS,
             early_decision: d.early_decision,
+            raise_recurring: true,
         }
     }
 }
@@ -1172,6 +1178,7 @@ v_dup = 0.2
 v_cow = 1.0
 v_life_ms = 500
 early_decision = false
+raise_recurring = false
 [scan]
 sleep_ms = 50
 round_time_ms = 4000
@@ -1197,6 +1204,7 @@ address = "9100"
         assert_eq!(c.governor, Governor::Low);
         assert_eq!(c.ladder_config().v_life, 500 * MS);
         assert!(!c.ladder_config().early_decision);
+        assert!(!c.ladder.raise_recurring);
         assert_eq!(c.subregion_pages(), 16 * 256);
         assert_eq!(c.cpu_cap(), 0.1);
         assert_eq!(c.trickle_share(), 0.001);

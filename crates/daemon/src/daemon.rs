@@ -137,6 +137,7 @@ use pagesift_core::pipeline::governor::{MAX_SLEEP, sleep_for_share};
 use pagesift_core::pipeline::lifecycle::{AccountRules, Lifecycles};
 pub use pagesift_core::pipeline::lifecycle::{MAX_HOLD, Mode, SETTLE_SCANS};
 use pagesift_core::pipeline::lifespan::{LifespanRules, Lifespans};
+use pagesift_core::pipeline::recurrence::{Ending, RecurrenceRules, Recurrences};
 use pagesift_core::pipeline::savings::{Breakdown, ProcessSavings, Savings, breakdown};
 use pagesift_core::pipeline::write_watch::{DupMap, WriteRules, WriteVerdict, WriteWatch};
 use pagesift_core::source::{PageState, SourceError};
@@ -166,6 +167,10 @@ pub const SKIP_RETRY: Nanos = 60 * SEC;
 /// docs/bench/repeat). A run marked waits for no refresh to pace ksmd
 /// (see `Daemon::pending_run_pages`).
 pub const FORCED_REFRESH_CPU: f64 = 0.005;
+
+/// Pages a probe of a region raised on history looks at
+/// (`Daemon::probe_recurring`).
+const PROBE_PAGES: usize = 64;
 
 /// Regions looked at for renewal per wake-up between checks (see
 /// `Daemon::maybe_refresh`): two one-entry pagemap reads each, so at most
@@ -461,6 +466,18 @@ struct Book {
     /// Whether the log said it waits for its process's regions to live
     /// longer (once per book).
     short_noted: bool,
+    /// Mapped where its process's last region of its size was marked: the
+    /// predecessor's duplication ratio, until it is raised to the top
+    /// (`Daemon::raise_recurring`).
+    recurring: Option<f64>,
+    /// Raised to the top on its predecessors' evidence, not on its own
+    /// samples (`core::pipeline::recurrence`).
+    raised_on_history: bool,
+    /// The duplicate share it was marked whole with.
+    marked_dup: Option<f64>,
+    /// Raised on history and seen merging by a probe
+    /// (`Daemon::probe_recurring`): its place is passed on.
+    seen_merged: bool,
 }
 
 impl Book {
@@ -496,6 +513,10 @@ impl Book {
             sweep_remerge_after: 0,
             expected_dups: None,
             short_noted: false,
+            recurring: None,
+            raised_on_history: false,
+            marked_dup: None,
+            seen_merged: false,
         }
     }
 
@@ -553,6 +574,8 @@ struct Counters {
     remerges: u64,
     /// See [`Daemon::check_unseen_breaks`].
     unseen_break_alarms: u64,
+    /// See [`Daemon::raise_recurring`].
+    raised_on_history: u64,
     sampled: u64,
     wakes: u64,
 }
@@ -611,6 +634,10 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// The sampling regions `lifespans` expects to die young, hidden from
     /// the ladder (`Daemon::hide_short_lived`).
     short_lived: BTreeSet<RegionId>,
+    /// Where each process's recently unmapped marked regions were: a
+    /// region mapped again there goes to the top at once
+    /// (`core::pipeline::recurrence`).
+    recurrences: Recurrences<ProcKey>,
     /// The last region looked at for renewal between checks (they are
     /// looked at in turn, [`RENEWAL_LOOKS_PER_WAKE`] a wake-up).
     renewal_cursor: Option<RegionId>,
@@ -718,6 +745,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             self_managed: HashSet::new(),
             lives: Lifecycles::new(),
             lifespans: Lifespans::new(LifespanRules::default()),
+            recurrences: Recurrences::new(RecurrenceRules::default()),
             short_lived: BTreeSet::new(),
             renewal_cursor: None,
             phase_cpu: PhaseCpu::default(),
@@ -1507,8 +1535,16 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             let full_scans = self.ksm_now.full_scans;
             let self_managed = self.self_managed.contains(&span.proc.pid);
             let ours = self.marks.covers(span.proc, span.start, span.end());
+            let recurring = (self.config.ladder.raise_recurring && !self.books.contains_key(&r.id))
+                .then(|| {
+                    self.recurrences
+                        .predecessor(span.proc, span.start, span.pages, now)
+                })
+                .flatten();
             let book = self.books.entry(r.id).or_insert_with(|| {
-                Book::new(span.clone(), before.known_since(&span).unwrap_or(now))
+                let mut b = Book::new(span.clone(), before.known_since(&span).unwrap_or(now));
+                b.recurring = recurring;
+                b
             });
             if book.span.pages != span.pages {
                 book.resized();
@@ -1575,14 +1611,26 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 continue;
             }
             // Unmapped: its marks went with it.
-            if life.is_some_and(|l| l.mode() == Mode::Promoted) {
+            let marked = life.as_ref().is_some_and(|l| l.mode() == Mode::Promoted);
+            if marked {
                 self.marks.remove(b.span.proc, b.span.start, b.span.end());
             }
             self.lifespans
                 .died(b.span.proc, b.span.pages, b.first_seen, now);
+            let ending = match (&life, b.marked_dup) {
+                (Some(l), Some(dup)) if marked => Ending::Marked {
+                    dup,
+                    raised: b.raised_on_history,
+                    merged: b.seen_merged || l.merged_now() > 0,
+                },
+                _ => Ending::Unmarked,
+            };
+            self.recurrences
+                .died(b.span.proc, b.span.start, b.span.pages, ending, now);
         }
         let live: HashSet<ProcKey> = self.allowed.values().copied().collect();
         self.lifespans.retain(now, |k| live.contains(k));
+        self.recurrences.retain(now, |k| live.contains(k));
         for key in self.marks.processes() {
             if !live.contains(&key) {
                 self.marks.forget(key);
@@ -1680,6 +1728,43 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         true
     }
 
+    /// Raises the regions mapped where their process's last region of
+    /// their size was marked (`core::pipeline::recurrence`) to the top
+    /// level, once the ladder has them: actuation marks them as it does a
+    /// region raised by the sweep (after a write watch, with write
+    /// tracking on).
+    fn raise_recurring(&mut self, now: Nanos) {
+        let watching = self.config.actuate.write_tracking && self.config.ladder.v_cow < 1.0;
+        for (&id, b) in &mut self.books {
+            let Some(dup) = b.recurring else {
+                continue;
+            };
+            if !self.distiller.ladder().contains(id) {
+                // Hidden (held, expected short): no longer a candidate.
+                if self.lives.mode(id) != Some(Mode::Sampling) || self.short_lived.contains(&id) {
+                    b.recurring = None;
+                }
+                continue;
+            }
+            b.recurring = None;
+            if !self.distiller.raise_on_history(id, dup) {
+                continue;
+            }
+            b.raised_on_history = true;
+            b.raised_at = Some(now);
+            let parked = watching && self.distiller.park(id);
+            b.parked_at = parked.then_some(now);
+            self.counters.raised_on_history += 1;
+            debug!(
+                pid = b.span.proc.pid,
+                start = b.span.start,
+                pages = b.span.pages,
+                dup,
+                "mapped again where its predecessor was marked: raised to the top level"
+            );
+        }
+    }
+
     fn distil(&mut self, now: Nanos) -> u64 {
         // Both flags are cleared here (no short circuit).
         let view_changed = self.lives.take_view_changed() | self.hide_short_lived(now);
@@ -1693,6 +1778,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 .collect::<BTreeSet<_>>();
             &joined
         };
+        let mut synced = false;
         if self.need_sync || view_changed {
             let view = View {
                 target: &mut self.target,
@@ -1701,6 +1787,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             };
             self.distiller.sync_regions(&view, now);
             self.need_sync = false;
+            synced = true;
         }
         let mut view = View {
             target: &mut self.target,
@@ -1719,6 +1806,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             self.force_refresh = true;
         }
         self.counters.sampled += sampled;
+        if synced {
+            self.raise_recurring(now);
+        }
         sampled
     }
 
@@ -2215,6 +2305,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                                     self.lives.mark(id, self.ksm_now.full_scans, now);
                                     if let Some(e) = b.expected_dups.take() {
                                         self.lives.expect(id, e);
+                                        b.marked_dup = Some(
+                                            (e as f64 / f64::from(b.span.pages.max(1))).min(1.0),
+                                        );
                                     }
                                     summary.promoted.push(id);
                                     info!(
@@ -2301,6 +2394,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     /// demotion rule).
     fn account(&mut self, now: Nanos) {
         self.check_unseen_breaks(now);
+        self.probe_recurring();
         let dt = now.saturating_sub(self.last_account).min(SEC);
         self.last_account = now;
         let full_scans = self.ksm_now.full_scans;
@@ -2331,6 +2425,29 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             let id = ids[(first + k) % ids.len()];
             self.account_from = Some(id);
             self.account_region(id, now, full_scans, &rules, &mut budget);
+        }
+    }
+
+    /// Looks at the first [`PROBE_PAGES`] pages of each region raised on
+    /// history and marked, until one of them is merged: such a region is
+    /// often unmapped before an accounting pass sees it merge, and a
+    /// raised generation passes its place on only if merging was seen
+    /// (`core::pipeline::recurrence`). ksmd walks a region in address
+    /// order, so its first pages merge first. One pagemap and one
+    /// kpageflags read of 64 entries a region and wake-up, for at most a
+    /// region's short life.
+    fn probe_recurring(&mut self) {
+        for (&id, b) in &mut self.books {
+            if !b.raised_on_history || b.seen_merged || self.lives.mode(id) != Some(Mode::Promoted)
+            {
+                continue;
+            }
+            let n = (PROBE_PAGES as u32).min(b.span.pages) as usize;
+            self.states.clear();
+            self.states.resize(n, PageState::NotPresent);
+            if self.target.page_states(id, 0, &mut self.states).is_ok() {
+                b.seen_merged = self.states.contains(&PageState::Merged);
+            }
         }
     }
 
@@ -2618,6 +2735,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             partial_marks: self.counters.partial_marks,
             remerges: self.counters.remerges,
             unseen_break_alarms: self.counters.unseen_break_alarms,
+            raised_on_history: self.counters.raised_on_history,
             write_tracked_ranges: self.tracked as u64,
             sampled_pages: self.counters.sampled,
             wakes: self.counters.wakes,

@@ -708,6 +708,62 @@ fn a_process_that_exits_after_promotion_is_forgotten() {
     let _: RegionId = b;
 }
 
+/// A region of one content is marked and merged, then unmapped; the
+/// process maps the same content again at the same place, and, elsewhere,
+/// a region like it. Returns the wakes (of [`WAKE`]) until each of the two
+/// new regions was marked, if within `wakes`.
+fn mapped_again(toml: &str, wakes: usize) -> (Option<usize>, Option<usize>) {
+    let w = world();
+    let first = {
+        let mut m = w.borrow_mut();
+        m.spawn(10, "cycler", false);
+        m.map(10, &[7; 1024], false)
+    };
+    let mut d = daemon(&w, toml, &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert_eq!(d.mode(first), Some(Mode::Promoted));
+    let start = w.borrow().spans[&first].start;
+    w.borrow_mut().unmap(first);
+    d.request_refresh();
+    run(&mut d, &mut now, 2);
+    let (again, elsewhere) = {
+        let mut m = w.borrow_mut();
+        (
+            m.map_at(10, start, &[7; 1024], false),
+            m.map(10, &[8; 1024], false),
+        )
+    };
+    d.request_refresh();
+    let (mut a, mut e) = (None, None);
+    for i in 1..=wakes {
+        run(&mut d, &mut now, 1);
+        let m = w.borrow();
+        if a.is_none() && m.spans[&again].mergeable {
+            a = Some(i);
+        }
+        if e.is_none() && m.spans[&elsewhere].mergeable {
+            e = Some(i);
+        }
+    }
+    (a, e)
+}
+
+#[test]
+fn a_region_mapped_again_where_a_marked_one_was_is_marked_at_once() {
+    let toml = "[eligible]\nall = true\n[actuate]\nwrite_tracking = false\n";
+    let (again, elsewhere) = mapped_again(toml, 30);
+    // Raised to the top on its predecessor's evidence: marked in the wake
+    // that first sees it, younger than V_life (100 ms, one wake).
+    assert_eq!(again, Some(1));
+    // A region like it at another place climbs on its own samples, level
+    // by level (1.2 s here, 12 wakes).
+    assert!(elsewhere.is_none_or(|e| e > 5), "{elsewhere:?}");
+    let off = format!("{toml}[ladder]\nraise_recurring = false\n");
+    let (again, _) = mapped_again(&off, 30);
+    assert!(again.is_none_or(|a| a > 5), "{again:?}");
+}
+
 #[test]
 fn the_daemon_stays_under_its_cpu_cap_by_sleeping_longer() {
     let w = world();

@@ -156,6 +156,10 @@ const GAUGES: &[(&str, &str)] = &[
         "unseen_break_alarms",
         "Times cow_ksm rose by more COW breaks than the accounting passes saw (settled regions passed over again)",
     ),
+    (
+        "raised_on_history",
+        "Regions mapped again where their process's last one was marked, raised to the top level at once",
+    ),
     ("marked_bytes", "Bytes marked mergeable by pagesift"),
     ("skipped_processes", "Processes pagesift does not actuate"),
     ("ksm_pages_shared", "KSM pages in use"),
@@ -419,6 +423,7 @@ impl Metrics {
             ("partial_marks", t.partial_marks as f64),
             ("remerges", t.remerges as f64),
             ("unseen_break_alarms", t.unseen_break_alarms as f64),
+            ("raised_on_history", t.raised_on_history as f64),
             ("marked_bytes", t.marked_bytes as f64),
             ("skipped_processes", s.skipped.len() as f64),
             ("ksm_pages_shared", k.pages_shared as f64),

@@ -98,6 +98,14 @@ impl World {
     /// Maps a region with the given content ids into `pid`; `mergeable`
     /// as if the process had marked it itself.
     pub fn map(&mut self, pid: u32, contents: &[u64], mergeable: bool) -> RegionId {
+        let start = self.next_addr;
+        self.next_addr += contents.len() as u64 * 4096 + (1 << 20);
+        self.map_at(pid, start, contents, mergeable)
+    }
+
+    /// Maps a region at `start` (a program mapping again where it unmapped
+    /// a region before: `mmap` usually returns the same hole).
+    pub fn map_at(&mut self, pid: u32, start: u64, contents: &[u64], mergeable: bool) -> RegionId {
         let id = self.mem.map(pid, contents);
         self.maps_changed = true;
         let key = self
@@ -106,9 +114,7 @@ impl World {
             .find(|p| p.key.pid == pid)
             .expect("spawned")
             .key;
-        let start = self.next_addr;
         let len = contents.len() as u64 * 4096;
-        self.next_addr += len + (1 << 20);
         self.spans.insert(
             id,
             Span {

@@ -115,6 +115,10 @@ pub struct Totals {
     /// again at once.
     #[serde(default)]
     pub unseen_break_alarms: u64,
+    /// Regions mapped again where their process's last region of their
+    /// size was marked, raised to the top level on that evidence.
+    #[serde(default)]
+    pub raised_on_history: u64,
     /// MADV_UNMERGEABLE calls that succeeded.
     pub unmarks: u64,
     /// Candidate ranges whose writes are being watched (userfaultfd

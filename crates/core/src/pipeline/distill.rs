@@ -406,6 +406,11 @@ impl Distiller {
     pub fn raise(&mut self, id: RegionId, dup_ratio: f64, now: Nanos) -> bool {
         self.ladder.raise(id, dup_ratio, now).is_some()
     }
+    /// Raises a region to the top level on its predecessors' evidence
+    /// ([`Ladder::raise_on_history`]); returns whether it moved.
+    pub fn raise_on_history(&mut self, id: RegionId, dup_ratio: f64) -> bool {
+        self.ladder.raise_on_history(id, dup_ratio).is_some()
+    }
     /// Parks a region on its level ([`Ladder::park`]).
     pub fn park(&mut self, id: RegionId) -> bool {
         self.ladder.park(id)

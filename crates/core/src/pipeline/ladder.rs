@@ -1141,12 +1141,22 @@ impl Ladder {
     /// or `None` if the region stays where it is (unknown, already on top,
     /// too young or too poor).
     pub fn raise(&mut self, id: RegionId, dup_ratio: f64, now: Nanos) -> Option<Move> {
+        let young = now.saturating_sub(self.regions.get(&id)?.inserted_at) <= self.config.v_life;
+        if young {
+            return None;
+        }
+        self.raise_on_history(id, dup_ratio)
+    }
+
+    /// Moves a region to the top level on its predecessors' evidence (a
+    /// region mapped again where its process's last one of that size was
+    /// marked, [`crate::pipeline::recurrence`]), whatever its age: V_life
+    /// asks whether a region lives long enough to be worth merging, and
+    /// its predecessors have answered that. Otherwise as [`Ladder::raise`].
+    pub fn raise_on_history(&mut self, id: RegionId, dup_ratio: f64) -> Option<Move> {
         let top = self.levels.len() - 1;
         let r = self.regions.get_mut(&id)?;
-        if r.level == top
-            || !(dup_ratio > 0.0 && dup_ratio >= self.config.v_dup)
-            || now.saturating_sub(r.inserted_at) <= self.config.v_life
-        {
+        if r.level == top || !(dup_ratio > 0.0 && dup_ratio >= self.config.v_dup) {
             return None;
         }
         let (from, seq, pages) = (r.level, r.seq, r.space_pages());
@@ -1274,6 +1284,25 @@ mod tests {
         // Already on top: nothing to do; the other region still samples.
         assert_eq!(l.raise(RegionId(1), 0.9, old), None);
         assert_eq!(l.regions_at(0), vec![RegionId(2)]);
+    }
+
+    #[test]
+    fn a_region_raised_on_history_needs_the_evidence_but_not_the_age() {
+        let cfg = LadderConfig::default();
+        let top = cfg.levels - 1;
+        let mut l = Ladder::new(cfg.clone(), 3);
+        l.insert(RegionId(1), 512, 0);
+        assert_eq!(l.raise_on_history(RegionId(1), cfg.v_dup / 2.0), None);
+        assert_eq!(l.raise_on_history(RegionId(9), 0.9), None, "unknown");
+        assert_eq!(l.level_of(RegionId(1)), Some(0));
+        // Just inserted, far younger than V_life.
+        assert!(matches!(
+            l.raise_on_history(RegionId(1), 0.9),
+            Some(Move::Climb { to, .. }) if to == top
+        ));
+        assert_eq!(l.level_pages(top), 512);
+        assert_eq!(l.region_stats(RegionId(1)).unwrap().last_dup_ratio, 0.9);
+        assert_eq!(l.raise_on_history(RegionId(1), 0.9), None, "already on top");
     }
 
     #[test]
