@@ -19,6 +19,10 @@ use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+/// The least mean share of each cycle merged that counts as merging short
+/// lived memory at all (`Goal::MoreOfEachCycle`).
+const MEANINGFUL_CYCLE_SHARE: f64 = 0.10;
+
 const PAGE_MIB: f64 = pagesift_linux::PAGE_SIZE as f64 / (1024.0 * 1024.0);
 
 /// The figures of one run.
@@ -487,7 +491,7 @@ pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
         }
         Goal::MoreOfEachCycle { .. } => {
             v.goal = format!(
-                "{system} merges more of each cycle's pages before its unmap than {against} (mean over the cycles within the {window_s:.0} s window)"
+                "{system} merges more of each cycle's pages before its unmap than {against} (mean over the cycles within the {window_s:.0} s window, and at least 10 %)"
             );
             let stats = |name: &str| run_of(runs, name).and_then(|r| CycleStats::of(&r.cycles));
             let (me, them) = (stats(&system), stats(&against));
@@ -496,8 +500,10 @@ pub fn judge(spec: &GoalSpec, runs: &[RunResult], window_s: f64) -> Verdict {
                 cycle_evidence(&system, me),
                 cycle_evidence(&against, them)
             );
+            // Both merging next to nothing is no win for either: a share
+            // of a percent is a page or two ksmd caught as the region went.
             if let (Some(me), Some(them)) = (me, them) {
-                v.met = Some(me.mean > them.mean);
+                v.met = Some(me.mean > them.mean && me.mean >= MEANINGFUL_CYCLE_SHARE);
             }
         }
         Goal::SkipsCycles { max_cpu_share, .. } => {
