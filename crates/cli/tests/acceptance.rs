@@ -558,6 +558,23 @@ impl Cycling {
         (d, started)
     }
 
+    /// A workload of period `period_ms` and the daemon on it under the
+    /// short-lived profile for `secs`: the share of each cycle mapped since
+    /// the daemon started that was merged before its unmap.
+    fn under_the_profile(
+        dir: &std::path::Path,
+        period_ms: u64,
+        secs: u64,
+    ) -> (Cycling, Daemon, Vec<f64>) {
+        let c = Cycling::start(dir, period_ms);
+        let profile = include_str!("../../../dist/profiles/short-lived.toml");
+        let (d, started) = c.run_daemon(dir, profile, secs);
+        let shares = (c.cycles_since(started).iter())
+            .map(|c| c.merged as f64 / c.pages as f64)
+            .collect();
+        (c, d, shares)
+    }
+
     /// The cycles mapped after `started` (Unix seconds), as the workload
     /// logged them right before each unmap.
     fn cycles_since(&self, started: f64) -> Vec<CycleRecord> {
@@ -644,13 +661,7 @@ fn short_lived_cycles_are_merged_under_the_short_lived_profile() {
     require_root();
     let _serial = serial();
     let tmp = temp_dir("accept-short");
-    let dir = tmp.path();
-    let c = Cycling::start(dir, 500);
-    let profile = include_str!("../../../dist/profiles/short-lived.toml");
-    let (d, started) = c.run_daemon(dir, profile, 7);
-    let shares: Vec<f64> = (c.cycles_since(started).iter())
-        .map(|c| c.merged as f64 / c.pages as f64)
-        .collect();
+    let (c, d, shares) = Cycling::under_the_profile(tmp.path(), 500, 7);
     eprintln!("short-lived, T = 0.5 s, 32 MiB: merged share per cycle {shares:.2?}");
     assert!(shares.len() >= 4, "{} cycles:\n{}", shares.len(), d.log());
     assert!(shares.iter().all(|&s| s >= 0.9), "{shares:?}\n{}", d.log());
@@ -672,13 +683,7 @@ fn short_lived_cycles_of_200_ms_are_merged_once_their_place_is_known() {
     require_root();
     let _serial = serial();
     let tmp = temp_dir("accept-short-200");
-    let dir = tmp.path();
-    let c = Cycling::start(dir, 200);
-    let profile = include_str!("../../../dist/profiles/short-lived.toml");
-    let (d, started) = c.run_daemon(dir, profile, 8);
-    let shares: Vec<f64> = (c.cycles_since(started).iter())
-        .map(|c| c.merged as f64 / c.pages as f64)
-        .collect();
+    let (c, d, shares) = Cycling::under_the_profile(tmp.path(), 200, 8);
     let raised = d.status().unwrap()["totals"]["raised_on_history"]
         .as_u64()
         .unwrap_or(0);

@@ -2429,8 +2429,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     }
 
     /// Looks at the first [`PROBE_PAGES`] pages of each region raised on
-    /// history and marked, until one of them is merged: such a region is
-    /// often unmapped before an accounting pass sees it merge, and a
+    /// history and marked, while it merges, until one of them is merged:
+    /// such a region is often unmapped before an accounting pass sees it merge, and a
     /// raised generation passes its place on only if merging was seen
     /// (`core::pipeline::recurrence`). ksmd walks a region in address
     /// order, so its first pages merge first. One pagemap and one
@@ -2438,8 +2438,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     /// region's short life.
     fn probe_recurring(&mut self) {
         for (&id, b) in &mut self.books {
-            if !b.raised_on_history || b.seen_merged || self.lives.mode(id) != Some(Mode::Promoted)
-            {
+            let merging =
+                (self.lives.get(id)).is_some_and(|l| l.mode() == Mode::Promoted && l.merging());
+            if !b.raised_on_history || b.seen_merged || !merging {
+                // Once settled, its accounting passes have counted it.
                 continue;
             }
             let n = (PROBE_PAGES as u32).min(b.span.pages) as usize;
