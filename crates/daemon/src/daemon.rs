@@ -120,7 +120,7 @@
 
 mod hinting;
 
-pub use hinting::{HintTap, open_source as open_hint_source};
+pub use hinting::{HintTap, HintedRange, open_source as open_hint_source};
 
 use crate::actuate::{Actuator, Advice, BatchOutcome, Marks, ProcKey, Unmarked, coalesce};
 use crate::config::Config;

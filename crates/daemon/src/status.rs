@@ -260,6 +260,10 @@ pub struct HintsStatus {
     /// ksmd scans them anyway.
     #[serde(default)]
     pub mergeable: u64,
+    /// Pages written out to a file from regions held for their writes: not
+    /// pushed (a buffer a process writes from is what the hold is about).
+    #[serde(default)]
+    pub held_writes: u64,
     /// Events the kernel dropped because the ring was full.
     pub dropped_ring: u64,
     /// Hints dropped as stale (older than the maximum age or the last

@@ -16,8 +16,9 @@
 //!    sorted by address) is rebuilt.
 //! 3. **Feed** (each wake-up, before distilling): the ring is drained;
 //!    each hinted range is cut into pages of the regions it overlaps; the
-//!    pages of regions that are sampling or held (not yet mergeable) are
-//!    pushed on the stack, newest last, stamped with the wake's time; those
+//!    pages of regions that are sampling, and the pages a read filled in
+//!    regions held for their writes (a write hint there is counted and
+//!    dropped: see `Daemon::feed_hints`), are pushed on the stack, newest last, stamped with the wake's time; those
 //!    of regions already mergeable are counted apart from the rest, which
 //!    are untracked. The CPU time of this step over the
 //!    pages pushed is the per-hint cost.
@@ -27,7 +28,8 @@
 //!    global round ("XLH skips hints that were issued in the last scan
 //!    round", §4.3.3), since the sampler has passed over the regions since.
 //! 5. **Mark**: hinted runs go to the loop's run marking (`run_items`),
-//!    which takes them even when one page long, in held regions too, and
+//!    which takes them even when one page long, in held regions too (from
+//!    read hints only, step 3), and
 //!    without waiting for a write verdict (XLH does not filter hinted
 //!    pages, §4.3.4: file data is rarely rewritten soon).
 
@@ -47,13 +49,25 @@ use tracing::{info, warn};
 const MS: Nanos = 1_000_000;
 const PAGE: u64 = 4096;
 
+/// Whole pages of one process's memory that a syscall just filled from a
+/// file, or wrote out to one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HintedRange {
+    pub tgid: u32,
+    /// Page-aligned first address.
+    pub start: u64,
+    pub pages: u64,
+    /// A read (the pages received file data), not a write.
+    pub read: bool,
+}
+
 /// Where hints come from: the BPF program, or a stand-in in tests.
 pub trait HintTap: Send {
     /// Makes the processes that produce hints exactly `tgids`.
     fn watch(&mut self, tgids: &mut dyn Iterator<Item = u32>);
-    /// Hands every pending hinted range `(tgid, first address, pages)` to
-    /// `f`; returns the syscall events read.
-    fn drain(&mut self, f: &mut dyn FnMut(u32, u64, u64)) -> u64;
+    /// Hands every pending hinted range to `f`; returns the syscall events
+    /// read.
+    fn drain(&mut self, f: &mut dyn FnMut(HintedRange)) -> u64;
     /// Events the kernel dropped because the ring was full, so far.
     fn ring_dropped(&self) -> u64;
     /// A descriptor that turns readable when hints arrive after a drain,
@@ -78,8 +92,15 @@ impl HintTap for pagesift_linux::iohint::HintSource {
             );
         }
     }
-    fn drain(&mut self, f: &mut dyn FnMut(u32, u64, u64)) -> u64 {
-        pagesift_linux::iohint::HintSource::drain(self, |h| f(h.tgid, h.start, h.pages))
+    fn drain(&mut self, f: &mut dyn FnMut(HintedRange)) -> u64 {
+        pagesift_linux::iohint::HintSource::drain(self, |h| {
+            f(HintedRange {
+                tgid: h.tgid,
+                start: h.start,
+                pages: h.pages,
+                read: h.syscall.is_read(),
+            })
+        })
     }
     fn ring_dropped(&self) -> u64 {
         self.counters().ring_full
@@ -130,6 +151,7 @@ struct Counts {
     pushed: u64,
     untracked: u64,
     mergeable: u64,
+    held_writes: u64,
     sampled: u64,
     duplicates: u64,
     pages_marked: u64,
@@ -246,6 +268,7 @@ impl HintFeed {
             pushed: c.pushed,
             untracked: c.untracked,
             mergeable: c.mergeable,
+            held_writes: c.held_writes,
             dropped_ring: self.tap.as_ref().map_or(0, |t| t.ring_dropped()),
             dropped_stale: st.expired,
             overwritten: st.overwritten,
@@ -320,17 +343,21 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         };
         let t0 = host::thread_cpu_ns();
         let mut ranges = Vec::new();
-        self.hints.counts.events += tap.drain(&mut |tgid, start, pages| {
-            ranges.push((tgid, start, pages));
-        });
+        self.hints.counts.events += tap.drain(&mut |r| ranges.push(r));
         // The scrubber re-indexes the guest pages that file data reached.
         if let Some(scrub) = self.scrub.as_mut() {
-            for &(tgid, start, pages) in &ranges {
-                scrub.note_io(tgid, start, pages);
+            for r in &ranges {
+                scrub.note_io(r.tgid, r.start, r.pages);
             }
         }
         let feed = &mut self.hints;
-        for (tgid, start, pages) in ranges {
+        for HintedRange {
+            tgid,
+            start,
+            pages,
+            read,
+        } in ranges
+        {
             feed.counts.received += pages;
             let end = start.saturating_add(pages.saturating_mul(PAGE));
             let Some(regions) = feed.regions.get(&tgid) else {
@@ -347,13 +374,23 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 let (a, b) = (rs.max(start), re.min(end));
                 let n = (b - a) / PAGE;
                 covered += n;
-                let sampling = matches!(
-                    self.lives.mode(id),
-                    Some(Mode::Sampling | Mode::Held { .. })
-                );
-                if !sampling {
-                    feed.counts.mergeable += n;
-                    continue;
+                match self.lives.mode(id) {
+                    Some(Mode::Sampling) => {}
+                    // Held for its writes: a read says the pages now hold
+                    // file data, which is rarely rewritten soon (XLH
+                    // §4.3.4); a write says only that the process wrote
+                    // them out, and a buffer it writes from is the kind
+                    // of memory the hold is about (a log line built and
+                    // written, then built again).
+                    Some(Mode::Held { .. }) if read => {}
+                    Some(Mode::Held { .. }) => {
+                        feed.counts.held_writes += n;
+                        continue;
+                    }
+                    _ => {
+                        feed.counts.mergeable += n;
+                        continue;
+                    }
                 }
                 for k in 0..n {
                     let page = ((a - rs) / PAGE + k) as u32;
