@@ -200,6 +200,20 @@ impl InMemorySource {
         id
     }
 
+    /// Maps `contents` anew in place of region `id`, keeping its id: fresh
+    /// pages, none merged or written (an `munmap` and an `mmap` of the same
+    /// size that returned the same addresses). Returns whether it existed.
+    pub fn renew(&mut self, id: RegionId, contents: &[u64]) -> bool {
+        let Some(owner) = self.regions.get(&id).map(|r| r.owner) else {
+            return false;
+        };
+        let fresh = self.map(owner, contents);
+        let r = self.regions.remove(&fresh).expect("just mapped");
+        self.next_id -= 1;
+        self.regions.insert(id, r);
+        true
+    }
+
     /// Unmaps a region; later accesses report [`SourceError::Gone`].
     pub fn unmap(&mut self, id: RegionId) -> bool {
         self.regions.remove(&id).is_some()

@@ -134,7 +134,7 @@ use crate::target::{Span, Target, View};
 use crate::watchdog::WakeWatch;
 use pagesift_core::pipeline::distill::{Distiller, DistillerConfig, DupRun};
 use pagesift_core::pipeline::governor::{MAX_SLEEP, sleep_for_share};
-use pagesift_core::pipeline::lifecycle::{AccountRules, Lifecycles};
+use pagesift_core::pipeline::lifecycle::{AccountRules, Lifecycle, Lifecycles};
 pub use pagesift_core::pipeline::lifecycle::{MAX_HOLD, Mode, SETTLE_SCANS};
 use pagesift_core::pipeline::lifespan::{LifespanRules, Lifespans};
 use pagesift_core::pipeline::recurrence::{Ending, RecurrenceRules, Recurrences};
@@ -518,6 +518,20 @@ impl Book {
             marked_dup: None,
             seen_merged: false,
         }
+    }
+
+    /// Mapped anew in place (`Daemon::note_renewals`): what it knew of the
+    /// old generation's pages and marks does not hold for the new one.
+    fn reborn(&mut self) {
+        self.resized();
+        self.exclude = None;
+        self.raised_at = None;
+        self.parked_at = None;
+        self.expected_dups = None;
+        self.recurring = None;
+        self.raised_on_history = false;
+        self.marked_dup = None;
+        self.seen_merged = false;
     }
 
     /// Its length changed (its lifecycle follows in `Lifecycles::track`).
@@ -1458,6 +1472,30 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             self.lifespans
                 .died(b.span.proc, b.span.pages, b.first_seen, now);
             b.first_seen = now;
+            if self.lives.mode(id) == Some(Mode::Promoted) {
+                // Its mark went with the old VMA: the new generation is
+                // unmarked memory, judged afresh (and recurring, if its
+                // place says so). Without this, the next refresh took the
+                // unmarked range for one the kernel or the process had
+                // unmarked, and held it for `demote_hold_s`.
+                let life = self.lives.forget(id);
+                self.marks.remove(b.span.proc, b.span.start, b.span.end());
+                let ending = ending_of(b, life.as_ref(), true);
+                self.recurrences
+                    .died(b.span.proc, b.span.start, b.span.pages, ending, now);
+                self.lives.track(id, b.span.pages, now);
+                b.reborn();
+                b.recurring = (self.config.ladder.raise_recurring)
+                    .then(|| {
+                        self.recurrences
+                            .predecessor(b.span.proc, b.span.start, b.span.pages, now)
+                    })
+                    .flatten();
+                // Discovery's memory of what pagesift advised there is
+                // stale: the next refresh reads the process's smaps.
+                self.target.distrust_mergeable(b.span.proc.pid);
+                self.need_sync = true;
+            }
         }
     }
 
@@ -1617,14 +1655,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             }
             self.lifespans
                 .died(b.span.proc, b.span.pages, b.first_seen, now);
-            let ending = match (&life, b.marked_dup) {
-                (Some(l), Some(dup)) if marked => Ending::Marked {
-                    dup,
-                    raised: b.raised_on_history,
-                    merged: b.seen_merged || l.merged_now() > 0,
-                },
-                _ => Ending::Unmarked,
-            };
+            let ending = ending_of(&b, life.as_ref(), marked);
             self.recurrences
                 .died(b.span.proc, b.span.start, b.span.pages, ending, now);
         }
@@ -2914,6 +2945,19 @@ fn write_verdict(
 /// Whether `b` is expected to be unmapped before ksmd could merge it, its
 /// process's large regions having died young (`core::pipeline::lifespan`),
 /// and the config says to wait.
+/// How a region's life ended, for the recurrence rule: `marked` whole by
+/// pagesift when it went, with `life` its lifecycle then.
+fn ending_of(b: &Book, life: Option<&Lifecycle>, marked: bool) -> Ending {
+    match (life, b.marked_dup) {
+        (Some(l), Some(dup)) if marked => Ending::Marked {
+            dup,
+            raised: b.raised_on_history,
+            merged: b.seen_merged || l.merged_now() > 0,
+        },
+        _ => Ending::Unmarked,
+    }
+}
+
 fn expected_short(lifespans: &Lifespans<ProcKey>, config: &Config, b: &Book, now: Nanos) -> bool {
     config.actuate.skip_short_lived
         && lifespans.expected_short(b.span.proc, b.span.pages, b.first_seen, now)

@@ -764,6 +764,42 @@ fn a_region_mapped_again_where_a_marked_one_was_is_marked_at_once() {
     assert!(again.is_none_or(|a| a > 5), "{again:?}");
 }
 
+/// A marked region unmapped and mapped again at the same addresses between
+/// two looks (the maps show the same line; its frames tell) is a new,
+/// unmarked generation: it is marked again at once on its predecessor's
+/// evidence. Before, the daemon kept it as promoted, and the next refresh
+/// took the unmarked range for a mark the kernel or the process had
+/// dropped and held it for a minute.
+#[test]
+fn a_marked_region_mapped_anew_in_place_is_marked_again_as_a_new_generation() {
+    let w = world();
+    let id = {
+        let mut m = w.borrow_mut();
+        m.spawn(10, "renewer", false);
+        m.map(10, &[7; 1024], false)
+    };
+    let toml = "[eligible]\nall = true\n[actuate]\nwrite_tracking = false\n";
+    let mut d = daemon(&w, toml, &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert_eq!(d.mode(id), Some(Mode::Promoted));
+    w.borrow_mut().renew(id, &[7; 1024]);
+    let mut again = None;
+    for i in 1..=30 {
+        run(&mut d, &mut now, 1);
+        if w.borrow().spans[&id].mergeable {
+            again = Some(i);
+            break;
+        }
+    }
+    // Seen at the next check (a second, 10 wakes), marked at once.
+    assert!(again.is_some_and(|i| i <= 12), "{again:?}");
+    assert_eq!(d.mode(id), Some(Mode::Promoted));
+    assert_eq!(d.status(now).totals.raised_on_history, 1);
+    run(&mut d, &mut now, 100);
+    assert_eq!(w.borrow().count(id, PageState::Merged), 1024);
+}
+
 #[test]
 fn the_daemon_stays_under_its_cpu_cap_by_sleeping_longer() {
     let w = world();

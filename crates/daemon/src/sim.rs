@@ -59,6 +59,9 @@ pub struct World {
     /// A region was mapped or unmapped since the daemon last asked (what
     /// the real target learns from statm).
     pub maps_changed: bool,
+    /// Regions mapped anew in place since the daemon last looked
+    /// ([`World::renew`]).
+    pub renewed: Vec<RegionId>,
 }
 
 /// A shared handle on the world.
@@ -163,6 +166,19 @@ impl World {
                 id
             })
             .collect()
+    }
+
+    /// Unmaps one region and maps `contents` at the same addresses between
+    /// two looks of the daemon: the maps show the same line, and only the
+    /// frames tell (`Target::check_renewed`). The new VMA is not mergeable.
+    pub fn renew(&mut self, id: RegionId, contents: &[u64]) {
+        let s = self.spans.get_mut(&id).expect("mapped");
+        assert_eq!(s.pages as usize, contents.len(), "same size");
+        s.mergeable = false;
+        let (pid, start, end) = (s.proc.pid, s.start, s.start + u64::from(s.pages) * 4096);
+        (self.partial).retain(|&(p, a, e)| p != pid || e <= start || end <= a);
+        assert!(self.mem.renew(id, contents));
+        self.renewed.push(id);
     }
 
     /// Unmaps one region (`munmap` of its VMA), with the marks inside it.
@@ -331,6 +347,18 @@ impl Target for SimTarget {
 
     fn processes_changed(&mut self) -> bool {
         std::mem::take(&mut self.0.borrow_mut().maps_changed)
+    }
+    fn check_renewed(
+        &mut self,
+        _min_pages: u32,
+        only: Option<&std::collections::BTreeSet<RegionId>>,
+    ) -> Vec<RegionId> {
+        let mut w = self.0.borrow_mut();
+        let (seen, kept) = std::mem::take(&mut w.renewed)
+            .into_iter()
+            .partition(|id| only.is_none_or(|o| o.contains(id)));
+        w.renewed = kept;
+        seen
     }
     fn refresh(&mut self) -> Result<(), String> {
         Ok(())
