@@ -708,13 +708,11 @@ fn a_process_that_exits_after_promotion_is_forgotten() {
     let _: RegionId = b;
 }
 
-/// A region of one content is marked and merged, then unmapped; the
-/// process maps the same content again at the same place, and, elsewhere,
-/// a region like it. Returns the wakes (of [`WAKE`]) until each of the two
-/// new regions was marked, if within `wakes`.
-fn mapped_again(toml: &str, wakes: usize) -> (Option<usize>, Option<usize>) {
+/// Process 10 with one region of 1024 identical pages, run under `toml`
+/// until it is marked: the world, the daemon, the region and the time.
+fn one_marked_region(toml: &str) -> (Shared, D, RegionId, Nanos) {
     let w = world();
-    let first = {
+    let id = {
         let mut m = w.borrow_mut();
         m.spawn(10, "cycler", false);
         m.map(10, &[7; 1024], false)
@@ -722,7 +720,16 @@ fn mapped_again(toml: &str, wakes: usize) -> (Option<usize>, Option<usize>) {
     let mut d = daemon(&w, toml, &[]);
     let mut now = 0;
     run(&mut d, &mut now, 300);
-    assert_eq!(d.mode(first), Some(Mode::Promoted));
+    assert_eq!(d.mode(id), Some(Mode::Promoted));
+    (w, d, id, now)
+}
+
+/// A region of one content is marked and merged, then unmapped; the
+/// process maps the same content again at the same place, and, elsewhere,
+/// a region like it. Returns the wakes (of [`WAKE`]) until each of the two
+/// new regions was marked, if within `wakes`.
+fn mapped_again(toml: &str, wakes: usize) -> (Option<usize>, Option<usize>) {
+    let (w, mut d, first, mut now) = one_marked_region(toml);
     let start = w.borrow().spans[&first].start;
     w.borrow_mut().unmap(first);
     d.request_refresh();
@@ -772,17 +779,8 @@ fn a_region_mapped_again_where_a_marked_one_was_is_marked_at_once() {
 /// dropped and held it for a minute.
 #[test]
 fn a_marked_region_mapped_anew_in_place_is_marked_again_as_a_new_generation() {
-    let w = world();
-    let id = {
-        let mut m = w.borrow_mut();
-        m.spawn(10, "renewer", false);
-        m.map(10, &[7; 1024], false)
-    };
     let toml = "[eligible]\nall = true\n[actuate]\nwrite_tracking = false\n";
-    let mut d = daemon(&w, toml, &[]);
-    let mut now = 0;
-    run(&mut d, &mut now, 300);
-    assert_eq!(d.mode(id), Some(Mode::Promoted));
+    let (w, mut d, id, mut now) = one_marked_region(toml);
     w.borrow_mut().renew(id, &[7; 1024]);
     let mut again = None;
     for i in 1..=30 {

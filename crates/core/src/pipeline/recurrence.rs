@@ -27,7 +27,8 @@
 //!
 //! When a region dies (is unmapped), its process remembers its *place*
 //! (first address and size in pages) if it had been marked whole, with
-//! its duplication ratio. A region first seen at a remembered place within
+//! its duplication ratio. A region first seen at a remembered place (a new
+//! VMA, or one the daemon saw mapped anew in place by its frames) within
 //! [`RecurrenceRules::memory`] of that death is *recurring*: the caller
 //! raises it to the top level with that ratio, past V_life and the climb
 //! ([`crate::pipeline::ladder::Ladder::raise_on_history`]). Everything
@@ -37,8 +38,10 @@
 //!
 //! A recurring region is marked without samples of its own, so the chain
 //! must not feed itself: a generation that was raised on history passes
-//! its place on only if accounting saw ksmd merge some of its pages
-//! before it died. After [`RecurrenceRules::max_blind`] raised
+//! its place on only if the caller saw ksmd merge some of its pages
+//! before it died (the daemon: an accounting pass, or a probe of the
+//! region's first pages each wake-up while it merges, since a region that
+//! lives 0.3 s often dies before a pass looks at it). After [`RecurrenceRules::max_blind`] raised
 //! generations in a row without a merge seen (they may have died before
 //! any pass looked at them), the next one must climb on its own samples.
 //! A generation that died without being marked (held, never reached the
