@@ -158,6 +158,23 @@ pub struct InMemorySource {
 /// Content id of the all-zero page.
 pub const ZERO_CONTENT: u64 = 0;
 
+/// Pages just mapped with these contents: present (or the zero page),
+/// none merged or written.
+fn fresh_pages(contents: &[u64]) -> Vec<SimPage> {
+    contents
+        .iter()
+        .map(|&c| SimPage {
+            content: c,
+            state: if c == ZERO_CONTENT {
+                PageState::Zero
+            } else {
+                PageState::Present
+            },
+            written: false,
+        })
+        .collect()
+}
+
 impl InMemorySource {
     pub fn new() -> Self {
         InMemorySource {
@@ -177,23 +194,11 @@ impl InMemorySource {
     pub fn map(&mut self, owner: u32, contents: &[u64]) -> RegionId {
         self.next_id += 1;
         let id = RegionId(self.next_id);
-        let pages = contents
-            .iter()
-            .map(|&c| SimPage {
-                content: c,
-                state: if c == ZERO_CONTENT {
-                    PageState::Zero
-                } else {
-                    PageState::Present
-                },
-                written: false,
-            })
-            .collect();
         self.regions.insert(
             id,
             SimRegion {
                 owner,
-                pages,
+                pages: fresh_pages(contents),
                 cow_breaks: 0,
             },
         );
@@ -204,13 +209,11 @@ impl InMemorySource {
     /// pages, none merged or written (an `munmap` and an `mmap` of the same
     /// size that returned the same addresses). Returns whether it existed.
     pub fn renew(&mut self, id: RegionId, contents: &[u64]) -> bool {
-        let Some(owner) = self.regions.get(&id).map(|r| r.owner) else {
+        let Some(r) = self.regions.get_mut(&id) else {
             return false;
         };
-        let fresh = self.map(owner, contents);
-        let r = self.regions.remove(&fresh).expect("just mapped");
-        self.next_id -= 1;
-        self.regions.insert(id, r);
+        r.pages = fresh_pages(contents);
+        r.cow_breaks = 0;
         true
     }
 

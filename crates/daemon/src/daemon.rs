@@ -652,6 +652,10 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// region mapped again there goes to the top at once
     /// (`core::pipeline::recurrence`).
     recurrences: Recurrences<ProcKey>,
+    /// The regions raised on history that `probe_recurring` still looks at
+    /// (marked, merging, no merge seen yet): a few at a time, so that the
+    /// wake-up does not walk every book for them.
+    probing: BTreeSet<RegionId>,
     /// The last region looked at for renewal between checks (they are
     /// looked at in turn, [`RENEWAL_LOOKS_PER_WAKE`] a wake-up).
     renewal_cursor: Option<RegionId>,
@@ -760,6 +764,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             lives: Lifecycles::new(),
             lifespans: Lifespans::new(LifespanRules::default()),
             recurrences: Recurrences::new(RecurrenceRules::default()),
+            probing: BTreeSet::new(),
             short_lived: BTreeSet::new(),
             renewal_cursor: None,
             phase_cpu: PhaseCpu::default(),
@@ -1782,6 +1787,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 continue;
             }
             b.raised_on_history = true;
+            self.probing.insert(id);
             b.raised_at = Some(now);
             let parked = watching && self.distiller.park(id);
             b.parked_at = parked.then_some(now);
@@ -2468,20 +2474,34 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     /// kpageflags read of 64 entries a region and wake-up, for at most a
     /// region's short life.
     fn probe_recurring(&mut self) {
-        for (&id, b) in &mut self.books {
-            let merging =
-                (self.lives.get(id)).is_some_and(|l| l.mode() == Mode::Promoted && l.merging());
-            if !b.raised_on_history || b.seen_merged || !merging {
-                // Once settled, its accounting passes have counted it.
-                continue;
+        let (books, lives, target, states) = (
+            &mut self.books,
+            &self.lives,
+            &mut self.target,
+            &mut self.states,
+        );
+        self.probing.retain(|&id| {
+            let Some(b) = books.get_mut(&id) else {
+                return false; // gone
+            };
+            // Not marked yet (a write watch first): wait. Once settled,
+            // its accounting passes have counted it.
+            match lives.get(id) {
+                Some(l) if l.mode() == Mode::Sampling => return b.raised_on_history,
+                Some(l) if l.mode() == Mode::Promoted && l.merging() => {}
+                _ => return false,
+            }
+            if !b.raised_on_history || b.seen_merged {
+                return false;
             }
             let n = (PROBE_PAGES as u32).min(b.span.pages) as usize;
-            self.states.clear();
-            self.states.resize(n, PageState::NotPresent);
-            if self.target.page_states(id, 0, &mut self.states).is_ok() {
-                b.seen_merged = self.states.contains(&PageState::Merged);
+            states.clear();
+            states.resize(n, PageState::NotPresent);
+            if target.page_states(id, 0, states).is_ok() {
+                b.seen_merged = states.contains(&PageState::Merged);
             }
-        }
+            !b.seen_merged
+        });
     }
 
     /// Breaks the passes did not see (`core::pipeline::lifecycle`, "Breaks
@@ -2942,9 +2962,6 @@ fn write_verdict(
     }
 }
 
-/// Whether `b` is expected to be unmapped before ksmd could merge it, its
-/// process's large regions having died young (`core::pipeline::lifespan`),
-/// and the config says to wait.
 /// How a region's life ended, for the recurrence rule: `marked` whole by
 /// pagesift when it went, with `life` its lifecycle then.
 fn ending_of(b: &Book, life: Option<&Lifecycle>, marked: bool) -> Ending {
@@ -2958,6 +2975,9 @@ fn ending_of(b: &Book, life: Option<&Lifecycle>, marked: bool) -> Ending {
     }
 }
 
+/// Whether `b` is expected to be unmapped before ksmd could merge it, its
+/// process's large regions having died young (`core::pipeline::lifespan`),
+/// and the config says to wait.
 fn expected_short(lifespans: &Lifespans<ProcKey>, config: &Config, b: &Book, now: Nanos) -> bool {
     config.actuate.skip_short_lived
         && lifespans.expected_short(b.span.proc, b.span.pages, b.first_seen, now)
