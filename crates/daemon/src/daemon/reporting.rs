@@ -1,0 +1,258 @@
+//! What `pagesift status` and the metrics show: a [`Status`] snapshot of
+//! the loop (counters, KSM, CPU per phase, regions, savings by process
+//! and cgroup). Reading it changes nothing but the CPU window it keeps.
+
+use super::*;
+
+impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
+    /// The status snapshot at `now`; also remembers the CPU window.
+    pub fn status(&mut self, now: Nanos) -> Status {
+        self.last_publish = Some(now);
+        let cpu = host::process_cpu_ns();
+        self.cpu_window
+            .push_back((now, cpu, self.ksm_now.ksmd_cpu_ns));
+        while self.cpu_window.len() > 2
+            && self
+                .cpu_window
+                .front()
+                .is_some_and(|&(t, _, _)| now - t > 5 * SEC)
+        {
+            self.cpu_window.pop_front();
+        }
+        let share = |i: usize| -> f64 {
+            let (a, b) = (self.cpu_window.front(), self.cpu_window.back());
+            match (a, b) {
+                (Some(a), Some(b)) if b.0 > a.0 => {
+                    let d = if i == 1 {
+                        b.1.saturating_sub(a.1)
+                    } else {
+                        b.2.saturating_sub(a.2)
+                    };
+                    d as f64 / (b.0 - a.0) as f64
+                }
+                _ => 0.0,
+            }
+        };
+        let ladder = self.distiller.ladder();
+        let params = self.distiller.params();
+        let lives = &self.lives;
+        let region = |id: RegionId, b: &Book| -> RegionStatus {
+            let stats = ladder.region_stats(id);
+            let life = &lives[id];
+            RegionStatus {
+                id: id.0,
+                pid: b.span.proc.pid,
+                comm: self
+                    .comms
+                    .get(&b.span.proc.pid)
+                    .cloned()
+                    .unwrap_or_default(),
+                start: b.span.start,
+                pages: b.span.pages,
+                name: b.span.name.clone(),
+                level: stats.map(|s| s.level),
+                state: match life.mode() {
+                    Mode::Sampling => "sampling",
+                    Mode::Promoted if life.settled() => "promoted",
+                    Mode::Promoted => "merging",
+                    Mode::Held { .. } => "held",
+                    Mode::Foreign => "foreign",
+                }
+                .into(),
+                merged_pages: life.merged_now(),
+                cow_breaks: life.cow_total(),
+                age_s: b.age_s(now),
+                dup_ratio: stats.map_or(0.0, |s| s.last_dup_ratio),
+            }
+        };
+        let mut levels: Vec<LevelStatus> = (0..ladder.levels())
+            .map(|l| LevelStatus {
+                level: l,
+                cpu_share: params.levels.get(l).map_or(0.0, |p| p.cpu_share),
+                round_time_ms: params.levels.get(l).map_or(0, |p| p.round_time / MS),
+                region_count: 0,
+                pages: ladder.level_pages(l),
+                regions: Vec::new(),
+            })
+            .collect();
+        for l in 0..ladder.levels() {
+            let ids = ladder.regions_at(l);
+            levels[l].region_count = ids.len() as u64;
+            let mut rs: Vec<RegionStatus> = ids
+                .iter()
+                .filter_map(|id| self.books.get(id).map(|b| region(*id, b)))
+                .collect();
+            rs.sort_by(|a, b| b.pages.cmp(&a.pages).then(a.id.cmp(&b.id)));
+            rs.truncate(MAX_LISTED);
+            levels[l].regions = rs;
+        }
+        let mut top: Vec<RegionStatus> = self
+            .books
+            .iter()
+            .filter(|(id, _)| lives[**id].merged_now() > 0)
+            .map(|(id, b)| region(*id, b))
+            .collect();
+        top.sort_by(|a, b| b.merged_pages.cmp(&a.merged_pages).then(a.id.cmp(&b.id)));
+        top.truncate(20);
+        let mut held: Vec<RegionStatus> = self
+            .books
+            .iter()
+            .filter(|(id, _)| lives[**id].held())
+            .map(|(id, b)| region(*id, b))
+            .collect();
+        held.sort_by(|a, b| b.pages.cmp(&a.pages).then(a.id.cmp(&b.id)));
+        held.truncate(MAX_LISTED);
+        let count = |f: &dyn Fn(&pagesift_core::pipeline::lifecycle::Lifecycle) -> bool| {
+            lives.values().filter(|l| f(l)).count() as u64
+        };
+        let totals = Totals {
+            processes: self.allowed.len() as u64,
+            regions: self.books.len() as u64,
+            promoted_regions: count(&|l| l.mode() == Mode::Promoted),
+            promoted_pages: self
+                .books
+                .iter()
+                .filter(|(id, _)| lives[**id].mode() == Mode::Promoted)
+                .map(|(_, b)| b.span.pages as u64)
+                .sum(),
+            merging_regions: count(&|l| l.mode() == Mode::Promoted && !l.settled()),
+            held_regions: count(&|l| l.held()),
+            foreign_regions: count(&|l| l.mode() == Mode::Foreign),
+            marked_bytes: self.marks.bytes(),
+            merged_pages: lives.values().map(|l| l.merged_now()).sum(),
+            cow_breaks: lives.values().map(|l| l.cow_total()).sum(),
+            marks: self.counters.marks,
+            unmarks: self.counters.unmarks,
+            batches: self.counters.batches,
+            vma_splits: self.counters.vma_splits,
+            regions_left_out: self.target.regions_left_out() as u64,
+            run_marks: self.counters.run_marks,
+            partial_marks: self.counters.partial_marks,
+            remerges: self.counters.remerges,
+            unseen_break_alarms: self.counters.unseen_break_alarms,
+            raised_on_history: self.counters.raised_on_history,
+            write_tracked_ranges: self.tracked as u64,
+            sampled_pages: self.counters.sampled,
+            wakes: self.counters.wakes,
+            global_rounds: self.distiller.global_rounds(),
+        };
+        let start = self.ksm_start.unwrap_or_default();
+        let ksm = KsmStatus {
+            pages_shared: self.ksm_now.pages_shared,
+            pages_sharing: self.ksm_now.pages_sharing,
+            full_scans: self.ksm_now.full_scans,
+            cpu_share: share(2),
+            cpu_seconds: self.ksm_now.ksmd_cpu_ns.saturating_sub(start.ksmd_cpu_ns) as f64 / 1e9,
+            target_share: self.pacing.share,
+            pages_to_scan: self.pacing.pages_to_scan,
+            sleep_ms: self.pacing.sleep_ms,
+            // The last look's, at most a second old (a read of
+            // /proc/vmstat costs about 30 µs).
+            cow_ksm: match (
+                self.cow_seen
+                    .map(|(c, _)| c)
+                    .or_else(|| self.target.cow_ksm()),
+                self.cow_ksm_start,
+            ) {
+                (Some(n), Some(s)) => Some(n.saturating_sub(s)),
+                _ => None,
+            },
+        };
+        let daemon = DaemonStatus {
+            pid: std::process::id(),
+            uptime_s: now.saturating_sub(self.started) as f64 / SEC as f64,
+            cpu_share: share(1),
+            cpu_seconds: cpu.saturating_sub(self.cpu_start_ns) as f64 / 1e9,
+            per_page_ns: self.distiller.per_page_ns(),
+            strength: self.distiller.controller().strength(),
+            config: self.config_path.as_ref().map(|p| p.display().to_string()),
+            sweep: self.sweeper.stats,
+            cpu_by_phase: self.phase_cpu.seconds(),
+        };
+        let mut skipped: Vec<Skipped> = self
+            .skipped
+            .iter()
+            .chain(&self.inject_skips)
+            .map(|(pid, s)| Skipped {
+                pid: *pid,
+                comm: s.comm.clone(),
+                reason: s.reason.clone(),
+            })
+            .collect();
+        for pid in &self.self_managed {
+            skipped.push(Skipped {
+                pid: *pid,
+                comm: self.comms.get(pid).cloned().unwrap_or_default(),
+                reason: "uses KSM itself (ksm_merge_any): its settings are left as they are".into(),
+            });
+        }
+        skipped.sort_by_key(|s| s.pid);
+        let savings = self.savings();
+        Status {
+            governor: self.config.governor.name().into(),
+            levels,
+            top_regions: top,
+            held_regions: held,
+            totals,
+            ksm,
+            daemon,
+            skipped,
+            hints: self.hints.status(),
+            scrub: self.scrub.as_ref().map(|s| s.status()),
+            numa: self.numa.as_ref().map(|n| n.status()),
+            savings,
+        }
+    }
+
+    /// What each eligible process saves, grouped by cgroup and bounded by
+    /// `[savings]` (`core::pipeline::savings`). Merged pages and bytes saved are the
+    /// kernel's (`/proc/PID/ksm_stat`), read only for processes with
+    /// memory KSM may merge (promoted or foreign regions: nothing else of
+    /// theirs can be merged); where it cannot be read, the regions' last
+    /// accounting passes stand in, a page saved per page merged. COW
+    /// breaks are the loop's own count per region.
+    pub(super) fn savings(&self) -> Breakdown {
+        #[derive(Default)]
+        struct Regions {
+            merged: u64,
+            cow: u64,
+            mergeable: bool,
+        }
+        let mut per_pid: BTreeMap<u32, Regions> = self
+            .allowed
+            .keys()
+            .map(|&pid| (pid, Regions::default()))
+            .collect();
+        for (id, b) in &self.books {
+            let life = &self.lives[*id];
+            if let Some(r) = per_pid.get_mut(&b.span.proc.pid) {
+                r.merged += life.merged_now();
+                r.cow += life.cow_total();
+                r.mergeable |= life.accounted();
+            }
+        }
+        let processes: Vec<ProcessSavings> = per_pid
+            .into_iter()
+            .map(|(pid, r)| {
+                let kernel = r.mergeable.then(|| self.target.ksm_stat(pid)).flatten();
+                let merged = kernel.and_then(|k| k.merging_pages).map_or(r.merged, |m| {
+                    m + kernel.and_then(|k| k.zero_pages).unwrap_or(0)
+                });
+                let saved = kernel
+                    .and_then(|k| k.process_profit)
+                    .unwrap_or((merged * PAGE) as i64);
+                ProcessSavings {
+                    pid,
+                    comm: self.comms.get(&pid).cloned().unwrap_or_default(),
+                    cgroup: self.cgroups.get(&pid).cloned().unwrap_or_default(),
+                    savings: Savings {
+                        merged_pages: merged,
+                        saved_bytes: saved,
+                        cow_breaks: r.cow,
+                    },
+                }
+            })
+            .collect();
+        breakdown(&processes, self.config.savings.limits())
+    }
+}
