@@ -189,3 +189,100 @@ fn a_restarted_daemon_takes_away_what_its_killed_predecessor_left() {
     a.finish();
     b.finish();
 }
+
+/// A daemon SIGKILLed inside its first marking batch, at each checkpoint of
+/// it in turn (`PAGESIFT_INJECT_FAULT=N`): the kills after the injected
+/// `madvise` fall between the mark and the end of the wake-up, when the
+/// ledger is saved. The marks must be in the ledger all the same (written
+/// ahead, `pagesift_daemon::ledger`), so that the next daemon takes them
+/// away; before the write-ahead they stayed in the targets for good.
+#[test]
+fn a_daemon_killed_right_after_marking_leaves_its_marks_in_its_ledger() {
+    pagesift_testkit::require_root();
+    let _serial = serial();
+    let tmp = temp_dir("write-ahead");
+    let dir = tmp.path();
+    // No write tracking: the first injection of the daemon's life is its
+    // first marking batch, so the checkpoints counted are that batch's.
+    let config = dir.join("pagesift.toml");
+    std::fs::write(&config, "[actuate]\nwrite_tracking = false\n").unwrap();
+    let secs = std::time::Duration::from_secs;
+    let mut left_marked = 0;
+    for n in 1..=12 {
+        // Two targets holding the same pages: duplicates to mark.
+        let a = Target::start("sleep", &["--ms", "5"]);
+        let b = Target::start("sleep", &["--ms", "5"]);
+        let (pa, pb) = (a.pid().to_string(), b.pid().to_string());
+        let marked = || {
+            support::any_mergeable(a.pid(), a.addr(), a.len())
+                || support::any_mergeable(b.pid(), b.addr(), b.len())
+        };
+        let log = dir.join(format!("killed-{n}.log"));
+        let mut killed = Command::new(env!("CARGO_BIN_EXE_pagesift"))
+            .args(["run", "--ksm-wait", "600", "--pid", &pa, "--pid", &pb])
+            .arg("--config")
+            .arg(&config)
+            .arg("--socket")
+            .arg(dir.join("killed.sock"))
+            .env("PAGESIFT_INJECT_FAULT", n.to_string())
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + secs(90);
+        let status = loop {
+            if let Some(s) = killed.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = killed.kill();
+                let _ = killed.wait();
+                panic!(
+                    "checkpoint {n}: the daemon did not reach it in 90 s:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9), "checkpoint {n}: {status:?}");
+        if marked() {
+            left_marked += 1;
+            assert!(
+                std::path::Path::new("/run/pagesift/ledger").exists(),
+                "checkpoint {n}: marks left and no ledger"
+            );
+        }
+        // The next daemon takes away what its predecessor's ledger names,
+        // and what it marks itself goes at its clean stop.
+        let mut d = support::start_daemon(
+            dir,
+            &[
+                "--pid",
+                &pa,
+                "--pid",
+                &pb,
+                "--config",
+                config.to_str().unwrap(),
+                "--unmerge-on-exit",
+            ],
+            false,
+        );
+        d.wait_for(secs(30), "a status", |_| true);
+        assert!(d.stop().success(), "{}", d.log());
+        assert!(
+            !marked(),
+            "checkpoint {n}: a range the killed daemon marked is left:\n{}",
+            d.log()
+        );
+        drop(d);
+        a.finish();
+        b.finish();
+    }
+    // Some kills fell after a mark: the window was exercised.
+    assert!(
+        left_marked > 0,
+        "no checkpoint of the first batch came after its mark"
+    );
+}

@@ -65,6 +65,16 @@ pub trait Actuator {
     }
 }
 
+/// Where marks are written down before they are made: a daemon killed
+/// between a mark and the end of its wake-up (when the crash ledger is
+/// saved) must still leave the mark recorded, or its successor could not
+/// take it away (`crate::ledger`).
+pub trait Journal {
+    /// `ranges` of `key` are about to be marked `MADV_MERGEABLE`. An error
+    /// says why they could not be written down; then they are not marked.
+    fn intend(&mut self, key: ProcKey, ranges: &[(u64, u64)]) -> Result<(), String>;
+}
+
 /// A process as the ledger keys it: a pid with its start time, so a reused
 /// pid is a different process, and the image it runs, so that a process
 /// that calls execve is a different process too: the ranges recorded for

@@ -152,7 +152,7 @@ use writes::{held_since_cleared, write_verdict};
 
 pub use hinting::{HintTap, HintedRange, open_source as open_hint_source};
 
-use crate::actuate::{Actuator, Advice, BatchOutcome, Marks, ProcKey, Unmarked, coalesce};
+use crate::actuate::{Actuator, Advice, BatchOutcome, Journal, Marks, ProcKey, Unmarked, coalesce};
 use crate::config::Config;
 use crate::eligibility::Policy;
 use crate::ksmd::{KsmControl, KsmSample, Pacing};
@@ -383,6 +383,9 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     scrub: Option<crate::scrub::Scrubber>,
     /// Placement of merged pages on a NUMA host (`None`: one node, or off).
     numa: Option<crate::numa::NumaPlacement>,
+    /// Where marks are written down before they are made (the crash
+    /// ledger, `crate::ledger`); `None` in the simulation.
+    journal: Option<Box<dyn Journal>>,
 }
 
 impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
@@ -463,6 +466,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             sweeper,
             sweep_runs: Vec::new(),
             numa,
+            journal: None,
         };
         if let Ok(s) = d.ksm.sample() {
             d.ksm_now = s;
@@ -471,6 +475,11 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         // The target discovered its processes when it was built.
         d.after_refresh(now);
         d
+    }
+
+    /// Writes marks down in `journal` before they are made, from now on.
+    pub fn set_journal(&mut self, journal: Box<dyn Journal>) {
+        self.journal = Some(journal);
     }
 
     /// The configuration in force.

@@ -9,6 +9,13 @@
 //!   back, and the next owner of KSM restores them.
 //! - **When.** Rewritten after every wake-up in which either changed, and
 //!   removed on a clean stop (after the stop has undone what it undoes).
+//!   Marks are also written *ahead* ([`SharedLedger`], the daemon's
+//!   [`Journal`]): before a batch that marks ranges is injected, the
+//!   ledger is rewritten with them, so that a daemon killed between the
+//!   mark and the end of its wake-up still leaves them recorded. A range
+//!   written ahead whose mark then failed is dropped at the next save;
+//!   until then, recovery would unmark a range that was never marked,
+//!   which changes nothing in the process.
 //!   Atomically: a temporary file in the same directory, then `rename`.
 //!   No `fsync`: the ledger has to outlive the daemon, not the kernel (the
 //!   page cache keeps it through any death of ours), and after a crash of
@@ -30,11 +37,13 @@
 //!   and the unregister succeeded). The daemon then starts afresh: what it
 //!   marks again is its own, so `unmerge_on_exit` covers it.
 
-use crate::actuate::{Marks, ProcKey};
+use crate::actuate::{Journal, Marks, ProcKey};
 use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 /// Where the ledger lives.
 pub const LEDGER_PATH: &str = "/run/pagesift/ledger";
@@ -85,6 +94,17 @@ impl Record {
         }
     }
 
+    /// Adds `ranges` of `key` to what is recorded for it.
+    pub fn add_ranges(&mut self, key: ProcKey, ranges: &[(u64, u64)]) {
+        let same = |m: &&mut MarkEntry| {
+            m.pid == key.pid && m.start_time == key.start_time && m.image == key.image
+        };
+        match self.marks.iter_mut().find(same) {
+            Some(m) => m.ranges.extend_from_slice(ranges),
+            None => self.marks.push(entry(key, ranges.to_vec())),
+        }
+    }
+
     /// Whether nothing is recorded.
     pub fn is_empty(&self) -> bool {
         self.marks.is_empty() && self.uffd.is_empty()
@@ -106,6 +126,8 @@ pub struct Ledger {
     path: PathBuf,
     last: Option<Vec<u8>>,
     last_key: Option<Vec<u8>>,
+    /// The last record given to [`Ledger::save`]: what a write-ahead adds to.
+    saved: Record,
 }
 
 impl Ledger {
@@ -115,6 +137,7 @@ impl Ledger {
             path: path.to_path_buf(),
             last: None,
             last_key: None,
+            saved: Record::default(),
         }
     }
 
@@ -132,6 +155,21 @@ impl Ledger {
     /// Writes `rec` if it differs from what was last written (an empty
     /// record removes the file).
     pub fn save(&mut self, rec: &Record) -> std::io::Result<()> {
+        self.saved = rec.clone();
+        self.write(rec)
+    }
+
+    /// Writes the last saved record plus `ranges` of `key`, marks about to
+    /// be made (the module header, "When"). The next [`Ledger::changed`]
+    /// says yes, so that the save after the marks writes what was done.
+    pub fn write_ahead(&mut self, key: ProcKey, ranges: &[(u64, u64)]) -> std::io::Result<()> {
+        let mut rec = self.saved.clone();
+        rec.add_ranges(key, ranges);
+        self.last_key = None;
+        self.write(&rec)
+    }
+
+    fn write(&mut self, rec: &Record) -> std::io::Result<()> {
         let bytes = serde_json::to_vec(rec).map_err(std::io::Error::other)?;
         if self.last.as_deref() == Some(&bytes[..]) {
             return Ok(());
@@ -152,6 +190,31 @@ impl Ledger {
     /// Removes the file (a clean stop).
     pub fn remove(&mut self) -> std::io::Result<()> {
         self.save(&Record::default())
+    }
+}
+
+/// The ledger shared by the run loop, which saves it after each wake-up,
+/// and the daemon, which writes marks ahead through it ([`Journal`]). One
+/// thread uses both.
+#[derive(Clone, Debug)]
+pub struct SharedLedger(Rc<RefCell<Ledger>>);
+
+impl SharedLedger {
+    /// Shares `ledger`.
+    pub fn new(ledger: Ledger) -> SharedLedger {
+        SharedLedger(Rc::new(RefCell::new(ledger)))
+    }
+
+    /// The ledger, for the run loop's saves.
+    pub fn borrow_mut(&self) -> std::cell::RefMut<'_, Ledger> {
+        self.0.borrow_mut()
+    }
+}
+
+impl Journal for SharedLedger {
+    fn intend(&mut self, key: ProcKey, ranges: &[(u64, u64)]) -> Result<(), String> {
+        (self.0.borrow_mut().write_ahead(key, ranges))
+            .map_err(|e| format!("cannot write the ledger: {e}"))
     }
 }
 
@@ -323,6 +386,48 @@ pub fn recover(rec: &Record, injector: &mut pagesift_linux::inject::Injector) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn marks_written_ahead_join_what_was_saved_until_the_next_save() {
+        let dir = std::env::temp_dir().join(format!("pagesift-ahead-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("ledger");
+        let mut l = Ledger::new(&path);
+        let (a, b) = (
+            ProcKey {
+                pid: 7,
+                start_time: 9,
+                image: 11,
+            },
+            ProcKey {
+                pid: 8,
+                start_time: 9,
+                image: 11,
+            },
+        );
+        let mut marks = Marks::new();
+        marks.add(a, 0x1000, 0x3000);
+        let mut saved = Record::default();
+        saved.add_marks(&marks);
+        assert!(l.changed(&saved));
+        l.save(&saved).unwrap();
+        assert!(!l.changed(&saved));
+        // Ahead of marks in a and in b: the file holds them besides the saved ones.
+        l.write_ahead(a, &[(0x5000, 0x6000)]).unwrap();
+        l.write_ahead(b, &[(0x1000, 0x2000)]).unwrap();
+        let on_disk = previous(&path).unwrap().unwrap();
+        assert_eq!(on_disk.marks.len(), 2, "{on_disk:?}");
+        assert_eq!(on_disk.marks[0].ranges, vec![(0x1000, 0x3000)]);
+        assert_eq!(on_disk.marks[1].ranges, vec![(0x1000, 0x2000)]);
+        // Each write ahead starts from the saved record, not the last write.
+        assert!(!on_disk.marks[0].ranges.contains(&(0x5000, 0x6000)));
+        // The marks failed: the next save, of what is left, is written
+        // although the record did not change since the last save.
+        assert!(l.changed(&saved));
+        l.save(&saved).unwrap();
+        assert_eq!(previous(&path).unwrap(), Some(saved));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn saves_atomically_reads_back_and_refuses_what_others_can_write() {

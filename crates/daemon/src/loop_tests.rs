@@ -1901,3 +1901,105 @@ fn young_regions_take_turns_to_be_looked_at_for_renewal() {
     // The third turn wrapped around to the first regions.
     assert_eq!(turns[2].intersection(&turns[0]).count(), 8, "{turns:?}");
 }
+
+/// What a [`TestJournal`] was given: the batches the actuator had run by
+/// then, the pid, the ranges.
+type Intents = std::rc::Rc<std::cell::RefCell<Vec<(usize, u32, Vec<(u64, u64)>)>>>;
+
+/// Journal of a test: what was written ahead, with how many batches the
+/// actuator had run by then; or a refusal.
+struct TestJournal {
+    world: Shared,
+    intents: Intents,
+    refuse: bool,
+}
+
+impl crate::actuate::Journal for TestJournal {
+    fn intend(
+        &mut self,
+        key: crate::actuate::ProcKey,
+        ranges: &[(u64, u64)],
+    ) -> Result<(), String> {
+        if self.refuse {
+            return Err("cannot write the ledger: read-only file system".into());
+        }
+        let ran = self.world.borrow().batches.len();
+        self.intents
+            .borrow_mut()
+            .push((ran, key.pid, ranges.to_vec()));
+        Ok(())
+    }
+}
+
+#[test]
+fn every_mark_is_written_ahead_before_its_batch_runs() {
+    let w = world();
+    {
+        let mut m = w.borrow_mut();
+        m.spawn(60, "twins", false);
+        m.map(60, &[5; 512], false);
+        m.map(60, &[6; 256], false);
+    }
+    let intents = Intents::default();
+    let mut d = daemon(&w, ALL, &[]);
+    d.set_journal(Box::new(TestJournal {
+        world: w.clone(),
+        intents: intents.clone(),
+        refuse: false,
+    }));
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    let m = w.borrow();
+    let marking: Vec<(usize, &(u32, Vec<crate::actuate::Advice>))> = (m.batches.iter())
+        .enumerate()
+        .filter(|(_, (_, b))| b.iter().any(|a| a.mergeable))
+        .collect();
+    assert!(!marking.is_empty(), "something was marked");
+    let intents = intents.borrow();
+    for (i, (pid, batch)) in marking {
+        // Written down while exactly the batches before it had run.
+        let written = intents
+            .iter()
+            .find(|(ran, p, _)| *ran == i && p == pid)
+            .unwrap_or_else(|| panic!("batch {i} of {pid} was not written ahead: {intents:?}"));
+        for a in batch.iter().filter(|a| a.mergeable) {
+            assert!(
+                written.2.contains(&(a.start, a.end())),
+                "{a:?} missing from {written:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn nothing_is_marked_when_the_marks_cannot_be_written_ahead() {
+    let w = world();
+    let dup = {
+        let mut m = w.borrow_mut();
+        m.spawn(61, "twins", false);
+        m.map(61, &[5; 512], false)
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    d.set_journal(Box::new(TestJournal {
+        world: w.clone(),
+        intents: Default::default(),
+        refuse: true,
+    }));
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    let m = w.borrow();
+    assert!(!m.spans[&dup].mergeable);
+    assert!(
+        m.batches
+            .iter()
+            .all(|(_, b)| b.iter().all(|a| !a.mergeable)),
+        "{:?}",
+        m.batches
+    );
+    drop(m);
+    let st = d.status(now);
+    let s = (st.skipped.iter())
+        .find(|s| s.pid == 61)
+        .expect("listed as skipped");
+    assert!(s.reason.contains("cannot write the ledger"), "{}", s.reason);
+}

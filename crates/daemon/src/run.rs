@@ -246,7 +246,7 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         Ok(None) => {}
         Err(e) => warn!(error = %e, "ledger not used"),
     }
-    let mut ledger = crate::ledger::Ledger::new(ledger_path);
+    let ledger = crate::ledger::SharedLedger::new(crate::ledger::Ledger::new(ledger_path));
     let shared: Shared = Arc::new(Mutex::new(None));
     let status_server =
         StatusServer::start(&config.status.socket, shared.clone()).map_err(|e| {
@@ -284,6 +284,7 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         ksm,
         now_ns(t0),
     );
+    daemon.set_journal(Box::new(ledger.clone()));
     start_pending_hints(&mut daemon);
     let _watchdog = crate::watchdog::Watchdog::spawn(
         daemon.wake_watch(),
@@ -310,7 +311,7 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         let woke = Instant::now();
         let now = now_ns(t0);
         let summary = daemon.wake(now);
-        save_ledger(&mut ledger, &daemon);
+        save_ledger(&mut ledger.borrow_mut(), &daemon);
         if daemon.publish_due(now) {
             let snap = Arc::new(daemon.status(now));
             if let Ok(mut m) = metrics.lock() {
@@ -359,7 +360,7 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
     let restored = daemon.shutdown(unmerge_on_exit);
     // What is left now (marks kept without unmerge_on_exit) stays recorded;
     // with nothing left the file goes.
-    save_ledger(&mut ledger, &daemon);
+    save_ledger(&mut ledger.borrow_mut(), &daemon);
     drop(metrics_server);
     drop(status_server);
     drop(daemon); // releases KSM's lock

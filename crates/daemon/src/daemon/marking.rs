@@ -525,6 +525,24 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 return;
             }
         }
+        // Written down before they are made (`Journal`): a daemon killed
+        // between the marks and the end of this wake-up must leave them
+        // in its ledger.
+        let ahead: Vec<(u64, u64)> = (calls.iter())
+            .filter(|c| c.mergeable)
+            .map(|c| (c.start, c.end()))
+            .collect();
+        if let (false, Some(journal)) = (ahead.is_empty(), self.journal.as_mut())
+            && let Err(e) = journal.intend(key, &ahead)
+        {
+            self.skip_injection(
+                pid,
+                format!("{e}: nothing is marked until it can be"),
+                now,
+                SKIP_RETRY,
+            );
+            return;
+        }
         summary.batches += 1;
         self.counters.batches += 1;
         for c in &calls {
