@@ -644,6 +644,11 @@ fn short_lived_cycles_are_left_alone_under_the_defaults() {
     let merged: Vec<u64> = c.cycles_since(started).iter().map(|c| c.merged).collect();
     assert!(merged.len() >= 8, "{} cycles:\n{text}", merged.len());
     assert!(merged.iter().all(|&m| m == 0), "{merged:?}");
+    // Said once for the process, not once per cycle (the log at info).
+    let said = text
+        .matches("its process's regions are unmapped young")
+        .count();
+    assert!(said <= 1, "said {said} times:\n{text}");
     c.finish(d);
 }
 

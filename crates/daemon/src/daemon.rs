@@ -305,6 +305,9 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// The sampling regions `lifespans` expects to die young, hidden from
     /// the ladder (`Daemon::hide_short_lived`).
     short_lived: BTreeSet<RegionId>,
+    /// The processes whose regions `hide_short_lived` has logged at info
+    /// (once per process; the rest at debug).
+    short_logged: BTreeSet<ProcKey>,
     /// Where each process's recently unmapped marked regions were: a
     /// region mapped again there goes to the top at once
     /// (`core::pipeline::recurrence`).
@@ -426,6 +429,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             recurrences: Recurrences::new(RecurrenceRules::default()),
             probing: BTreeSet::new(),
             short_lived: BTreeSet::new(),
+            short_logged: BTreeSet::new(),
             renewal_cursor: None,
             phase_cpu: PhaseCpu::default(),
             wake_watch: WakeWatch::new(),

@@ -53,6 +53,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             return false;
         }
         let mut short = BTreeSet::new();
+        let allowed = &self.allowed;
+        (self.short_logged).retain(|k| allowed.get(&k.pid) == Some(k));
         for (&id, b) in &mut self.books {
             if self.lives.mode(id) != Some(Mode::Sampling)
                 || !expected_short(&self.lifespans, &self.config, b, now)
@@ -62,13 +64,17 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             short.insert(id);
             if !b.short_noted {
                 b.short_noted = true;
-                info!(
-                    pid = b.span.proc.pid,
-                    start = b.span.start,
-                    pages = b.span.pages,
-                    age_s = b.age_s(now),
-                    "its process's regions are unmapped young: not sampled or marked until it outlives them"
-                );
+                // Once per process at info: a process that maps anew every
+                // second would otherwise write a line a second for good.
+                let first = self.short_logged.insert(b.span.proc);
+                let (pid, start, pages, age_s) =
+                    (b.span.proc.pid, b.span.start, b.span.pages, b.age_s(now));
+                let what = "its process's regions are unmapped young: not sampled or marked until it outlives them";
+                if first {
+                    info!(pid, start, pages, age_s, "{what} (said once per process)");
+                } else {
+                    debug!(pid, start, pages, age_s, "{what}");
+                }
             }
         }
         if short == self.short_lived {
