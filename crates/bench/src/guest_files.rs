@@ -228,9 +228,10 @@ pub struct GuestRead {
 }
 
 impl GuestRead {
-    /// Parses the read-done line in a serial log, if there is one.
+    /// Parses the read-done line in a serial log, if there is a whole one
+    /// ([`crate::guest::whole_lines`]).
     pub fn parse(log: &str) -> Option<Result<GuestRead, String>> {
-        let line = log.lines().find(|l| l.starts_with(READ_MARKER))?;
+        let line = (crate::guest::whole_lines(log).lines()).find(|l| l.starts_with(READ_MARKER))?;
         let field = |k: &str| {
             line.split_whitespace()
                 .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
@@ -611,6 +612,10 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("data-0.bin was not read"), "{e}");
         assert!(GuestRead::parse("pagesift-guest: ready files=2\n").is_none());
+        // Being written: not yet a line, whatever it holds so far.
+        let cut = log.find(" stop=").unwrap() + " stop=14.7".len();
+        assert!(GuestRead::parse(&log[..cut]).is_none());
+        assert!(GuestRead::parse(&log[..log.len() - 1]).is_none());
         assert!(
             GuestRead::parse(&format!("{READ_MARKER} start=x\n"))
                 .unwrap()

@@ -258,7 +258,9 @@ impl Guest {
             return Ok(true);
         }
         let elapsed = self.started.elapsed();
-        let log = fs::read_to_string(&self.serial).unwrap_or_default();
+        let text = fs::read_to_string(&self.serial).unwrap_or_default();
+        // Its disk-md5 must not be read half written.
+        let log = super::whole_lines(&text);
         if let Some(line) = log.lines().find(|l| l.starts_with(READY_MARKER)) {
             // A guest with a disk proves it read every file of it.
             if let Some(want) = &self.disk_md5 {
