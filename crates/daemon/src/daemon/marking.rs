@@ -3,22 +3,25 @@
 //! wake-up, and the injection batches that do it.
 //!
 //! ## One actuation
-//! 1. Regions on the top level are judged: a region still climbing its
-//!    write watch waits, one whose writes would thrash is held, one whose
-//!    process is expected to unmap it young waits (`recurring.rs`); the
-//!    rest is marked whole, or around its written and unique zones.
+//! 1. Regions on the top level are judged: one whose write watch has not
+//!    given its verdict yet waits, one whose writes would thrash is held,
+//!    one whose process is expected to unmap it young waits
+//!    (`recurring.rs`); the rest is marked whole, or around its written
+//!    and unique zones. Regions that accounting found thrashing are
+//!    unmarked.
 //! 2. Duplicate runs (sampled, hinted, or found by the sweep and judged
 //!    cold by their region's watch) are padded, aligned to
 //!    [`RUN_ALIGN_PAGES`], clamped to their region and joined
 //!    ([`Daemon::run_items`]), within each process's VMA-split budget and
 //!    at most [`MAX_RUN_MARKS_PER_WAKE`] a wake-up.
 //! 3. Each process gets one injection batch ([`Daemon::run_batch`]):
-//!    adjacent ranges coalesced, the ledger written before any mark, and
-//!    a process that cannot be injected now skipped and retried later.
+//!    adjacent ranges coalesced, the marks written ahead in the crash
+//!    ledger (`Journal`), and a process that cannot be injected now
+//!    skipped and retried later.
 //!
 //! Invariants: only ranges in the [`Marks`] ledger are ever unmarked; a
-//! range enters it once the call that marked it succeeded (the crash
-//! ledger on disk follows at the end of the wake-up, `crate::ledger`).
+//! range enters it once the call that marked it succeeded, and the crash
+//! ledger on disk names it from before the call on (`crate::ledger`).
 
 use super::*;
 
