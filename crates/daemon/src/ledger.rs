@@ -11,8 +11,10 @@
 //!   removed on a clean stop (after the stop has undone what it undoes).
 //!   Marks are also written *ahead* ([`SharedLedger`], the daemon's
 //!   [`Journal`]): before a batch that marks ranges is injected, the
-//!   ledger is rewritten with them, so that a daemon killed between the
-//!   mark and the end of its wake-up still leaves them recorded. A range
+//!   ledger is rewritten with them (and with every range written ahead
+//!   since the last save: a wake-up marks in several processes, one batch
+//!   each), so that a daemon killed between the mark and the end of its
+//!   wake-up still leaves them recorded. A range
 //!   written ahead whose mark then failed is dropped at the next save;
 //!   until then, recovery would unmark a range that was never marked,
 //!   which changes nothing in the process.
@@ -126,8 +128,9 @@ pub struct Ledger {
     path: PathBuf,
     last: Option<Vec<u8>>,
     last_key: Option<Vec<u8>>,
-    /// The last record given to [`Ledger::save`]: what a write-ahead adds to.
-    saved: Record,
+    /// The last record given to [`Ledger::save`], plus every range written
+    /// ahead since: what the next write-ahead adds to.
+    current: Record,
 }
 
 impl Ledger {
@@ -137,7 +140,7 @@ impl Ledger {
             path: path.to_path_buf(),
             last: None,
             last_key: None,
-            saved: Record::default(),
+            current: Record::default(),
         }
     }
 
@@ -155,17 +158,18 @@ impl Ledger {
     /// Writes `rec` if it differs from what was last written (an empty
     /// record removes the file).
     pub fn save(&mut self, rec: &Record) -> std::io::Result<()> {
-        self.saved = rec.clone();
+        self.current = rec.clone();
         self.write(rec)
     }
 
-    /// Writes the last saved record plus `ranges` of `key`, marks about to
-    /// be made (the module header, "When"). The next [`Ledger::changed`]
-    /// says yes, so that the save after the marks writes what was done.
+    /// Writes the last saved record plus every range written ahead since,
+    /// now with `ranges` of `key`: marks about to be made (the module
+    /// header, "When"). The next [`Ledger::changed`] says yes, so that the
+    /// save after the marks writes what was done.
     pub fn write_ahead(&mut self, key: ProcKey, ranges: &[(u64, u64)]) -> std::io::Result<()> {
-        let mut rec = self.saved.clone();
-        rec.add_ranges(key, ranges);
+        self.current.add_ranges(key, ranges);
         self.last_key = None;
+        let rec = self.current.clone();
         self.write(&rec)
     }
 
@@ -412,15 +416,18 @@ mod tests {
         assert!(l.changed(&saved));
         l.save(&saved).unwrap();
         assert!(!l.changed(&saved));
-        // Ahead of marks in a and in b: the file holds them besides the saved ones.
+        // Ahead of marks in a, then in b (two batches of one wake-up): the
+        // file holds both besides the saved ones, a's too once b's are
+        // written (a's marks are made by then).
         l.write_ahead(a, &[(0x5000, 0x6000)]).unwrap();
         l.write_ahead(b, &[(0x1000, 0x2000)]).unwrap();
         let on_disk = previous(&path).unwrap().unwrap();
         assert_eq!(on_disk.marks.len(), 2, "{on_disk:?}");
-        assert_eq!(on_disk.marks[0].ranges, vec![(0x1000, 0x3000)]);
+        assert_eq!(
+            on_disk.marks[0].ranges,
+            vec![(0x1000, 0x3000), (0x5000, 0x6000)]
+        );
         assert_eq!(on_disk.marks[1].ranges, vec![(0x1000, 0x2000)]);
-        // Each write ahead starts from the saved record, not the last write.
-        assert!(!on_disk.marks[0].ranges.contains(&(0x5000, 0x6000)));
         // The marks failed: the next save, of what is left, is written
         // although the record did not change since the last save.
         assert!(l.changed(&saved));
