@@ -45,7 +45,9 @@
 //! that started `settle_scans` ksmd full scans after it was marked has
 //! ended: by then ksmd has visited each of its pages at least twice, enough
 //! to merge every page that can be (KSM merges a page on its second visit,
-//! `mm/ksm.c`); a pass that finds no unmerged page settles it at once. A
+//! `mm/ksm.c`); a pass that finds pages merged and none unmerged settles
+//! it at once (one that finds nothing present at all does not: the region
+//! may be filled next). A
 //! pass that began before that scan cannot settle the region: once the
 //! scan is done, [`prepare_passes`](Lifecycles::prepare_passes) restarts
 //! it instead of finishing a useless one.
@@ -591,9 +593,14 @@ impl Lifecycle {
         } else {
             rules.merging_every
         });
+        // All merged settles at once; nothing at all does not: a region
+        // marked before its process filled it (raised on its place's
+        // history 20-40 ms after its mapping, or guest RAM not touched
+        // yet) would otherwise settle on an empty first pass and leave
+        // the fill that follows to the trickle.
+        let all_merged = self.last.present == 0 && self.last.merged > 0;
         let settled = !self.settled
-            && (self.last.present == 0
-                || self.pass_started_scan >= self.settle_scan(rules.settle_scans));
+            && (all_merged || self.pass_started_scan >= self.settle_scan(rules.settle_scans));
         self.settled |= settled;
         self.pass_started_scan = full_scans;
         let above = self.mode == Mode::Promoted
@@ -993,6 +1000,36 @@ mod tests {
         l.record(R, &states(40, 24), 3 * SEC, 22, &rules);
         assert!(!l[R].pass_due(4 * SEC));
         assert!(l[R].pass_due(3 * SEC + rules.settled_every));
+    }
+
+    #[test]
+    fn a_region_empty_at_its_first_pass_waits_for_its_fill() {
+        let rules = AccountRules::default();
+        let mut l = one(64);
+        l.mark(R, 10, 0);
+        // Marked before its process wrote a page: nothing present, nothing
+        // merged. Not settled (the old rule settled it here, leaving the
+        // fill that follows to the trickle).
+        let empty = vec![PageState::NotPresent; 64];
+        assert_eq!(l.record(R, &empty, SEC, 10, &rules), Some(PassEnd::default()));
+        assert!(l[R].merging() && l.is_hidden(R));
+        // Filled: the next pass sees it unmerged and waits for ksmd.
+        assert_eq!(
+            l.record(R, &states(0, 64), 2 * SEC, 11, &rules),
+            Some(PassEnd::default())
+        );
+        assert!(l[R].merging());
+        // ksmd merged all of it: settled at once.
+        let end = l.record(R, &states(64, 0), 3 * SEC, 12, &rules).unwrap();
+        assert!(end.settled && l[R].settled());
+        // Still empty after the deciding scan: settled like any region.
+        let mut l = one(64);
+        l.mark(R, 10, 0);
+        l.record(R, &empty, SEC, 10, &rules);
+        l.record(R, &empty, 2 * SEC, 13, &rules);
+        assert!(l[R].merging(), "that pass began before the deciding scan");
+        let end = l.record(R, &empty, 3 * SEC, 14, &rules).unwrap();
+        assert!(end.settled && l[R].settled());
     }
 
     #[test]
