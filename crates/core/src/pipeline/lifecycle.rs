@@ -47,7 +47,8 @@
 //! to merge every page that can be (KSM merges a page on its second visit,
 //! `mm/ksm.c`); a pass that finds pages merged and none unmerged settles
 //! it at once (one that finds nothing present at all does not: the region
-//! may be filled next). A
+//! may be filled next, and meanwhile it counts whole for ksmd's pace, as
+//! a fresh promotion). A
 //! pass that began before that scan cannot settle the region: once the
 //! scan is done, [`prepare_passes`](Lifecycles::prepare_passes) restarts
 //! it instead of finishing a useless one.
@@ -452,9 +453,15 @@ impl Lifecycle {
     }
 
     /// What one ksmd full scan of it covers: all of it until a pass has
-    /// counted it, then its unmerged present pages.
+    /// counted it, then its unmerged present pages. A merging region
+    /// whose last pass found nothing present, merged or not, counts whole
+    /// too: marked before its process filled it, it is the fresh
+    /// promotion the pacer should hurry for (counted as its none present,
+    /// it would wait a page, at the trickle, beside any other marked
+    /// memory).
     pub fn scan_pages(&self) -> u64 {
-        if self.passes == 0 {
+        let empty = self.last.present == 0 && self.last.merged == 0;
+        if self.passes == 0 || (empty && !self.settled) {
             u64::from(self.pages)
         } else {
             self.last.present
@@ -1011,8 +1018,14 @@ mod tests {
         // merged. Not settled (the old rule settled it here, leaving the
         // fill that follows to the trickle).
         let empty = vec![PageState::NotPresent; 64];
-        assert_eq!(l.record(R, &empty, SEC, 10, &rules), Some(PassEnd::default()));
+        assert_eq!(
+            l.record(R, &empty, SEC, 10, &rules),
+            Some(PassEnd::default())
+        );
         assert!(l[R].merging() && l.is_hidden(R));
+        // It waits whole, as a fresh promotion, not a page.
+        assert_eq!(l[R].scan_pages(), 64);
+        assert_eq!(l[R].waiting_pages(10), 64);
         // Filled: the next pass sees it unmerged and waits for ksmd.
         assert_eq!(
             l.record(R, &states(0, 64), 2 * SEC, 11, &rules),
@@ -1030,6 +1043,9 @@ mod tests {
         assert!(l[R].merging(), "that pass began before the deciding scan");
         let end = l.record(R, &empty, 3 * SEC, 14, &rules).unwrap();
         assert!(end.settled && l[R].settled());
+        // Settled empty, it covers nothing in ksmd's scan.
+        assert_eq!(l[R].scan_pages(), 0);
+        assert_eq!(l[R].waiting_pages(14), 0);
     }
 
     #[test]
