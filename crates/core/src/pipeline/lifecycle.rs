@@ -455,10 +455,9 @@ impl Lifecycle {
     /// What one ksmd full scan of it covers: all of it until a pass has
     /// counted it, then its unmerged present pages. A merging region
     /// whose last pass found nothing present, merged or not, counts whole
-    /// too: marked before its process filled it, it is the fresh
-    /// promotion the pacer should hurry for (counted as its none present,
-    /// it would wait a page, at the trickle, beside any other marked
-    /// memory).
+    /// too: marked before its process filled it, it is a fresh promotion
+    /// to hurry for. Counted by its present pages (none) it would ask for
+    /// one page, which beside any other marked memory is the trickle.
     pub fn scan_pages(&self) -> u64 {
         let empty = self.last.present == 0 && self.last.merged == 0;
         if self.passes == 0 || (empty && !self.settled) {
@@ -602,9 +601,9 @@ impl Lifecycle {
         });
         // All merged settles at once; nothing at all does not: a region
         // marked before its process filled it (raised on its place's
-        // history 20-40 ms after its mapping, or guest RAM not touched
-        // yet) would otherwise settle on an empty first pass and leave
-        // the fill that follows to the trickle.
+        // history in the wake that first sees it, or guest RAM not
+        // touched yet) would otherwise settle on an empty first pass and
+        // leave the fill that follows to the trickle.
         let all_merged = self.last.present == 0 && self.last.merged > 0;
         let settled = !self.settled
             && (all_merged || self.pass_started_scan >= self.settle_scan(rules.settle_scans));
