@@ -101,8 +101,10 @@
 //!    each of its pages at least twice, enough to merge every page that can
 //!    be (KSM merges a page on its second visit: its checksum must be
 //!    unchanged since the first, `mm/ksm.c`), so
-//!    what is still unmerged is unique or volatile; a pass that finds no
-//!    unmerged page settles it at once. Settled promoted regions
+//!    what is still unmerged is unique or volatile; a pass that finds pages
+//!    merged and none unmerged settles it at once (one that finds nothing
+//!    present does not: the region may not be filled yet, and it counts
+//!    whole for the pace meanwhile). Settled promoted regions
 //!    return to the ladder, at the bottom: their merged pages feed the
 //!    stable index, and they can climb again.
 //! 5. **Pace**: while any promoted or foreign region is unsettled, ksmd gets
