@@ -40,7 +40,7 @@ use crate::series::Series;
 use crate::system::System;
 use crate::{BenchError, Context};
 use pagesift_core::pipeline::pacing::{KsmdTick, Pacer, PacingConfig, PacingDemand};
-use pagesift_linux::ksm::{AdvisorMode, GuardOptions, Knob, KsmError, KsmGuard, Run};
+use pagesift_linux::ksm::{AdvisorMode, GuardOptions, Knob, KsmError, KsmGuard, Ksmd, Run};
 use pagesift_linux::sys::DeathSignal;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -409,7 +409,14 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
     }
     // Step 5.
     let mut next = Instant::now();
-    let mut last_tick = (Instant::now(), 0u64);
+    let mut last_tick = (Instant::now(), 0u64, 0u64);
+    // ksmd's wait for a CPU, which the pacer does not count as sleep
+    // (`core::pipeline::pacing`, step 2), as in the daemon.
+    let mut ksmd_wait = (pacer.as_ref())
+        .and_then(|_| Ksmd::find().ok())
+        .and_then(|k| k.wait_reader().ok());
+    let mut read_wait = || ksmd_wait.as_mut().and_then(|w| w.ns().ok()).unwrap_or(0);
+    last_tick.2 = read_wait();
     let mut last_progress = Instant::now();
     loop {
         sampler.sample(tuned.as_ref().map(|t| t.cpu_seconds()))?;
@@ -478,13 +485,14 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         if let (Some((p, demand)), Some(g)) = (pacer.as_mut(), guard.as_ref())
             && last_tick.0.elapsed() >= Duration::from_secs(1)
         {
-            let cpu = sampler.ksmd_cpu_ns()?;
+            let (cpu, wait) = (sampler.ksmd_cpu_ns()?, read_wait());
             let tick = KsmdTick {
                 cpu_ns: cpu.saturating_sub(last_tick.1),
+                wait_ns: wait.saturating_sub(last_tick.2),
                 wall_ns: last_tick.0.elapsed().as_nanos() as u64,
             };
             g.set_pace(p.tick(tick, *demand))?;
-            last_tick = (Instant::now(), cpu);
+            last_tick = (Instant::now(), cpu, wait);
         }
         if last_progress.elapsed() >= ctx.progress.every() {
             ctx.progress.status(&format!(

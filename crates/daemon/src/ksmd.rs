@@ -14,7 +14,7 @@ use pagesift_core::Nanos;
 use pagesift_core::pipeline::pacing::{
     KsmdPace, KsmdTick, PaceMode, Pacer, PacingConfig, PacingDemand,
 };
-use pagesift_linux::ksm::{AdvisorMode, GuardOptions, Ksm, KsmGuard, Ksmd, Run};
+use pagesift_linux::ksm::{AdvisorMode, GuardOptions, Ksm, KsmGuard, Ksmd, KsmdWait, Run};
 use pagesift_linux::proc::KeptOpen;
 
 /// ksmd's counters at one moment (`/sys/kernel/mm/ksm`) and its CPU time.
@@ -40,6 +40,11 @@ pub struct Pacing {
     pub pages_to_scan: u64,
     /// `sleep_millisecs` written.
     pub sleep_ms: u64,
+    /// The share of the last tick that ksmd spent waiting for a CPU,
+    /// runnable but not running (0 when unknown): how busy the machine
+    /// kept it from the pace above.
+    #[serde(default)]
+    pub wait_share: f64,
 }
 
 /// Ownership of the kernel's KSM for the daemon's lifetime.
@@ -81,8 +86,14 @@ pub struct SysKsm {
     /// `pages_shared`, `pages_sharing` and `full_scans`, kept open; `None`
     /// if one could not be opened (then each sample opens them).
     counters: Option<[KeptOpen; 3]>,
+    /// ksmd's wait for a CPU; `None` without schedstats (the pacer then
+    /// counts that wait as sleep).
+    wait: Option<KsmdWait>,
     pacer: Pacer,
-    last: Option<(Nanos, u64)>,
+    /// When the pacer last ticked, and ksmd's CPU time and wait then.
+    last: Option<(Nanos, u64, u64)>,
+    /// The share of that tick ksmd waited for a CPU.
+    wait_share: f64,
     written: Option<KsmdPace>,
     /// The demand's `scan_pages` at the last tick.
     ticked_scan_pages: u64,
@@ -131,6 +142,13 @@ impl SysKsm {
         if ksmd.is_none() {
             tracing::warn!("no ksmd thread found: its CPU time is not measured");
         }
+        let wait = ksmd.and_then(|k| match k.wait_reader() {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::info!(error = %e, "ksmd's wait for a CPU is not measured: the pacer counts it as sleep");
+                None
+            }
+        });
         let counters = COUNTERS
             .map(|name| guard.ksm().keep_open(name))
             .into_iter()
@@ -141,8 +159,10 @@ impl SysKsm {
             guard,
             ksmd,
             counters,
+            wait,
             pacer,
             last: None,
+            wait_share: 0.0,
             written: None,
             ticked_scan_pages: 0,
         })
@@ -155,6 +175,10 @@ impl SysKsm {
 
     fn ksmd_cpu(&self) -> u64 {
         self.ksmd.and_then(|k| k.cpu_ns().ok()).unwrap_or(0)
+    }
+
+    fn ksmd_wait(&mut self) -> u64 {
+        self.wait.as_mut().and_then(|w| w.ns().ok()).unwrap_or(0)
     }
 
     fn write(&mut self, pace: KsmdPace) -> Result<(), String> {
@@ -216,9 +240,9 @@ impl KsmControl for SysKsm {
                 self.write(pace)?;
                 self.ticked_scan_pages = scan_pages;
                 self.guard.set_run(Run::Run).map_err(|e| e.to_string())?;
-                self.last = Some((now, self.ksmd_cpu()));
+                self.last = Some((now, self.ksmd_cpu(), self.ksmd_wait()));
             }
-            Some((t, cpu)) => {
+            Some((t, cpu, wait)) => {
                 let active = self.pacer.mode() == PaceMode::Active;
                 let switch = active != (unmerged_pages > 0 && target_share > 0.0);
                 // The caller asks between ticks only when the demand jumped
@@ -226,14 +250,20 @@ impl KsmControl for SysKsm {
                 // far is what the shorter window measured.
                 let jumped = demand_jumped(scan_pages, self.ticked_scan_pages);
                 if switch || jumped || now.saturating_sub(t) >= PACE_TICK {
-                    let cpu_now = self.ksmd_cpu();
+                    let (cpu_now, wait_now) = (self.ksmd_cpu(), self.ksmd_wait());
                     let tick = KsmdTick {
                         cpu_ns: cpu_now.saturating_sub(cpu),
+                        wait_ns: wait_now.saturating_sub(wait),
                         wall_ns: now.saturating_sub(t),
+                    };
+                    self.wait_share = if tick.wall_ns > 0 {
+                        tick.wait_ns as f64 / tick.wall_ns as f64
+                    } else {
+                        0.0
                     };
                     let pace = self.pacer.tick(tick, demand);
                     self.write(pace)?;
-                    self.last = Some((now, cpu_now));
+                    self.last = Some((now, cpu_now, wait_now));
                     self.ticked_scan_pages = scan_pages;
                 }
             }
@@ -243,6 +273,7 @@ impl KsmControl for SysKsm {
             share: self.pacer.target_share(),
             pages_to_scan: pace.pages_to_scan as u64,
             sleep_ms: pace.sleep_millisecs as u64,
+            wait_share: self.wait_share,
         })
     }
 

@@ -179,6 +179,10 @@ const GAUGES: &[(&str, &str)] = &[
         "CPU share ksmd is paced to, fraction of one core",
     ),
     (
+        "ksmd_wait_share",
+        "Share of the last pacing tick ksmd waited for a CPU",
+    ),
+    (
         "daemon_cpu_share",
         "pagesift CPU over the last seconds, fraction of one core",
     ),
@@ -433,6 +437,7 @@ impl Metrics {
             ("ksm_sleep_milliseconds", k.sleep_ms as f64),
             ("ksmd_cpu_share", k.cpu_share),
             ("ksmd_target_share", k.target_share),
+            ("ksmd_wait_share", k.wait_share),
             ("daemon_cpu_share", d.cpu_share),
             ("hash_strength", d.strength as f64),
             ("sample_cost_nanoseconds", d.per_page_ns),

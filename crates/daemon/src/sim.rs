@@ -513,6 +513,7 @@ impl KsmControl for SimKsm {
             share,
             pages_to_scan: 100,
             sleep_ms: 20,
+            wait_share: 0.0,
         })
     }
     fn restore(&mut self) -> Result<(), String> {

@@ -160,6 +160,11 @@ pub struct KsmStatus {
     pub pages_to_scan: u64,
     /// `sleep_millisecs` in force.
     pub sleep_ms: u64,
+    /// Share of the pacer's last tick ksmd spent waiting for a CPU
+    /// (runnable, not running): the machine was too busy to give it its
+    /// pace.
+    #[serde(default)]
+    pub wait_share: f64,
     /// `/proc/vmstat` cow_ksm since the daemon started (global cross-check
     /// of the per-region COW breaks).
     pub cow_ksm: Option<u64>,
@@ -621,14 +626,15 @@ pub fn render(s: &Status) -> String {
     }
     let _ = writeln!(
         o,
-        "CPU: daemon {:.2} % ({:.1} s), ksmd {:.2} % ({:.1} s) of one core; ksmd target {:.2} %, pages_to_scan {}, sleep {} ms",
+        "CPU: daemon {:.2} % ({:.1} s), ksmd {:.2} % ({:.1} s) of one core; ksmd target {:.2} %, pages_to_scan {}, sleep {} ms, waited for a CPU {:.1} % of the time",
         d.cpu_share * 100.0,
         d.cpu_seconds,
         k.cpu_share * 100.0,
         k.cpu_seconds,
         k.target_share * 100.0,
         k.pages_to_scan,
-        k.sleep_ms
+        k.sleep_ms,
+        k.wait_share * 100.0
     );
     let _ = writeln!(
         o,

@@ -436,6 +436,7 @@ fn paced_ksmd_merges_256_mib_at_the_target_share() {
         let tick = KsmdTick {
             cpu_ns: cpu - cpu_prev,
             wall_ns: (now - t_prev).as_nanos() as u64,
+            ..KsmdTick::default()
         };
         merged = ksm_stat(&w).merging_pages.unwrap();
         let pace = pacer.tick(tick, demand(merged));
@@ -474,6 +475,7 @@ fn paced_ksmd_merges_256_mib_at_the_target_share() {
         let tick = KsmdTick {
             cpu_ns: cpu - prev.0,
             wall_ns: (now - prev.1).as_nanos() as u64,
+            ..KsmdTick::default()
         };
         g.set_pace(pacer.tick(tick, demand(ksm_stat(&w).merging_pages.unwrap())))
             .unwrap();

@@ -37,7 +37,20 @@
 //! 2. **Measure.** Each tick the caller passes ksmd's CPU time and the wall
 //!    time since the previous tick, which ran under the pace in force. The
 //!    measured share `m` is inverted through the model into the cost that
-//!    explains it: `ĉ = m/(1 − m) · S / P`. This *effective* cost absorbs
+//!    explains it: `ĉ = m/(1 − m) · S / P`, that is the CPU time over the
+//!    number of batches, counted as the time ksmd slept divided by `S`.
+//!    The time ksmd waited for a CPU, runnable but not running (its
+//!    `schedstat` run delay, passed in the tick), is not sleep and is left
+//!    out: `ĉ = cpu · S / ((wall − cpu − wait) · P)`. Counting it as sleep
+//!    made a starved ksmd look cheap: with three TCG guests keeping both
+//!    cores busy (the vm-boot experiment, a by-hand run on 2026-11-28),
+//!    ksmd waited 70–98 % of the wall time under pagesift and under the
+//!    kernel's own pace alike; the estimate fell to a third of the cost,
+//!    and the loop raised `pages_to_scan` to 2 000–5 000 pages, so every
+//!    time the scheduler let ksmd run it ran that much longer for a share
+//!    it never reached (an integral wind-up). With the wait left out, a
+//!    starved ksmd keeps the batch its real cost gives, and the share the
+//!    scheduler denies it is not chased. This *effective* cost absorbs
 //!    everything the model leaves out: the per-wake-up cost `o` and the
 //!    jiffy rounding of the sleep are folded into it. At the fixed point the
 //!    measured share is therefore exactly the target: if `P` solves the
@@ -363,13 +376,17 @@ pub enum PaceMode {
     Trickle,
 }
 
-/// ksmd's CPU time and the wall time of one tick, both measured by the
-/// caller over the same interval, during which the pacer's previous
-/// [`KsmdPace`] was in force.
+/// ksmd's CPU time, its wait for a CPU and the wall time of one tick, all
+/// measured by the caller over the same interval, during which the
+/// pacer's previous [`KsmdPace`] was in force.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KsmdTick {
     /// ksmd's CPU time in the interval, ns (`/proc/<ksmd>/schedstat` delta).
     pub cpu_ns: u64,
+    /// Time ksmd spent runnable but waiting for a CPU in the interval, ns
+    /// (`/proc/<ksmd>/schedstat` field 2 delta; 0 when unknown). It is
+    /// neither work nor the sleep the pacer sets (module header, step 2).
+    pub wait_ns: u64,
     /// Length of the interval, ns.
     pub wall_ns: Nanos,
 }
@@ -417,7 +434,9 @@ const COST_FLOOR_NS: f64 = 50.0;
 const COST_CEILING_NS: f64 = 1_000_000.0;
 
 /// A measured share at or above this says ksmd ran without sleeping (or
-/// the measurement is off): the model cannot be inverted there.
+/// the measurement is off): the model cannot be inverted there. The
+/// ratio of work to sleep that [`Pacer::learn`] inverts is capped at the
+/// same point (99 to 1).
 const SATURATED_SHARE: f64 = 0.99;
 
 impl Pacer {
@@ -492,9 +511,26 @@ impl Pacer {
         if t.wall_ns == 0 || t.cpu_ns < self.config.min_measured_cpu_ns {
             return;
         }
-        let m = (t.cpu_ns as f64 / t.wall_ns as f64).min(SATURATED_SHARE);
+        // The time ksmd slept as told: the tick less its work and less its
+        // wait for a CPU. Batches = asleep / S, so the cost per page is
+        // cpu · S / (asleep · P); without a wait this is m/(1 − m) · S/P.
+        let (cpu, wall) = (t.cpu_ns as f64, t.wall_ns as f64);
         let sleep_ns = self.pace.sleep_millisecs as f64 * 1e6;
-        let observed = (m / (1.0 - m) * sleep_ns / self.pace.pages_to_scan as f64)
+        let asleep = (wall - cpu - t.wait_ns as f64).max(0.0);
+        if t.wait_ns > 0 && asleep < sleep_ns {
+            // Not one whole sleep left once the wait is taken out: the
+            // scheduler, not the batch, filled the tick, and the batches
+            // cannot be counted. (The kernel adds a wait to the run delay
+            // when it ends, so a short tick may even be given more wait
+            // than its length.)
+            return;
+        }
+        let work_per_sleep = if asleep > 0.0 {
+            (cpu / asleep).min(SATURATED_SHARE / (1.0 - SATURATED_SHARE))
+        } else {
+            SATURATED_SHARE / (1.0 - SATURATED_SHARE)
+        };
+        let observed = (work_per_sleep * sleep_ns / self.pace.pages_to_scan as f64)
             .clamp(COST_FLOOR_NS, COST_CEILING_NS);
         let c = self.config;
         let old = self.cost_ns_per_page(self.mode);
@@ -613,6 +649,11 @@ mod tests {
         jiffy_ms: u32,
         noise: f64,
         rng: u64,
+        /// Time waited for a CPU per batch, as a multiple of the batch's
+        /// work (a machine whose other tasks keep every core busy).
+        starved: f64,
+        /// Whether the tick reports that wait (`KsmdTick::wait_ns`).
+        reports_wait: bool,
     }
 
     impl SimKsmd {
@@ -624,14 +665,24 @@ mod tests {
                 jiffy_ms: 4,
                 noise: 0.0,
                 rng: 0x9E37_79B9_7F4A_7C15,
+                starved: 0.0,
+                reports_wait: true,
             }
         }
 
         /// The share this ksmd would use under `pace`.
         fn share(&self, pace: KsmdPace) -> f64 {
+            self.shares(pace).0
+        }
+
+        /// The shares of the wall time this ksmd would work and wait for a
+        /// CPU under `pace`.
+        fn shares(&self, pace: KsmdPace) -> (f64, f64) {
             let sleep_ms = pace.sleep_millisecs.div_ceil(self.jiffy_ms).max(1) * self.jiffy_ms;
             let work = pace.pages_to_scan as f64 * self.cost_ns + self.wake_ns;
-            work / (work + sleep_ms as f64 * 1e6)
+            let wait = work * self.starved;
+            let cycle = work + wait + sleep_ms as f64 * 1e6;
+            (work / cycle, wait / cycle)
         }
 
         /// Runs for `wall_ns` under `pace`.
@@ -641,9 +692,15 @@ mod tests {
             self.rng ^= self.rng >> 7;
             self.rng ^= self.rng << 17;
             let u = (self.rng >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
-            let share = self.share(pace) * (1.0 + self.noise * u);
+            let (share, wait) = self.shares(pace);
+            let share = share * (1.0 + self.noise * u);
             KsmdTick {
                 cpu_ns: (share * wall_ns as f64) as u64,
+                wait_ns: if self.reports_wait {
+                    (wait * wall_ns as f64) as u64
+                } else {
+                    0
+                },
                 wall_ns,
             }
         }
@@ -952,6 +1009,75 @@ mod tests {
     }
 
     #[test]
+    fn a_ksmd_starved_of_cpu_keeps_the_batch_its_cost_gives() {
+        // Both cores busy with other work: ksmd waits three times its
+        // batch's work for a CPU after every wake-up. Its real cost is
+        // 5 µs a page; at a 25 % target the model's batch (20 ms sleep)
+        // is 20e6 · 0.25 / (0.75 · 5 000) ≈ 1 333 pages.
+        let cfg = PacingConfig::default();
+        let run = |reports_wait: bool| {
+            let mut p = Pacer::new(cfg).unwrap();
+            let mut k = SimKsmd::new(5_000.0, 0.0);
+            k.jiffy_ms = 1;
+            k.starved = 3.0;
+            k.reports_wait = reports_wait;
+            p.start(active(0.25));
+            let shares = drive(&mut p, &mut k, active(0.25), 30);
+            (p, shares)
+        };
+        let (p, shares) = run(true);
+        let cost = p.cost_ns_per_page(PaceMode::Active);
+        assert!((cost / 5_000.0 - 1.0).abs() < 0.05, "cost {cost:.0} ns");
+        let pages = p.pace().pages_to_scan as f64;
+        assert!((pages / 1_333.0 - 1.0).abs() < 0.05, "{pages} pages");
+        // The share it gets is what the scheduler leaves it, not chased:
+        // work 6.7 ms, wait 20 ms, sleep 20 ms: 1/7 of the wall time.
+        assert!((shares[29] - 1.0 / 7.0).abs() < 0.01, "{shares:?}");
+        // Counted as sleep, the wait made the cost look ever cheaper and
+        // the batch wind up to the bound (the bug this guards against).
+        let (blind, blind_shares) = run(false);
+        assert!(
+            blind.pace().pages_to_scan as f64 > 10.0 * pages,
+            "{:?}",
+            blind.pace()
+        );
+        assert!(blind_shares[29] > 0.2, "{blind_shares:?}");
+    }
+
+    #[test]
+    fn a_tick_filled_by_the_wait_for_a_cpu_teaches_nothing() {
+        let mut p = Pacer::new(PacingConfig::default()).unwrap();
+        p.start(active(0.1));
+        let c0 = p.cost_ns_per_page(PaceMode::Active);
+        // A short tick (a jump in demand) credited with a wait that began
+        // before it, and a tick the wait filled all but a few ms of.
+        for (cpu_ns, wait_ns, wall_ns) in [
+            (5_000_000, 80_000_000, 10_000_000),
+            (100_000_000, 890_000_000, SEC),
+        ] {
+            p.tick(
+                KsmdTick {
+                    cpu_ns,
+                    wait_ns,
+                    wall_ns,
+                },
+                active(0.1),
+            );
+            assert_eq!(p.cost_ns_per_page(PaceMode::Active), c0);
+        }
+        // Without a wait the same work is a saturated ksmd: the cost rises.
+        p.tick(
+            KsmdTick {
+                cpu_ns: SEC - 5_000_000,
+                wait_ns: 0,
+                wall_ns: SEC,
+            },
+            active(0.1),
+        );
+        assert!(p.cost_ns_per_page(PaceMode::Active) > c0);
+    }
+
+    #[test]
     fn a_cost_jump_is_cut_within_a_few_ticks() {
         // Merging finishes and the all-full stable chain makes every page
         // ~30x dearer (module header).
@@ -1054,6 +1180,7 @@ mod tests {
             KsmdTick {
                 cpu_ns: 1_000,
                 wall_ns: SEC,
+                ..KsmdTick::default()
             },
             active(0.1),
         );
@@ -1061,6 +1188,7 @@ mod tests {
             KsmdTick {
                 cpu_ns: 0,
                 wall_ns: 0,
+                ..KsmdTick::default()
             },
             active(0.1),
         );
@@ -1168,7 +1296,11 @@ mod tests {
                     unmerged_pages: unmerged,
                     scan_pages: 0,
                 };
-                let pace = p.tick(KsmdTick { cpu_ns, wall_ns }, d);
+                let pace = p.tick(KsmdTick {
+                    cpu_ns,
+                    wall_ns,
+                    ..KsmdTick::default()
+                }, d);
                 prop_assert!(in_bounds(&cfg, pace), "{:?} {:?}", cfg, pace);
                 if p.mode() == PaceMode::Trickle {
                     prop_assert!(pace.pages_to_scan <= cfg.trickle_max_pages);
@@ -1185,7 +1317,11 @@ mod tests {
             let mut p = Pacer::new(cfg).unwrap();
             p.start(active(0.1));
             let before = p.cost_ns_per_page(PaceMode::Active);
-            p.tick(KsmdTick { cpu_ns, wall_ns }, active(0.1));
+            p.tick(KsmdTick {
+                    cpu_ns,
+                    wall_ns,
+                    ..KsmdTick::default()
+                }, active(0.1));
             let after = p.cost_ns_per_page(PaceMode::Active);
             prop_assert!(after >= before / cfg.max_raise * 0.999_999);
             prop_assert!(after <= before * cfg.max_cut * 1.000_001);

@@ -70,6 +70,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     share = p.share,
                     pages_to_scan = p.pages_to_scan,
                     sleep_ms = p.sleep_ms,
+                    wait_share = p.wait_share,
                     "ksmd paced"
                 );
                 self.pacing = p;

@@ -146,6 +146,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             target_share: self.pacing.share,
             pages_to_scan: self.pacing.pages_to_scan,
             sleep_ms: self.pacing.sleep_ms,
+            wait_share: self.pacing.wait_share,
             // The last look's, at most a second old (a read of
             // /proc/vmstat costs about 30 µs).
             cow_ksm: match (

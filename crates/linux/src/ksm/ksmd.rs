@@ -10,9 +10,16 @@
 //! `schedstat` with one `clock_gettime`, and no file to open and parse
 //! (opening and parsing both files through `procfs` was 5 % of the
 //! daemon's CPU beside a short-lived workload, by a perf profile).
+//!
+//! How long ksmd waited for a CPU, runnable but not running, is
+//! `schedstat`'s second field (the scheduler's run delay), which no clock
+//! gives: [`KsmdWait`] keeps that file open and reads it with one `pread`.
+//! The pacer needs it to tell the sleep it set from the time the scheduler
+//! kept ksmd off a busy machine's cores (`core::pipeline::pacing`, step 2).
 
 use super::error::KsmError;
 use crate::LinuxError;
+use crate::proc::KeptOpen;
 use std::io;
 
 /// The ksmd kernel thread.
@@ -36,6 +43,40 @@ impl KsmdCpu {
     pub fn ns(&self) -> u64 {
         self.schedstat_ns.unwrap_or(self.ticks_ns)
     }
+}
+
+/// ksmd's `/proc/<ksmd>/schedstat`, kept open, for its wait for a CPU.
+#[derive(Debug)]
+pub struct KsmdWait {
+    file: KeptOpen,
+    buf: Vec<u8>,
+}
+
+impl KsmdWait {
+    /// ksmd's time spent runnable but waiting for a CPU since it started,
+    /// ns.
+    pub fn ns(&mut self) -> Result<u64, LinuxError> {
+        self.file
+            .read_into(&mut self.buf)
+            .map_err(|e| LinuxError::io(format!("reading {}", self.file.path()), e))?;
+        parse_schedstat(&self.buf)
+            .map(|(_, wait)| wait)
+            .ok_or_else(|| {
+                LinuxError::io(
+                    format!("parsing {}", self.file.path()),
+                    io::Error::new(io::ErrorKind::InvalidData, "not three numbers"),
+                )
+            })
+    }
+}
+
+/// `/proc/PID/schedstat`: time on a CPU, time waiting for one (ns), and
+/// the number of times it ran. Returns the first two.
+fn parse_schedstat(text: &[u8]) -> Option<(u64, u64)> {
+    let text = std::str::from_utf8(text).ok()?;
+    let mut fields = text.split_ascii_whitespace().map(|f| f.parse::<u64>());
+    let (run, wait, _count) = (fields.next()?, fields.next()?, fields.next()?);
+    Some((run.ok()?, wait.ok()?))
 }
 
 /// PF_KTHREAD in `/proc/PID/stat`'s flags.
@@ -80,5 +121,51 @@ impl Ksmd {
     /// Its CPU time, ns: its CPU-time clock (exact, like `schedstat`).
     pub fn cpu_ns(&self) -> Result<u64, LinuxError> {
         crate::procstat::cpu_ns(self.pid)
+    }
+
+    /// A reader of its wait for a CPU; an error when the kernel has no
+    /// schedstats (`/proc/<ksmd>/schedstat` missing) or it cannot be read.
+    pub fn wait_reader(&self) -> Result<KsmdWait, LinuxError> {
+        let path = format!("/proc/{}/schedstat", self.pid);
+        let file =
+            KeptOpen::open(&path).map_err(|e| LinuxError::io(format!("opening {path}"), e))?;
+        let mut reader = KsmdWait {
+            file,
+            buf: Vec::new(),
+        };
+        reader.ns()?;
+        Ok(reader)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedstat_gives_run_and_wait() {
+        assert_eq!(
+            parse_schedstat(b"8605773423 5887904471 7637\n"),
+            Some((8_605_773_423, 5_887_904_471))
+        );
+        assert_eq!(parse_schedstat(b"12 34\n"), None);
+        assert_eq!(parse_schedstat(b"12 x 5\n"), None);
+        assert_eq!(parse_schedstat(b""), None);
+    }
+
+    #[test]
+    fn ksmd_wait_is_read_and_never_runs_backwards() {
+        let Ok(ksmd) = Ksmd::find() else {
+            // No KSM in this kernel: nothing to read (the KSM tests need it
+            // and say so).
+            return;
+        };
+        let mut w = ksmd.wait_reader().unwrap();
+        let (a, b) = (w.ns().unwrap(), w.ns().unwrap());
+        assert!(b >= a, "{a} then {b}");
+        // The same figure as a fresh read of the file.
+        let text = std::fs::read(format!("/proc/{}/schedstat", ksmd.pid())).unwrap();
+        let (_, fresh) = parse_schedstat(&text).unwrap();
+        assert!(fresh >= b, "{b} then {fresh}");
     }
 }

@@ -17,7 +17,7 @@
 //! - **ksmd** ([`Ksmd`]): the kernel thread named `ksmd` (PF_KTHREAD) and
 //!   its CPU time: `/proc/<ksmd>/schedstat` field 1 (ns on CPU, exact), or
 //!   utime + stime of `/proc/<ksmd>/stat` in USER_HZ ticks when schedstat
-//!   is missing.
+//!   is missing; and its wait for a CPU ([`KsmdWait`], schedstat field 2).
 //!
 //! ## Owning KSM
 //!
@@ -96,7 +96,7 @@ mod fake;
 pub use error::KsmError;
 pub use guard::{GuardOptions, KsmGuard};
 pub use knobs::{AdvisorMode, Knob, Run};
-pub use ksmd::{Ksmd, KsmdCpu};
+pub use ksmd::{Ksmd, KsmdCpu, KsmdWait};
 pub use prctl::{memory_merge, set_memory_merge, with_memory_merge};
 pub use restore::{RestoreReport, Unrestored};
 pub use signals::TerminationWatch;
