@@ -40,7 +40,7 @@ use crate::series::Series;
 use crate::system::System;
 use crate::{BenchError, Context};
 use pagesift_core::pipeline::pacing::{KsmdTick, Pacer, PacingConfig, PacingDemand};
-use pagesift_linux::ksm::{AdvisorMode, GuardOptions, Knob, KsmError, KsmGuard, Ksmd, Run};
+use pagesift_linux::ksm::{AdvisorMode, GuardOptions, Knob, KsmError, KsmGuard, Run};
 use pagesift_linux::sys::DeathSignal;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -409,14 +409,9 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
     }
     // Step 5.
     let mut next = Instant::now();
-    let mut last_tick = (Instant::now(), 0u64, 0u64);
-    // ksmd's wait for a CPU, which the pacer does not count as sleep
-    // (`core::pipeline::pacing`, step 2), as in the daemon.
-    let mut ksmd_wait = (pacer.as_ref())
-        .and_then(|_| Ksmd::find().ok())
-        .and_then(|k| k.wait_reader().ok());
-    let mut read_wait = || ksmd_wait.as_mut().and_then(|w| w.ns().ok()).unwrap_or(0);
-    last_tick.2 = read_wait();
+    // ksmd's CPU and its wait for a CPU, which the pacer does not count as
+    // sleep (`core::pipeline::pacing`, step 2), as in the daemon.
+    let mut last_tick = (Instant::now(), 0u64, sampler.ksmd_wait_ns().unwrap_or(0));
     let mut last_progress = Instant::now();
     loop {
         sampler.sample(tuned.as_ref().map(|t| t.cpu_seconds()))?;
@@ -485,7 +480,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         if let (Some((p, demand)), Some(g)) = (pacer.as_mut(), guard.as_ref())
             && last_tick.0.elapsed() >= Duration::from_secs(1)
         {
-            let (cpu, wait) = (sampler.ksmd_cpu_ns()?, read_wait());
+            let (cpu, wait) = (sampler.ksmd_cpu_ns()?, sampler.ksmd_wait_ns().unwrap_or(0));
             let tick = KsmdTick {
                 cpu_ns: cpu.saturating_sub(last_tick.1),
                 wait_ns: wait.saturating_sub(last_tick.2),
@@ -594,7 +589,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         });
     }
     notes.extend(scan_cost(
-        &sampler,
+        &mut sampler,
         daemon
             .as_ref()
             .and_then(|(_, _, socket)| daemon_status(ctx, socket)),
@@ -655,7 +650,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
 /// (its distil phase) per page it sampled, from its status at the end of
 /// the window.
 fn scan_cost(
-    sampler: &Sampler,
+    sampler: &mut Sampler,
     status: Option<serde_json::Value>,
 ) -> Result<Vec<String>, BenchError> {
     let mut notes = Vec::new();
@@ -664,6 +659,17 @@ fn scan_cost(
         notes.push(format!(
             "scan cost: ksmd scanned {scanned} pages at {ksmd_s:.2} CPU-s, {:.2} µs per page",
             ksmd_s * 1e6 / scanned as f64
+        ));
+    }
+    // How busy the machine kept ksmd: time it was runnable but waited for
+    // a CPU. Under a CPU-bound workload (the guests) it is what the pacer
+    // does not count as ksmd's sleep, and it varies from run to run.
+    if let Some(wait) = sampler.ksmd_wait_ns() {
+        let window = sampler.elapsed();
+        notes.push(format!(
+            "ksmd waited {:.2} s for a CPU ({:.1} % of the {window:.0} s since t = 0)",
+            wait as f64 / 1e9,
+            wait as f64 / 1e7 / window.max(1e-9)
         ));
     }
     if let Some(st) = status {

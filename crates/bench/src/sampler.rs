@@ -22,7 +22,7 @@
 
 use crate::BenchError;
 use crate::series::Series;
-use pagesift_linux::ksm::{Knob, Ksm, KsmVmstat, Ksmd};
+use pagesift_linux::ksm::{Knob, Ksm, KsmVmstat, Ksmd, KsmdWait};
 use pagesift_linux::procstat;
 use std::time::{Duration, Instant};
 
@@ -72,6 +72,9 @@ pub mod metric {
 pub struct Sampler {
     ksm: Ksm,
     ksmd: Ksmd,
+    /// ksmd's wait for a CPU (schedstat), and its value at t = 0; `None`
+    /// without schedstats.
+    ksmd_wait: Option<(KsmdWait, u64)>,
     t0: Instant,
     groups: Vec<u32>,
     members: Vec<u32>,
@@ -99,6 +102,10 @@ impl Sampler {
         let ksm = Ksm::open()?;
         let ksmd = Ksmd::find()?;
         let base_ksmd_ns = ksmd.cpu_ns()?;
+        let ksmd_wait = ksmd.wait_reader().ok().and_then(|mut w| {
+            let base = w.ns().ok()?;
+            Some((w, base))
+        });
         let base_scanned = ksm.counters()?.pages_scanned;
         let base_cow = KsmVmstat::read()?.cow_ksm.unwrap_or(0);
         let names = [
@@ -115,6 +122,7 @@ impl Sampler {
         Ok(Sampler {
             ksm,
             ksmd,
+            ksmd_wait,
             t0: Instant::now(),
             groups,
             members: Vec::new(),
@@ -150,6 +158,13 @@ impl Sampler {
     pub fn ksmd_pages_scanned(&self) -> Result<Option<u64>, BenchError> {
         let now = self.ksm.counters()?.pages_scanned;
         Ok(now.zip(self.base_scanned).map(|(n, b)| n.saturating_sub(b)))
+    }
+
+    /// ksmd's wait for a CPU since t = 0, ns: runnable but not running
+    /// (`None` without schedstats).
+    pub fn ksmd_wait_ns(&mut self) -> Option<u64> {
+        let (w, base) = self.ksmd_wait.as_mut()?;
+        Some(w.ns().ok()?.saturating_sub(*base))
     }
 
     /// ksmd's CPU since t = 0, ns (for a pacer).
