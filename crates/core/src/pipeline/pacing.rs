@@ -42,13 +42,17 @@
 //!    The time ksmd waited for a CPU, runnable but not running (its
 //!    `schedstat` run delay, passed in the tick), is not sleep and is left
 //!    out: `ĉ = cpu · S / ((wall − cpu − wait) · P)`. Counting it as sleep
-//!    made a starved ksmd look cheap: with three TCG guests keeping both
+//!    made a starved ksmd look cheap. With three TCG guests keeping both
 //!    cores busy (the vm-boot experiment, a by-hand run on 2026-11-28),
 //!    ksmd waited 70–98 % of the wall time under pagesift and under the
-//!    kernel's own pace alike; the estimate fell to a third of the cost,
-//!    and the loop raised `pages_to_scan` to 2 000–5 000 pages, so every
-//!    time the scheduler let ksmd run it ran that much longer for a share
-//!    it never reached (an integral wind-up). With the wait left out, a
+//!    kernel's own pace alike, and the loop raised `pages_to_scan` to
+//!    2 000–5 000 pages: every time the scheduler let ksmd run it ran that
+//!    much longer, for a share it never reached (an integral wind-up; the
+//!    unit test `a_ksmd_starved_of_cpu_keeps_the_batch_its_cost_gives`
+//!    shows the same wind-up in simulation). How much ksmd waits varies
+//!    from machine to machine: in the same experiment on 2026-12-01 (the
+//!    pace log of two runs, by hand) it waited 0–10 % of most one-second
+//!    ticks and at most 62 %. With the wait left out, a
 //!    starved ksmd keeps the batch its real cost gives, and the share the
 //!    scheduler denies it is not chased. This *effective* cost absorbs
 //!    everything the model leaves out: the per-wake-up cost `o` and the
