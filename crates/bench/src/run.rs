@@ -547,7 +547,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
     {
         let h = &st["hints"];
         notes.push(format!(
-            "hints {}{}: {} events, {} pages received, {} pushed, {} already mergeable, {} untracked, {} lost to a full ring, {} stale, {} overwritten, {} looked up, {} duplicates, {} pages marked; {:.0} ns per hint from the ring to the stack (drain, map, push; stack of {})",
+            "hints {}{}: {} events, {} pages received, {} pushed, {} already mergeable, {} untracked, {} lost to a full ring, {} stale, {} unmapped, {} overwritten, {} looked up, {} duplicates, {} pages marked; {:.0} ns per hint from the ring to the stack (drain, map, push; stack of {})",
             h["state"].as_str().unwrap_or("?"),
             h["reason"]
                 .as_str()
@@ -559,6 +559,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
             h["untracked"],
             h["dropped_ring"],
             h["dropped_stale"],
+            h["dropped_unmapped"],
             h["overwritten"],
             h["sampled"],
             h["duplicates"],

@@ -263,6 +263,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "hints_dropped_stale",
         "Hints dropped as older than the maximum age or the last round",
     ),
+    (
+        "hints_dropped_unmapped",
+        "Hints dropped because their page left every region before it was looked up",
+    ),
     ("hints_overwritten", "Hints overwritten in the full stack"),
     ("hint_duplicates", "Hinted pages found duplicated"),
     (
@@ -474,6 +478,7 @@ impl Metrics {
             ("hints_pushed", s.hints.pushed as f64),
             ("hints_dropped_ring", s.hints.dropped_ring as f64),
             ("hints_dropped_stale", s.hints.dropped_stale as f64),
+            ("hints_dropped_unmapped", s.hints.dropped_unmapped as f64),
             ("hints_overwritten", s.hints.overwritten as f64),
             ("hint_duplicates", s.hints.duplicates as f64),
             ("hint_pages_marked", s.hints.pages_marked as f64),

@@ -274,6 +274,10 @@ pub struct HintsStatus {
     /// Hints dropped as stale (older than the maximum age or the last
     /// global round).
     pub dropped_stale: u64,
+    /// Hints dropped because their page left every region (unmapped
+    /// before it was looked up).
+    #[serde(default)]
+    pub dropped_unmapped: u64,
     /// Hints overwritten in the full stack (the oldest go first).
     pub overwritten: u64,
     /// Hints looked up by the distiller.

@@ -86,7 +86,10 @@
 //! the one-run-per-round limit, and
 //! reported even if it is one page long (`DupRun::hinted`): a file read is
 //! exactly the run of duplicates the rule above waits a round for. A hint
-//! inside a run reported recently is skipped without reading. A hinted
+//! inside a run reported recently is skipped without reading. The pages
+//! of a run followed from a hint go into the stable set (each matched
+//! pair's hinted side), so a third copy hinted later finds its twin there
+//! though only two pages of the run were looked up. A hinted
 //! page of a region the distiller does not track (held by the caller) is
 //! looked up too, and reported as a run of one page (its region's bounds
 //! are unknown here).
@@ -279,6 +282,9 @@ struct RunWalk {
     twin_pages: u32,
     limit: u32,
     read_limit: u64,
+    /// Put each matched pair's page into the stable set (module header,
+    /// "Hints"): a run found from a hint.
+    index: bool,
 }
 
 /// Global rounds a new strength must hold before the stable set is
@@ -959,7 +965,7 @@ impl Distiller {
             return None;
         }
         t.run_at = Some(now);
-        let run = self.extend_run(src, page, twin, budget, RUN_EXTEND_PAGES, report);
+        let run = self.extend_run(src, page, twin, budget, false, report);
         if run.pages < 2 {
             return None;
         }
@@ -980,14 +986,16 @@ impl Distiller {
 
     /// The run of verified duplicates through `page` (its words in
     /// `scratch.page`), twin `twin`, reading at most `budget` pages: the
-    /// page alone if its region (or its twin's) is not tracked.
+    /// page alone if its region (or its twin's) is not tracked. A run
+    /// followed from a hint (`hinted`) goes further and is indexed
+    /// ([`HINT_RUN_EXTEND_PAGES`], module header, "Hints").
     fn extend_run(
         &mut self,
         src: &mut impl MemorySource,
         page: PageRef,
         twin: Option<PageRef>,
         budget: u64,
-        limit: u32,
+        hinted: bool,
         report: &mut WakeReport,
     ) -> DupRun {
         let alone = DupRun {
@@ -1013,8 +1021,13 @@ impl Distiller {
             twin,
             pages,
             twin_pages,
-            limit,
+            limit: if hinted {
+                HINT_RUN_EXTEND_PAGES
+            } else {
+                RUN_EXTEND_PAGES
+            },
             read_limit,
+            index: hinted,
         };
         let back = self.reach(src, &run, -1, report);
         let ahead = self.reach(src, &run, 1, report);
@@ -1112,6 +1125,26 @@ impl Distiller {
                     }
                 })
                 .count();
+            if run.index && run.twin.is_some() {
+                // The run's pages are known duplicates now, but only the
+                // hinted page and its twin were looked up, and the pages
+                // looked up before wait in the unstable set, which every
+                // global round empties. A copy hinted later (another
+                // reader's hints, drained in a later wake-up) must find
+                // them in the stable set, or it finds no twin and is left
+                // to the ladder.
+                let Distiller {
+                    index,
+                    hasher,
+                    stable_strength,
+                    run_batch,
+                    ..
+                } = self;
+                for i in 0..matched {
+                    let key = hasher.hash(&run_batch.words[i], *stable_strength);
+                    index.insert_stable(key, run_batch.pages[i], fingerprint(&run_batch.words[i]));
+                }
+            }
             k += matched as u32;
             if matched < n {
                 break;
@@ -1165,7 +1198,7 @@ impl Distiller {
             return;
         };
         report.hint_duplicates += 1;
-        let mut run = self.extend_run(src, page, twin, budget, HINT_RUN_EXTEND_PAGES, report);
+        let mut run = self.extend_run(src, page, twin, budget, true, report);
         run.hinted = true;
         self.remember_run(&run, now);
         report.runs.push(run);
@@ -1713,6 +1746,46 @@ mod tests {
         });
         let r = d.wake_with_hints(&mut src, 200 * MS, &mut stack, &mut il);
         assert_eq!((r.hints_in_runs, r.hints_sampled), (1, 0));
+    }
+
+    /// A third copy of a shared run, hinted later at a page of the run
+    /// other than the two looked up, still finds a twin: the run's pages
+    /// went into the index when it was followed (a reader whose hints
+    /// come in a later drain than the first two readers').
+    #[test]
+    fn a_later_hint_finds_its_twin_among_a_followed_runs_pages() {
+        use crate::pipeline::hints::{DEFAULT_MAX_AGE, Hint, HintStack, Interleave};
+        let mut src = InMemorySource::new();
+        let shared: Vec<u64> = (5000..5064).collect();
+        let mut a_contents: Vec<u64> = (10_000..10_512).collect();
+        a_contents[100..164].copy_from_slice(&shared);
+        let a = src.map(1, &a_contents);
+        let mut b_contents = shared.clone();
+        b_contents.extend(20_000..20_448);
+        let b = src.map(2, &b_contents);
+        let mut c_contents: Vec<u64> = (30_000..30_512).collect();
+        c_contents[300..364].copy_from_slice(&shared);
+        let c = src.map(3, &c_contents);
+        let mut d = distiller();
+        d.sync_regions(&src, 0);
+        let mut il = Interleave::default();
+        let hint = |region, page| Hint {
+            page: PageRef { region, page },
+            time: 0,
+        };
+        let mut stack = HintStack::new(64, DEFAULT_MAX_AGE);
+        stack.push(hint(b, 10));
+        stack.push(hint(a, 110));
+        let r = d.wake_with_hints(&mut src, 100 * MS, &mut stack, &mut il);
+        assert_eq!(r.hint_duplicates, 1, "{:?}", r.runs);
+        // c's hint names the shared run's page 40: in a and b only pages
+        // 10 were looked up.
+        stack.push(hint(c, 340));
+        let r = d.wake_with_hints(&mut src, 200 * MS, &mut stack, &mut il);
+        assert_eq!((r.hints_sampled, r.hint_duplicates), (1, 1));
+        let run = r.runs.iter().find(|x| x.region == c).expect("c's run");
+        assert_eq!((run.first, run.pages), (300, 64), "{run:?}");
+        check_runs(&src, std::slice::from_ref(&r));
     }
 
     #[test]

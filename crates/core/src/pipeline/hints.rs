@@ -94,6 +94,10 @@ pub struct HintStats {
     pub overwritten: u64,
     /// Hints dropped at `pop` because they were older than the maximum age.
     pub expired: u64,
+    /// Hints dropped by [`HintStack::remap`]: their page was no longer in
+    /// any region.
+    #[serde(default)]
+    pub unmapped: u64,
 }
 
 /// XLH's bounded circular stack of hints (module header).
@@ -212,6 +216,39 @@ impl HintStack {
     /// scan round" (§4.3.3), once the linear scan has passed them anyway.
     pub fn set_max_age(&mut self, max_age: Nanos) {
         self.max_age = max_age;
+    }
+
+    /// Moves every stored hint to the page `f` says now holds its data, and
+    /// drops (and counts as unmapped) those `f` maps to `None`; the order
+    /// and the times stay. For the caller whose regions changed shape: a
+    /// hint names a page by its region and its offset there, so when a
+    /// region is split (a run of it marked mergeable becomes a VMA of its
+    /// own) the offsets past its new end name pages it no longer has, and
+    /// the hints for them would be lost. Allocates a new buffer; the caller
+    /// does it only when its regions changed.
+    pub fn remap(&mut self, mut f: impl FnMut(PageRef) -> Option<PageRef>) {
+        if self.len == 0 {
+            return;
+        }
+        let cap = self.cap;
+        // Oldest first: `top − len`, wrapping (before the ring wraps the
+        // indices stay below `top`, within the buffer).
+        let mut kept: Vec<Hint> = (0..self.len)
+            .map(|k| self.buf[(self.top + cap - self.len + k) % cap])
+            .filter_map(|h| {
+                let page = f(h.page);
+                if page.is_none() {
+                    self.stats.unmapped += 1;
+                }
+                page.map(|page| Hint { page, ..h })
+            })
+            .collect();
+        // Rebuilt unwrapped: the stored hints are `buf[0..len]` and the
+        // next push goes to `len` (to 0 when full, the oldest's slot).
+        self.len = kept.len();
+        self.top = self.len % cap;
+        kept.shrink_to_fit();
+        self.buf = kept;
     }
 
     /// Drops every stored hint (not counted as expired or overwritten).
@@ -371,6 +408,47 @@ mod tests {
                 page,
             },
             time,
+        }
+    }
+
+    #[test]
+    fn remapped_hints_follow_their_pages_and_keep_their_order() {
+        // Region 1 is split at page 4: pages 4.. are region 2 now, and page
+        // 6 was unmapped. Tried on a ring that has wrapped and on one that
+        // has not.
+        let split = |p: PageRef| match p.page {
+            6 => None,
+            0..4 => Some(p),
+            n => Some(PageRef {
+                region: RegionId(2),
+                page: n - 4,
+            }),
+        };
+        for (cap, pushed) in [(16usize, 8u32), (5, 8)] {
+            let mut s = HintStack::new(cap, DEFAULT_MAX_AGE);
+            for page in 0..pushed {
+                s.push(hint(page, u64::from(page)));
+            }
+            s.remap(split);
+            let first = pushed - (cap as u32).min(pushed);
+            let mut want: Vec<Hint> = (first..pushed)
+                .rev()
+                .filter_map(|n| {
+                    let page = split(hint(n, 0).page)?;
+                    Some(Hint {
+                        page,
+                        time: u64::from(n),
+                    })
+                })
+                .collect();
+            assert_eq!(s.len(), want.len(), "cap {cap}");
+            assert_eq!(s.stats().unmapped, 1);
+            // Pushes after a remap keep the bound and the order.
+            s.push(hint(0, 100));
+            want.insert(0, hint(0, 100));
+            want.truncate(cap);
+            let got: Vec<Hint> = std::iter::from_fn(|| s.pop(100)).collect();
+            assert_eq!(got, want, "cap {cap}");
         }
     }
 

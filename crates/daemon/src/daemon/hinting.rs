@@ -49,6 +49,34 @@ use tracing::{info, warn};
 const MS: Nanos = 1_000_000;
 const PAGE: u64 = 4096;
 
+/// Each process's regions as (first address, end, id), sorted.
+type RegionIndex = HashMap<u32, Vec<(u64, u64, RegionId)>>;
+
+/// Moves the hints on `stack` from the regions of `before` to those of
+/// `after`, by address: a hint names its page by region and offset, and a
+/// refresh may have cut a region (a run of it marked mergeable becomes a
+/// VMA of its own, which keeps its first address and so its id, and the
+/// rest becomes new regions). Left alone, the hints past the cut would
+/// name offsets the region no longer has, and the distiller would drop
+/// them unread (their page state cannot be read), while the pages they
+/// name, now in another region, hold the file data the hints are for.
+/// Hints whose page is in no region now are dropped and counted.
+fn remap_stack(stack: &mut HintStack, before: &RegionIndex, after: &RegionIndex) {
+    let was: HashMap<RegionId, (u32, u64)> = (before.iter())
+        .flat_map(|(&pid, v)| v.iter().map(move |&(start, _, id)| (id, (pid, start))))
+        .collect();
+    stack.remap(|p| {
+        let &(pid, start) = was.get(&p.region)?;
+        let addr = start + u64::from(p.page) * PAGE;
+        let v = after.get(&pid)?;
+        let &(s, e, id) = v.get(v.partition_point(|&(_, e, _)| e <= addr))?;
+        (s <= addr && addr < e).then(|| PageRef {
+            region: id,
+            page: ((addr - s) / PAGE) as u32,
+        })
+    });
+}
+
 /// Whole pages of one process's memory that a syscall just filled from a
 /// file, or wrote out to one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,7 +196,7 @@ pub struct HintFeed {
     max_age: Nanos,
     /// Regions of eligible processes by pid, sorted by start: (start,
     /// end, id).
-    regions: HashMap<u32, Vec<(u64, u64, RegionId)>>,
+    regions: RegionIndex,
     last_round_end: Option<Nanos>,
     counts: Counts,
 }
@@ -271,6 +299,7 @@ impl HintFeed {
             held_writes: c.held_writes,
             dropped_ring: self.tap.as_ref().map_or(0, |t| t.ring_dropped()),
             dropped_stale: st.expired,
+            dropped_unmapped: st.unmapped,
             overwritten: st.overwritten,
             sampled: c.sampled,
             duplicates: c.duplicates,
@@ -323,7 +352,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             return;
         };
         tap.watch(&mut self.allowed.keys().copied());
-        let mut regions: HashMap<u32, Vec<(u64, u64, RegionId)>> = HashMap::new();
+        let mut regions: RegionIndex = HashMap::new();
         for (&id, b) in &self.books {
             regions
                 .entry(b.span.proc.pid)
@@ -332,6 +361,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         }
         for v in regions.values_mut() {
             v.sort_unstable();
+        }
+        if !self.hints.stack.is_empty() && regions != self.hints.regions {
+            remap_stack(&mut self.hints.stack, &self.hints.regions, &regions);
         }
         self.hints.regions = regions;
     }
@@ -404,5 +436,55 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             feed.counts.untracked += pages - covered.min(pages);
         }
         feed.counts.feed_cpu_ns += host::thread_cpu_ns().saturating_sub(t0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pagesift_core::pipeline::hints::Hint;
+
+    fn at(region: u64, page: u32) -> Hint {
+        Hint {
+            page: PageRef {
+                region: RegionId(region),
+                page,
+            },
+            time: 0,
+        }
+    }
+
+    #[test]
+    fn hints_follow_their_pages_when_a_region_is_cut() {
+        // Process 7's region 1 spans 16 pages from 0x10000. A run of its
+        // first 4 pages was marked and became a VMA of its own: region 1
+        // keeps those, pages 4..10 are region 2, and pages 12.. were
+        // unmapped. Process 8 is untouched.
+        let before: RegionIndex = HashMap::from([
+            (7, vec![(0x10000, 0x20000, RegionId(1))]),
+            (8, vec![(0x10000, 0x12000, RegionId(3))]),
+        ]);
+        let after: RegionIndex = HashMap::from([
+            (
+                7,
+                vec![
+                    (0x10000, 0x14000, RegionId(1)),
+                    (0x14000, 0x1a000, RegionId(2)),
+                ],
+            ),
+            (8, vec![(0x10000, 0x12000, RegionId(3))]),
+        ]);
+        let mut stack = HintStack::new(16, u64::MAX);
+        for h in [at(1, 2), at(1, 5), at(1, 9), at(1, 13), at(3, 1), at(4, 0)] {
+            stack.push(h);
+        }
+        remap_stack(&mut stack, &before, &after);
+        let got: Vec<(u64, u32)> = std::iter::from_fn(|| stack.pop(0))
+            .map(|h| (h.page.region.0, h.page.page))
+            .collect();
+        // Newest first; page 13 is in no region now, and region 4 was
+        // never known.
+        assert_eq!(got, [(3, 1), (2, 5), (2, 1), (1, 2)]);
+        assert_eq!(stack.stats().unmapped, 2);
     }
 }
