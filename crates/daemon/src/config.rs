@@ -529,7 +529,8 @@ pub struct HintsSection {
     /// (§5.4.1).
     pub capacity: Option<usize>,
     /// Oldest hint still used, in ms (default 15 000, §4.3.3). A hint
-    /// older than the last global round is dropped too.
+    /// older than the ladder's pass over the bottom level (the time its
+    /// walk takes to visit every page once) is dropped too.
     pub max_age_ms: u64,
     /// Hint slots to linear slots, `"H:L"` (default `"1:1"`).
     pub interleave: String,

@@ -271,8 +271,8 @@ pub struct HintsStatus {
     pub held_writes: u64,
     /// Events the kernel dropped because the ring was full.
     pub dropped_ring: u64,
-    /// Hints dropped as stale (older than the maximum age or the last
-    /// global round).
+    /// Hints dropped as stale (older than the maximum age, or than the
+    /// ladder's pass over the bottom level).
     pub dropped_stale: u64,
     /// Hints dropped because their page left every region (unmapped
     /// before it was looked up).

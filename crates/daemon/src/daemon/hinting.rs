@@ -24,9 +24,10 @@
 //!    pages pushed is the per-hint cost.
 //! 4. **Distil**: while the stack holds hints the wake-up is
 //!    `Distiller::wake_with_hints` at the configured ratio; the maximum
-//!    age is the configured one, narrowed to the duration of the last
-//!    global round ("XLH skips hints that were issued in the last scan
-//!    round", §4.3.3), since the sampler has passed over the regions since.
+//!    age is the configured one, narrowed to the time the ladder's walk
+//!    takes to visit every page of the bottom level once (XLH's bound is
+//!    "the time between page visits by a regular scanner", §4.3.3: past
+//!    it the walk has reached the page anyway; see `bottom_pass_time`).
 //! 5. **Mark**: hinted runs go to the loop's run marking (`run_items`),
 //!    which takes them even when one page long, in held regions too (from
 //!    read hints only, step 3), and
@@ -48,6 +49,29 @@ use tracing::{info, warn};
 
 const MS: Nanos = 1_000_000;
 const PAGE: u64 = 4096;
+
+/// How long the ladder's walk of the bottom level takes to visit every
+/// page once: its round time times the rounds a pass takes (each round
+/// takes one cluster of `cluster_pages` every `interval` pages of the
+/// level, the next of each region's permutation; see
+/// `core::pipeline::ladder`). XLH bounds a hint's age by "the time between
+/// page visits by a regular scanner" (§4.3.3), and its scanner, KSM's,
+/// visits every page once a round; the ladder's rounds visit a fraction of
+/// the pages each. Bounding by one global round instead dropped hints long
+/// before the walk reached their pages, whenever the wake-ups' budgets
+/// (which the hints share with the walk) could not look them all up
+/// within a round (the loop test
+/// `hints_outlive_global_rounds_until_the_walk_could_reach_their_pages`:
+/// 13 775 of 16 384 hints dropped unread under a small CPU cap).
+fn bottom_pass_time(distiller: &Distiller) -> Nanos {
+    let ladder = distiller.ladder();
+    let cluster = u64::from(ladder.config().cluster_pages.max(1));
+    let rounds = ladder.interval(0).div_ceil(cluster).max(1);
+    distiller.params().levels[0]
+        .round_time
+        .saturating_mul(rounds)
+        .max(1)
+}
 
 /// Each process's regions as (first address, end, id), sorted.
 type RegionIndex = HashMap<u32, Vec<(u64, u64, RegionId)>>;
@@ -197,7 +221,6 @@ pub struct HintFeed {
     /// Regions of eligible processes by pid, sorted by start: (start,
     /// end, id).
     regions: RegionIndex,
-    last_round_end: Option<Nanos>,
     counts: Counts,
 }
 
@@ -212,7 +235,6 @@ impl HintFeed {
             interleave: Interleave::new(h, l),
             max_age: config.max_age_ms * MS,
             regions: HashMap::new(),
-            last_round_end: None,
             counts: Counts::default(),
         }
     }
@@ -268,11 +290,8 @@ impl HintFeed {
         self.counts.sampled += report.hints_sampled;
         self.counts.duplicates += report.hint_duplicates;
         if report.global_round_ended {
-            if let Some(prev) = self.last_round_end {
-                let round = now.saturating_sub(prev).max(1);
-                self.stack.set_max_age(self.max_age.min(round));
-            }
-            self.last_round_end = Some(now);
+            self.stack
+                .set_max_age(self.max_age.min(bottom_pass_time(distiller)));
         }
         report
     }
