@@ -521,12 +521,14 @@ impl Pacer {
         let (cpu, wall) = (t.cpu_ns as f64, t.wall_ns as f64);
         let sleep_ns = self.pace.sleep_millisecs as f64 * 1e6;
         let asleep = (wall - cpu - t.wait_ns as f64).max(0.0);
-        if t.wait_ns > 0 && asleep < sleep_ns {
-            // Not one whole sleep left once the wait is taken out: the
+        if t.wait_ns > 0 && asleep < wall * (1.0 - SATURATED_SHARE) {
+            // Next to nothing left asleep once the wait is taken out: the
             // scheduler, not the batch, filled the tick, and the batches
             // cannot be counted. (The kernel adds a wait to the run delay
             // when it ends, so a short tick may even be given more wait
-            // than its length.)
+            // than its length.) A tick shorter than one sleep is still
+            // counted, as before: the trickle sleeps a second, as long as
+            // the tick.
             return;
         }
         let work_per_sleep = if asleep > 0.0 {
@@ -1057,7 +1059,7 @@ mod tests {
         // before it, and a tick the wait filled all but a few ms of.
         for (cpu_ns, wait_ns, wall_ns) in [
             (5_000_000, 80_000_000, 10_000_000),
-            (100_000_000, 890_000_000, SEC),
+            (100_000_000, 895_000_000, SEC),
         ] {
             p.tick(
                 KsmdTick {
@@ -1149,17 +1151,22 @@ mod tests {
 
     #[test]
     fn the_trickle_itself_is_held_to_its_share_when_pages_are_dear() {
-        // In the all-full-chain case 100 pages/s would cost 1 %.
-        let cfg = PacingConfig::default();
-        let mut p = Pacer::new(cfg).unwrap();
-        let mut k = SimKsmd::new(100_000.0, 20_000.0);
-        let idle = PacingDemand::default();
-        p.start(idle);
-        let shares = drive(&mut p, &mut k, idle, 20);
-        assert!(
-            (shares[19] / cfg.trickle_share - 1.0).abs() < 0.05,
-            "{shares:?}"
-        );
+        // In the all-full-chain case 100 pages/s would cost 1 %. Also when
+        // ksmd waits a little for a CPU after each batch: the trickle's
+        // sleep is as long as a tick, and its ticks still teach.
+        for starved in [0.0, 0.05] {
+            let cfg = PacingConfig::default();
+            let mut p = Pacer::new(cfg).unwrap();
+            let mut k = SimKsmd::new(100_000.0, 20_000.0);
+            k.starved = starved;
+            let idle = PacingDemand::default();
+            p.start(idle);
+            let shares = drive(&mut p, &mut k, idle, 20);
+            assert!(
+                (shares[19] / cfg.trickle_share - 1.0).abs() < 0.05,
+                "starved {starved}: {shares:?}"
+            );
+        }
     }
 
     #[test]
