@@ -256,11 +256,10 @@ impl KsmControl for SysKsm {
                         wait_ns: wait_now.saturating_sub(wait),
                         wall_ns: now.saturating_sub(t),
                     };
-                    self.wait_share = if tick.wall_ns > 0 {
-                        tick.wait_ns as f64 / tick.wall_ns as f64
-                    } else {
-                        0.0
-                    };
+                    // The kernel adds a wait to the run delay when it
+                    // ends, so a short tick may be given more than its
+                    // length.
+                    self.wait_share = (tick.wait_ns as f64 / tick.wall_ns.max(1) as f64).min(1.0);
                     let pace = self.pacer.tick(tick, demand);
                     self.write(pace)?;
                     self.last = Some((now, cpu_now, wait_now));
