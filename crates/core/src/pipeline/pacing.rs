@@ -51,10 +51,11 @@
 //!    unit test `a_ksmd_starved_of_cpu_keeps_the_batch_its_cost_gives`
 //!    shows the same wind-up in simulation). How much ksmd waits varies
 //!    from machine to machine: in the same experiment on 2026-12-01 (the
-//!    pace log of two runs, by hand) it waited 0–10 % of most one-second
-//!    ticks and at most 62 %. With the wait left out, a
-//!    starved ksmd keeps the batch its real cost gives, and the share the
-//!    scheduler denies it is not chased. This *effective* cost absorbs
+//!    pace log of two runs, by hand, 61 one-second ticks each) the median
+//!    tick's wait was under 1 %, nine ticks in ten waited at most 11 %,
+//!    and the worst 59–64 %. With the wait left out, a starved ksmd keeps
+//!    the batch its real cost gives, and the share the scheduler denies it
+//!    is not chased. This *effective* cost absorbs
 //!    everything the model leaves out: the per-wake-up cost `o` and the
 //!    jiffy rounding of the sleep are folded into it. At the fixed point the
 //!    measured share is therefore exactly the target: if `P` solves the
