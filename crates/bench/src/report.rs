@@ -705,7 +705,26 @@ pub fn repeats_markdown(r: &ExperimentResult) -> String {
     if !e.goals.is_empty() {
         s.push_str(&goals_by_run_markdown(&by_run));
     }
+    s.push_str(&later_notes_markdown(&all[1..]));
     s
+}
+
+/// The notes of runs 2, 3, … (the experiment's tables show the first run
+/// only): what a goal missed in one run often shows only in that run's
+/// notes (hint counts, ksmd's wait, the scan cost).
+fn later_notes_markdown(later: &[&[RunResult]]) -> String {
+    let mut s = String::new();
+    for (k, runs) in later.iter().enumerate() {
+        for x in runs.iter() {
+            for n in &x.notes {
+                let _ = writeln!(s, "\n- run {}, {}: {n}", k + 2, x.system);
+            }
+        }
+    }
+    if s.is_empty() {
+        return s;
+    }
+    format!("\nNotes of the later runs:\n{s}")
 }
 
 /// The title and column heads of a *Repeated runs* table of `n` runs.
@@ -1139,6 +1158,7 @@ mod tests {
             );
             me.window_s = 40.0;
             ksm.window_s = 40.0;
+            me.notes = vec![format!("ran at {cpu} CPU-s")];
             vec![me, ksm]
         };
         let r = ExperimentResult {
@@ -1163,6 +1183,16 @@ mod tests {
         );
         assert!(md.contains("| met | not met | met | 2 of 3 |"), "{md}");
         assert!(md.contains("- run 2: real-workload goal 2:"), "{md}");
+        // The later runs' notes (the first run's are under its table).
+        assert!(
+            md.contains("- run 2, pagesift-full: ran at 4.5 CPU-s"),
+            "{md}"
+        );
+        assert!(
+            md.contains("- run 3, pagesift-full: ran at 3 CPU-s"),
+            "{md}"
+        );
+        assert!(!md.contains("ran at 2 CPU-s"), "{md}");
         assert_eq!(median(&[3.0, 1.0, 2.0, 10.0]), Some(2.5));
         assert_eq!(median(&[]), None);
     }

@@ -217,6 +217,30 @@ impl InMemorySource {
         true
     }
 
+    /// Cuts region `id` at page `at`, as an madvise over part of a VMA
+    /// splits it: `id` keeps pages `..at`, and pages `at..` become a new
+    /// region of the same owner, with their contents and states, whose id
+    /// is returned (`None` if `id` does not exist or `at` is not inside it).
+    pub fn split(&mut self, id: RegionId, at: u32) -> Option<RegionId> {
+        let r = self.regions.get_mut(&id)?;
+        if at == 0 || at as usize >= r.pages.len() {
+            return None;
+        }
+        let tail = r.pages.split_off(at as usize);
+        let owner = r.owner;
+        self.next_id += 1;
+        let new = RegionId(self.next_id);
+        self.regions.insert(
+            new,
+            SimRegion {
+                owner,
+                pages: tail,
+                cow_breaks: 0,
+            },
+        );
+        Some(new)
+    }
+
     /// Unmaps a region; later accesses report [`SourceError::Gone`].
     pub fn unmap(&mut self, id: RegionId) -> bool {
         self.regions.remove(&id).is_some()

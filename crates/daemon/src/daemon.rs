@@ -131,6 +131,7 @@
 //! `phases` the CPU time per step.
 
 mod accounting;
+mod addresses;
 mod books;
 mod hinting;
 mod marking;
@@ -144,6 +145,7 @@ mod writes;
 
 pub use accounting::MIN_BREAKS_FOR_DEMOTION;
 use accounting::{REMERGE_PASS_PAGES, account_rules};
+use addresses::AddressMap;
 use books::{Book, KnownSpans, join_zones};
 pub use marking::MAX_RUN_MARKS_PER_WAKE;
 pub use phases::PHASES;
@@ -288,6 +290,10 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     actuator: A,
     ksm: K,
     books: BTreeMap<RegionId, Book>,
+    /// The books' regions by process and address, as of the last refresh
+    /// (`addresses`): hints are cut into pages by it, and it tells where
+    /// named pages went when a refresh changed the regions' shapes.
+    by_address: AddressMap,
     marks: Marks,
     /// Marks of processes that left the eligible set, still to be unmarked
     /// (see [`Daemon::unmark_departed`]).
@@ -420,6 +426,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             actuator,
             ksm,
             books: BTreeMap::new(),
+            by_address: AddressMap::default(),
             marks: Marks::new(),
             departed: Marks::new(),
             allowed: HashMap::new(),
@@ -763,7 +770,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 allowed: &self.allowed,
                 hidden,
             };
-            self.distiller.sync_regions(&view, now);
+            // Hidden regions leave the ladder but keep their pages in the
+            // index: a marked run's pages are the twins later hints look
+            // for (`Distiller::sync_regions_keeping`); `addresses` drops
+            // them when their region goes.
+            self.distiller
+                .sync_regions_keeping(&view, now, |id| hidden.contains(&id));
             self.need_sync = false;
             synced = true;
         }

@@ -181,6 +181,26 @@ impl World {
         self.renewed.push(id);
     }
 
+    /// Cuts region `id` at page `at` into two VMAs, as an `madvise` over
+    /// part of a VMA does in the kernel (the simulated actuator keeps such
+    /// a mark partial instead): `id` keeps pages `..at`, and the rest is a
+    /// new region, whose id is returned. Contents, states and marks stay.
+    pub fn split(&mut self, id: RegionId, at: u32) -> RegionId {
+        let new = self.mem.split(id, at).expect("inside the region");
+        let s = self.spans.get_mut(&id).expect("mapped");
+        let tail = Span {
+            start: s.start + u64::from(at) * 4096,
+            pages: s.pages - at,
+            vma_start: s.start + u64::from(at) * 4096,
+            ..s.clone()
+        };
+        s.pages = at;
+        s.vma_end = tail.start;
+        self.spans.insert(new, tail);
+        self.maps_changed = true;
+        new
+    }
+
     /// Unmaps one region (`munmap` of its VMA), with the marks inside it.
     pub fn unmap(&mut self, id: RegionId) {
         self.maps_changed = true;

@@ -89,7 +89,12 @@
 //! inside a run reported recently is skipped without reading. The pages
 //! of a run followed from a hint go into the stable set (each matched
 //! pair's hinted side), so a third copy hinted later finds its twin there
-//! though only two pages of the run were looked up. A hinted
+//! though only two pages of the run were looked up. Marking the run cuts
+//! its region in the kernel (the run becomes a VMA, hence a region, of
+//! its own), so the caller moves those entries to the new regions
+//! ([`Distiller::remap_regions`]); an entry left past a shortened region's
+//! end would name a twin that cannot be read, and [`Distiller::sync_regions`]
+//! drops any it finds. A hinted
 //! page of a region the distiller does not track (held by the caller) is
 //! looked up too, and reported as a run of one page (its region's bounds
 //! are unknown here).
@@ -490,12 +495,37 @@ impl Distiller {
     /// enter the bottom level, vanished ones leave, resized ones are
     /// resized.
     pub fn sync_regions(&mut self, src: &impl MemorySource, now: Nanos) {
+        self.sync_regions_keeping(src, now, |_| false);
+    }
+
+    /// [`sync_regions`](Self::sync_regions) for a caller that hides
+    /// regions from the source's view while they still exist (held for
+    /// their writes, or marked and merging): a region that left the view
+    /// and for which `hidden` is true leaves the ladder, but its pages stay
+    /// in the index. Those are the pages of marked runs, the very twins a
+    /// later copy's hint must find; dropped when the marks hid their
+    /// regions, they left the files experiment's last reader, whose hints
+    /// for a stretch it read late came after the mark, without a twin
+    /// (about one run in five, 2026-12-02: 368 hinted pages looked up, no
+    /// duplicate found, marked by the ladder 15–26 s later). A caller that
+    /// keeps entries this way drops them itself when their region goes
+    /// ([`remap_regions`](Self::remap_regions)).
+    pub fn sync_regions_keeping(
+        &mut self,
+        src: &impl MemorySource,
+        now: Nanos,
+        hidden: impl Fn(RegionId) -> bool,
+    ) {
         let current = src.regions();
         let mut live: HashMap<RegionId, u32> = HashMap::with_capacity(current.len());
+        let mut shrunk = Vec::new();
         for r in &current {
             live.insert(r.id, r.pages);
             match self.regions.get_mut(&r.id) {
                 Some(t) if t.pages != r.pages => {
+                    if r.pages < t.pages {
+                        shrunk.push(r.id);
+                    }
                     t.pages = r.pages;
                     t.probes.retain(|p| p.page < r.pages);
                     t.runs.retain(|&(_, end, _)| end <= r.pages);
@@ -521,10 +551,39 @@ impl Distiller {
             .copied()
             .collect();
         for id in gone {
-            self.forget(id);
+            if hidden(id) {
+                self.regions.remove(&id);
+                self.ladder.remove(id);
+            } else {
+                self.forget(id);
+            }
+        }
+        // Entries past a shorter region's end name pages it no longer has
+        // (a caller that knows where they went moves them first, with
+        // `remap_regions`).
+        if !shrunk.is_empty() {
+            self.index
+                .remap_regions(&shrunk, |p| (p.page < live[&p.region]).then_some(p));
         }
         let tracked: u64 = live.values().map(|&p| p as u64).sum();
         self.index.set_tracked_pages(tracked);
+    }
+
+    /// Moves the index's entries of `regions` to the pages `to` says now
+    /// hold them, dropping those it maps to `None` ([`SampleIndex::remap_regions`]):
+    /// for a caller whose regions changed shape, before the next
+    /// [`sync_regions`](Self::sync_regions). The pages of a run followed
+    /// from a hint are stable entries that later hints look their twins
+    /// up among; when marking the run cut its region, the entries past the
+    /// cut would otherwise name offsets the region no longer has, and a
+    /// later copy's hint would find only twins that cannot be read.
+    /// Returns (moved, dropped).
+    pub fn remap_regions(
+        &mut self,
+        regions: &[RegionId],
+        to: impl FnMut(PageRef) -> Option<PageRef>,
+    ) -> (u64, u64) {
+        self.index.remap_regions(regions, to)
     }
 
     fn forget(&mut self, id: RegionId) {
@@ -986,7 +1045,7 @@ impl Distiller {
 
     /// The run of verified duplicates through `page` (its words in
     /// `scratch.page`), twin `twin`, reading at most `budget` pages: the
-    /// page alone if its region (or its twin's) is not tracked. A run
+    /// page alone if its region is not tracked. A run
     /// followed from a hint (`hinted`) goes further and is indexed
     /// ([`HINT_RUN_EXTEND_PAGES`], module header, "Hints").
     fn extend_run(
@@ -1008,11 +1067,11 @@ impl Distiller {
         let Some(pages) = self.regions.get(&page.region).map(|t| t.pages) else {
             return alone;
         };
+        // A twin in a region the caller hides (its index entries stay,
+        // `sync_regions_keeping`) has no known end here: the walk's reads
+        // stop there instead (a page past the end cannot be read).
         let twin_pages = match twin {
-            Some(q) => match self.regions.get(&q.region) {
-                Some(t) => t.pages,
-                None => return alone,
-            },
+            Some(q) => self.regions.get(&q.region).map_or(u32::MAX, |t| t.pages),
             None => 0,
         };
         let read_limit = report.run_pages_read + budget;
@@ -1786,6 +1845,164 @@ mod tests {
         let run = r.runs.iter().find(|x| x.region == c).expect("c's run");
         assert_eq!((run.first, run.pages), (300, 64), "{run:?}");
         check_runs(&src, std::slice::from_ref(&r));
+    }
+
+    /// As above, but marking the first two copies' run cut their regions
+    /// before the third copy's hint came (the run became a VMA of its own,
+    /// a new region): the index's entries follow the pages to their new
+    /// regions, so the third copy still finds a twin it can read and its
+    /// whole run. Left at their old offsets, past the cut regions' ends,
+    /// the twins could not be read and the hint found a run of one page.
+    #[test]
+    fn a_later_hint_finds_its_twin_after_the_run_was_cut_out() {
+        use crate::pipeline::hints::{DEFAULT_MAX_AGE, Hint, HintStack, Interleave};
+        let mut src = InMemorySource::new();
+        let shared: Vec<u64> = (5000..5064).collect();
+        let mut a_contents: Vec<u64> = (10_000..10_512).collect();
+        a_contents[100..164].copy_from_slice(&shared);
+        let a = src.map(1, &a_contents);
+        let mut b_contents: Vec<u64> = (20_000..20_512).collect();
+        b_contents[50..114].copy_from_slice(&shared);
+        let b = src.map(2, &b_contents);
+        let mut c_contents: Vec<u64> = (30_000..30_512).collect();
+        c_contents[300..364].copy_from_slice(&shared);
+        let c = src.map(3, &c_contents);
+        let mut d = distiller();
+        d.sync_regions(&src, 0);
+        let mut il = Interleave::default();
+        let hint = |region, page| Hint {
+            page: PageRef { region, page },
+            time: 0,
+        };
+        let mut stack = HintStack::new(64, DEFAULT_MAX_AGE);
+        stack.push(hint(b, 60));
+        stack.push(hint(a, 110));
+        let r = d.wake_with_hints(&mut src, 100 * MS, &mut stack, &mut il);
+        assert_eq!(r.hint_duplicates, 1, "{:?}", r.runs);
+        // Both runs are cut out of their regions.
+        let a_run = src.split(a, 100).unwrap();
+        let a_rest = src.split(a_run, 64).unwrap();
+        let b_run = src.split(b, 50).unwrap();
+        let b_rest = src.split(b_run, 64).unwrap();
+        let cut = |p: PageRef, region, at, run, rest| -> PageRef {
+            match p.page {
+                k if p.region != region || k < at => p,
+                k if k < at + 64 => PageRef {
+                    region: run,
+                    page: k - at,
+                },
+                k => PageRef {
+                    region: rest,
+                    page: k - at - 64,
+                },
+            }
+        };
+        let (moved, dropped) = d.remap_regions(&[a, b], |p| {
+            Some(cut(cut(p, a, 100, a_run, a_rest), b, 50, b_run, b_rest))
+        });
+        assert!(moved > 0 && dropped == 0, "{moved} {dropped}");
+        d.sync_regions(&src, 150 * MS);
+        stack.push(hint(c, 340));
+        let r = d.wake_with_hints(&mut src, 200 * MS, &mut stack, &mut il);
+        assert_eq!((r.hints_sampled, r.hint_duplicates), (1, 1));
+        let run = r.runs.iter().find(|x| x.region == c).expect("c's run");
+        assert_eq!((run.first, run.pages), (300, 64), "{run:?}");
+        check_runs(&src, std::slice::from_ref(&r));
+    }
+
+    /// Four readers of one 4096-page file; the last one had not read a
+    /// middle stretch when the first hints were looked up, and its hints
+    /// for that stretch come in a later wake-up, after the other readers'
+    /// runs were marked and their regions hidden: the first of them finds
+    /// a twin in a hidden region, and the run covers the stretch.
+    #[test]
+    fn a_stretch_read_late_finds_its_twins() {
+        use crate::pipeline::hints::{DEFAULT_MAX_AGE, Hint, HintStack, Interleave};
+        let mut src = InMemorySource::new();
+        let file: Vec<u64> = (5000..5000 + 4096).collect();
+        let regions: Vec<RegionId> = (0..4).map(|r| src.map(r + 1, &file)).collect();
+        let gap = 2054..2422u32;
+        for p in gap.clone() {
+            src.evict(PageRef {
+                region: regions[3],
+                page: p,
+            })
+            .unwrap();
+        }
+        let mut d = distiller();
+        d.sync_regions(&src, 0);
+        let mut il = Interleave::default();
+        let hint = |region, page| Hint {
+            page: PageRef { region, page },
+            time: 0,
+        };
+        let mut stack = HintStack::new(1 << 16, DEFAULT_MAX_AGE);
+        for &r in &regions[..3] {
+            for p in 0..4096 {
+                stack.push(hint(r, p));
+            }
+        }
+        for p in (0..1408).map(|k| k * 2) {
+            if !gap.contains(&p) {
+                stack.push(hint(regions[3], p));
+            }
+        }
+        let mut now = 100 * MS;
+        for _ in 0..4 {
+            d.wake_with_hints(&mut src, now, &mut stack, &mut il);
+            now += 100 * MS;
+        }
+        // The first three readers' data was marked: the caller hides
+        // their regions while ksmd merges them.
+        let hidden: Vec<RegionId> = regions[..3].to_vec();
+        let mut view = Hiding {
+            src: &mut src,
+            hidden: hidden.clone(),
+        };
+        d.sync_regions_keeping(&view, now, |id| hidden.contains(&id));
+        for p in gap.clone() {
+            let page = PageRef {
+                region: regions[3],
+                page: p,
+            };
+            view.src.write(page, file[p as usize]).unwrap();
+            stack.push(hint(regions[3], p));
+        }
+        let r = d.wake_with_hints(&mut view, now, &mut stack, &mut il);
+        assert_eq!(r.hint_duplicates, 1, "{:?} {r:?}", d.index().stats());
+        let run = r.runs.iter().find(|x| x.hinted).expect("a hinted run");
+        assert!(run.first <= gap.start && run.end() >= gap.end, "{run:?}");
+        assert!(hidden.contains(&run.twin.unwrap().region), "{run:?}");
+    }
+
+    /// A source whose `hidden` regions are left out of `regions()`, as the
+    /// daemon's view leaves out the regions it holds or that are merging.
+    struct Hiding<'a> {
+        src: &'a mut InMemorySource,
+        hidden: Vec<RegionId>,
+    }
+
+    impl MemorySource for Hiding<'_> {
+        fn regions(&self) -> Vec<crate::source::RegionInfo> {
+            let mut v = self.src.regions();
+            v.retain(|r| !self.hidden.contains(&r.id));
+            v
+        }
+        fn page_state(&mut self, page: PageRef) -> Result<PageState, SourceError> {
+            self.src.page_state(page)
+        }
+        fn read_page(&mut self, page: PageRef, out: &mut PageWords) -> Result<(), SourceError> {
+            self.src.read_page(page, out)
+        }
+        fn sample_pages(
+            &mut self,
+            pages: &[PageRef],
+            out: &mut [PageWords],
+            states: &mut [Result<PageState, SourceError>],
+            read: &mut [bool],
+        ) {
+            self.src.sample_pages(pages, out, states, read)
+        }
     }
 
     #[test]

@@ -104,6 +104,10 @@
 //!   drops the entry.
 //! - A page is indexed at most once: inserting it into either set first
 //!   removes any entry it already has.
+//! - When regions change shape (a VMA cut in two), the caller moves their
+//!   entries to the pages that now hold them
+//!   ([`SampleIndex::remap_regions`]): same set, hash, fingerprint and
+//!   place in the chain, only the page's name changes.
 
 use crate::{PAGE_SIZE, PageRef, RegionId};
 use hashbrown::HashTable;
@@ -534,6 +538,12 @@ impl Table {
     /// Frees entry `idx` (already out of its chain, or about to be dropped
     /// with all chains); returns its region slot for the caller to release.
     fn release(&mut self, idx: u32) -> u32 {
+        self.unmap_page(idx);
+        self.free_entry(idx)
+    }
+
+    /// Takes entry `idx` out of the page map.
+    fn unmap_page(&mut self, idx: u32) {
         let e = self.slab[idx as usize];
         match self
             .by_page
@@ -544,6 +554,23 @@ impl Table {
             }
             Err(_) => unreachable!("sample index: entry missing from the page map"),
         }
+    }
+
+    /// Puts entry `idx` into the page map under its region and page.
+    fn map_page(&mut self, idx: u32) {
+        let slab = &self.slab;
+        let e = slab[idx as usize];
+        self.by_page
+            .insert_unique(page_key(e.region, e.page), idx, |&i| {
+                let e = &slab[i as usize];
+                page_key(e.region, e.page)
+            });
+    }
+
+    /// Frees entry `idx`, which is out of its chain and out of the page
+    /// map; returns its region slot for the caller to release.
+    fn free_entry(&mut self, idx: u32) -> u32 {
+        let e = self.slab[idx as usize];
         self.slab[idx as usize] = Entry {
             hash: 0,
             fingerprint: [0; 2],
@@ -572,6 +599,51 @@ impl Table {
             }
         }
         removed
+    }
+
+    /// Gives every entry of a region slot in `slots` the (slot, page)
+    /// `to` returns for its (slot, page), keeping its hash, fingerprint
+    /// and place in its chain; drops it on `None`, or when its new page
+    /// already has an entry here (`to` is meant to be one-to-one).
+    /// Returns how many moved, how many were dropped, and the slots to
+    /// release: every old slot, and the new one `to` gave an entry that
+    /// was refused. O(entries).
+    fn repoint(
+        &mut self,
+        slots: &[u32],
+        mut to: impl FnMut(u32, u32) -> Option<(u32, u32)>,
+    ) -> (u64, u64, Vec<u32>) {
+        let picked: Vec<u32> = (0..self.slab.len() as u32)
+            .filter(|&i| slots.contains(&self.slab[i as usize].region))
+            .collect();
+        // All out of the page map first: an entry may move onto the page
+        // another one leaves.
+        for &i in &picked {
+            self.unmap_page(i);
+        }
+        let (mut moved, mut dropped) = (0, 0);
+        let mut release = Vec::with_capacity(picked.len());
+        for &i in &picked {
+            let e = self.slab[i as usize];
+            release.push(e.region);
+            match to(e.region, e.page) {
+                Some((region, page)) if self.find_page(region, page).is_none() => {
+                    let entry = &mut self.slab[i as usize];
+                    (entry.region, entry.page) = (region, page);
+                    self.map_page(i);
+                    moved += 1;
+                }
+                refused => {
+                    self.unlink(i);
+                    self.free_entry(i);
+                    dropped += 1;
+                    if let Some((region, _)) = refused {
+                        release.push(region);
+                    }
+                }
+            }
+        }
+        (moved, dropped, release)
     }
 
     /// Drops every entry; keeps the capacity for the next round.
@@ -900,6 +972,51 @@ impl SampleIndex {
         removed as usize
     }
 
+    /// Moves every entry of the `regions` to the page `to` names for it,
+    /// in the same set with the same hash, fingerprint and place in its
+    /// chain, or drops it on `None`. For regions whose shape changed (a
+    /// refresh found one cut in two, e.g. a run of it marked mergeable
+    /// became a VMA of its own): their entries past the cut name offsets
+    /// they no longer have, and a twin found among those could not be
+    /// read, while the pages the entries stand for, now in another region,
+    /// still hold the content indexed. `to` must be one-to-one and name no
+    /// page indexed outside `regions` (a map by address is); an entry it
+    /// maps onto a page that has one is dropped. O(entries of both sets).
+    /// Returns (moved, dropped).
+    pub fn remap_regions(
+        &mut self,
+        regions: &[RegionId],
+        mut to: impl FnMut(PageRef) -> Option<PageRef>,
+    ) -> (u64, u64) {
+        let slots: Vec<u32> = regions
+            .iter()
+            .filter_map(|&r| self.regions.lookup(r))
+            .collect();
+        if slots.is_empty() {
+            return (0, 0);
+        }
+        let (mut moved, mut dropped, mut release) = (0, 0, Vec::new());
+        for table in [&mut self.stable, &mut self.unstable] {
+            let ids = &mut self.regions;
+            // The new page's slot is acquired here and the old one
+            // released below, after both sets: a slot is freed only when
+            // no entry names it.
+            let (m, d, r) = table.repoint(&slots, |slot, page| {
+                let p = to(PageRef {
+                    region: ids.id(slot),
+                    page,
+                })?;
+                Some((ids.acquire(p.region), p.page))
+            });
+            (moved, dropped) = (moved + m, dropped + d);
+            release.extend(r);
+        }
+        for slot in release {
+            self.regions.release(slot, 1);
+        }
+        (moved, dropped)
+    }
+
     /// Empties the unstable set (after each global round and on every
     /// strength change). Its capacity is kept for the next round.
     pub fn clear_unstable(&mut self) {
@@ -1154,6 +1271,56 @@ mod tests {
         assert_eq!(ix.lookup_page(p(1, 0)), None);
         assert_eq!(ix.lookup_page(p(9, 9)), None);
         check_invariants(&ix);
+    }
+
+    /// Region 1 is cut at page 4 into region 1 (pages 0..4) and region 9
+    /// (pages 4..8 → 0..4); its page 6 was unmapped. Its entries follow
+    /// their pages in both sets, with hash, fingerprint and chain order;
+    /// the unmapped page's entry goes; region 2 is untouched.
+    #[test]
+    fn remapped_entries_follow_their_pages() {
+        let mut ix = small(1);
+        ix.insert_stable(5, p(1, 1), 11);
+        ix.insert_stable(5, p(1, 5), 15);
+        ix.insert_stable(5, p(2, 5), 25);
+        ix.find_or_insert_unstable(6, p(1, 7), 17, |_, _| false);
+        ix.find_or_insert_unstable(7, p(1, 6), 16, |_, _| false);
+        let (moved, dropped) = ix.remap_regions(&[RegionId(1)], |q| match q.page {
+            0..4 => Some(q),
+            6 => None,
+            k => Some(p(9, k - 4)),
+        });
+        assert_eq!((moved, dropped), (3, 1));
+        assert_eq!((ix.stable_len(), ix.unstable_len()), (3, 1));
+        assert_eq!(ix.lookup_page(p(1, 5)), None);
+        assert_eq!(ix.lookup_page(p(9, 1)), Some((IndexSet::Stable, 5)));
+        assert_eq!(ix.lookup_page(p(9, 3)), Some((IndexSet::Unstable, 6)));
+        assert_eq!(ix.lookup_page(p(1, 1)), Some((IndexSet::Stable, 5)));
+        assert_eq!(ix.lookup_page(p(2, 5)), Some((IndexSet::Stable, 5)));
+        // Newest first, as before the cut: region 2's page, then the moved
+        // page 5 (now 9:1), then page 1.
+        let mut offered = Vec::new();
+        ix.find_stable(5, |c, fp| {
+            offered.push((c, fp));
+            false
+        });
+        assert_eq!(offered, vec![(p(2, 5), 25), (p(9, 1), 15), (p(1, 1), 11)]);
+        // Unknown regions move nothing; a moved entry can be removed.
+        assert_eq!(ix.remap_regions(&[RegionId(4)], Some), (0, 0));
+        assert!(ix.remove_page(p(9, 1)));
+        assert_eq!(ix.remove_region(RegionId(9)), 1);
+        assert_eq!(ix.remove_region(RegionId(1)), 1);
+        // Two entries mapped onto one page: the second is refused, and
+        // the region slots stay counted right (the old and new regions
+        // can be removed and reused).
+        ix.insert_stable(8, p(3, 0), 30);
+        ix.insert_stable(8, p(3, 1), 31);
+        assert_eq!(ix.remap_regions(&[RegionId(3)], |_| Some(p(4, 0))), (1, 1));
+        assert_eq!(ix.stable_len(), 2);
+        assert_eq!(ix.remove_region(RegionId(3)), 0);
+        assert_eq!(ix.remove_region(RegionId(4)), 1);
+        ix.insert_stable(8, p(3, 2), 32);
+        assert_eq!(ix.lookup_page(p(3, 2)), Some((IndexSet::Stable, 8)));
     }
 
     #[test]

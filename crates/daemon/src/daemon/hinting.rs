@@ -12,8 +12,9 @@
 //!    scan rate the governor's budgets give at start and the interleave's
 //!    hint share (`HintStack::capacity_for`, §5.4.1).
 //! 2. **Watch**: after every refresh the program's tgid map is made equal
-//!    to the eligible processes, and an index of their regions (by pid,
-//!    sorted by address) is rebuilt.
+//!    to the eligible processes, and the stacked hints follow their pages
+//!    by address to the regions that hold them now (`addresses`: a mark
+//!    cuts its region, and a hint names a page by region and offset).
 //! 3. **Feed** (each wake-up, before distilling): the ring is drained;
 //!    each hinted range is cut into pages of the regions it overlaps; the
 //!    pages of regions that are sampling, and the pages a read filled in
@@ -34,6 +35,7 @@
 //!    without waiting for a write verdict (XLH does not filter hinted
 //!    pages, §4.3.4: file data is rarely rewritten soon).
 
+use super::addresses::Moves;
 use super::{Daemon, Mode};
 use crate::actuate::Actuator;
 use crate::config::HintsSection;
@@ -42,10 +44,9 @@ use crate::status::HintsStatus;
 use crate::target::{Target, View};
 use pagesift_core::pipeline::distill::{Distiller, WakeReport};
 use pagesift_core::pipeline::hints::{Hint, HintStack, Interleave};
-use pagesift_core::{Nanos, PageRef, RegionId};
+use pagesift_core::{Nanos, PageRef};
 use pagesift_linux::host;
-use std::collections::HashMap;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 const MS: Nanos = 1_000_000;
 const PAGE: u64 = 4096;
@@ -71,34 +72,6 @@ fn bottom_pass_time(distiller: &Distiller) -> Nanos {
         .round_time
         .saturating_mul(rounds)
         .max(1)
-}
-
-/// Each process's regions as (first address, end, id), sorted.
-type RegionIndex = HashMap<u32, Vec<(u64, u64, RegionId)>>;
-
-/// Moves the hints on `stack` from the regions of `before` to those of
-/// `after`, by address: a hint names its page by region and offset, and a
-/// refresh may have cut a region (a run of it marked mergeable becomes a
-/// VMA of its own, which keeps its first address and so its id, and the
-/// rest becomes new regions). Left alone, the hints past the cut would
-/// name offsets the region no longer has, and the distiller would drop
-/// them unread (their page state cannot be read), while the pages they
-/// name, now in another region, hold the file data the hints are for.
-/// Hints whose page is in no region now are dropped and counted.
-fn remap_stack(stack: &mut HintStack, before: &RegionIndex, after: &RegionIndex) {
-    let was: HashMap<RegionId, (u32, u64)> = (before.iter())
-        .flat_map(|(&pid, v)| v.iter().map(move |&(start, _, id)| (id, (pid, start))))
-        .collect();
-    stack.remap(|p| {
-        let &(pid, start) = was.get(&p.region)?;
-        let addr = start + u64::from(p.page) * PAGE;
-        let v = after.get(&pid)?;
-        let &(s, e, id) = v.get(v.partition_point(|&(_, e, _)| e <= addr))?;
-        (s <= addr && addr < e).then(|| PageRef {
-            region: id,
-            page: ((addr - s) / PAGE) as u32,
-        })
-    });
 }
 
 /// Whole pages of one process's memory that a syscall just filled from a
@@ -218,9 +191,6 @@ pub struct HintFeed {
     stack: HintStack,
     interleave: Interleave,
     max_age: Nanos,
-    /// Regions of eligible processes by pid, sorted by start: (start,
-    /// end, id).
-    regions: RegionIndex,
     counts: Counts,
 }
 
@@ -234,7 +204,6 @@ impl HintFeed {
             stack: HintStack::new(0, config.max_age_ms * MS),
             interleave: Interleave::new(h, l),
             max_age: config.max_age_ms * MS,
-            regions: HashMap::new(),
             counts: Counts::default(),
         }
     }
@@ -289,6 +258,26 @@ impl HintFeed {
         };
         self.counts.sampled += report.hints_sampled;
         self.counts.duplicates += report.hint_duplicates;
+        if report.hints_sampled + report.hints_in_runs > 0
+            && tracing::enabled!(tracing::Level::DEBUG)
+        {
+            let runs: Vec<(u64, u32, u32)> = (report.runs.iter())
+                .filter(|r| r.hinted)
+                .map(|r| (r.region.0, r.first, r.pages))
+                .collect();
+            debug!(
+                sampled = report.hints_sampled,
+                in_runs = report.hints_in_runs,
+                duplicates = report.hint_duplicates,
+                left = self.stack.len(),
+                false_collisions = report.false_collisions,
+                stable = distiller.index().stable_len(),
+                unstable = distiller.index().unstable_len(),
+                stable_compared = distiller.index().stats().stable_compared,
+                ?runs,
+                "hints looked up (runs: region, first page, pages)"
+            );
+        }
         if report.global_round_ended {
             self.stack
                 .set_max_age(self.max_age.min(bottom_pass_time(distiller)));
@@ -355,7 +344,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 self.hints.stack = HintStack::new(capacity, self.hints.max_age);
                 self.hints.tap = Some(tap);
                 info!(capacity, scan_pages_per_s = rate as u64, "I/O hints on");
-                self.sync_hints();
+                self.sync_hints(None);
             }
             Err(reason) => {
                 warn!(reason = %reason, "I/O hints unavailable: running without them");
@@ -365,26 +354,19 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     }
 
     /// After a refresh: the program watches the eligible processes, and
-    /// the region index follows the books (module header, step 2).
-    pub(super) fn sync_hints(&mut self) {
+    /// the stacked hints follow their pages to the regions that hold them
+    /// now (module header, step 2). Hints whose page is in no region now
+    /// are dropped and counted.
+    pub(super) fn sync_hints(&mut self, moves: Option<&Moves>) {
         let Some(tap) = self.hints.tap.as_mut() else {
             return;
         };
         tap.watch(&mut self.allowed.keys().copied());
-        let mut regions: RegionIndex = HashMap::new();
-        for (&id, b) in &self.books {
-            regions
-                .entry(b.span.proc.pid)
-                .or_default()
-                .push((b.span.start, b.span.end(), id));
+        if let Some(moves) = moves
+            && !self.hints.stack.is_empty()
+        {
+            self.hints.stack.remap(|p| moves.page(p));
         }
-        for v in regions.values_mut() {
-            v.sort_unstable();
-        }
-        if !self.hints.stack.is_empty() && regions != self.hints.regions {
-            remap_stack(&mut self.hints.stack, &self.hints.regions, &regions);
-        }
-        self.hints.regions = regions;
     }
 
     /// Drains the ring onto the stack (module header, step 3).
@@ -402,6 +384,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             }
         }
         let feed = &mut self.hints;
+        let debugging = tracing::enabled!(tracing::Level::DEBUG);
+        let mut pushed_to: std::collections::BTreeMap<u64, u64> = Default::default();
         for HintedRange {
             tgid,
             start,
@@ -411,7 +395,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         {
             feed.counts.received += pages;
             let end = start.saturating_add(pages.saturating_mul(PAGE));
-            let Some(regions) = feed.regions.get(&tgid) else {
+            let Some(regions) = self.by_address.of_process(tgid) else {
                 feed.counts.untracked += pages;
                 continue;
             };
@@ -464,8 +448,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     });
                 }
                 feed.counts.pushed += n;
+                if debugging {
+                    *pushed_to.entry(id.0).or_default() += n;
+                }
             }
             feed.counts.untracked += pages - covered.min(pages);
+        }
+        if !pushed_to.is_empty() {
+            debug!(?pushed_to, "hinted pages stacked (region: pages)");
         }
         feed.counts.feed_cpu_ns += host::thread_cpu_ns().saturating_sub(t0);
     }
@@ -474,6 +464,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pagesift_core::RegionId;
     use pagesift_core::pipeline::hints::Hint;
 
     fn at(region: u64, page: u32) -> Hint {
@@ -488,29 +479,15 @@ mod tests {
 
     #[test]
     fn hints_follow_their_pages_when_a_region_is_cut() {
-        // Process 7's region 1 spans 16 pages from 0x10000. A run of its
-        // first 4 pages was marked and became a VMA of its own: region 1
-        // keeps those, pages 4..10 are region 2, and pages 12.. were
-        // unmapped. Process 8 is untouched.
-        let before: RegionIndex = HashMap::from([
-            (7, vec![(0x10000, 0x20000, RegionId(1))]),
-            (8, vec![(0x10000, 0x12000, RegionId(3))]),
-        ]);
-        let after: RegionIndex = HashMap::from([
-            (
-                7,
-                vec![
-                    (0x10000, 0x14000, RegionId(1)),
-                    (0x14000, 0x1a000, RegionId(2)),
-                ],
-            ),
-            (8, vec![(0x10000, 0x12000, RegionId(3))]),
-        ]);
+        // Region 1 (16 pages) is cut after its first 4 pages: pages 4..10
+        // are region 2, pages 10.. were unmapped (`addresses::tests::a_cut`).
+        let (before, after) = super::super::addresses::tests::a_cut();
+        let moves = before.moves_to(&after);
         let mut stack = HintStack::new(16, u64::MAX);
         for h in [at(1, 2), at(1, 5), at(1, 9), at(1, 13), at(3, 1), at(4, 0)] {
             stack.push(h);
         }
-        remap_stack(&mut stack, &before, &after);
+        stack.remap(|p| moves.page(p));
         let got: Vec<(u64, u32)> = std::iter::from_fn(|| stack.pop(0))
             .map(|h| (h.page.region.0, h.page.page))
             .collect();

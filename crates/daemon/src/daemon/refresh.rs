@@ -126,6 +126,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             self.lifespans
                 .died(b.span.proc, b.span.pages, b.first_seen, now);
             b.first_seen = now;
+            // What the index holds of it is the old generation's content.
+            self.distiller.remap_regions(&[id], |_| None);
             if self.lives.mode(id) == Some(Mode::Promoted) {
                 // Its mark went with the old VMA: the new generation is
                 // unmarked memory, judged afresh (and recurring, if its
@@ -322,7 +324,25 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             }
         }
         self.need_sync = true;
-        self.sync_hints();
+        // Named pages follow their addresses (`addresses`): the index's
+        // entries of the regions that changed shape, and stacked hints.
+        let by_address = AddressMap::of(self.books.iter());
+        if by_address == self.by_address {
+            self.sync_hints(None);
+            return;
+        }
+        let moves = self.by_address.moves_to(&by_address);
+        let (moved, dropped) = self
+            .distiller
+            .remap_regions(&moves.changed, |p| moves.page(p));
+        if moved + dropped > 0 {
+            debug!(
+                regions = moves.changed.len(),
+                moved, dropped, "index entries followed their pages"
+            );
+        }
+        self.sync_hints(Some(&moves));
+        self.by_address = by_address;
     }
 
     /// Unmarks what pagesift marked in processes that left the eligible
