@@ -312,6 +312,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         .map(|w| w.pgid())
         .chain(guests.iter().map(|g| g.pid()))
         .collect();
+    let marks_before = access_marks(&loads);
     // Step 4: t = 0.
     let mut daemon = None;
     let mut tuned: Option<Ksmtuned> = None;
@@ -509,6 +510,21 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         }
     }
     // Step 6.
+    if let (Some(b), Some(a)) = (marks_before, access_marks(&loads)) {
+        notes.push(format!(
+            "the workload's anonymous pages as the kernel's LRU sees them (kpageflags), t = 0 → \
+             window's end: referenced {} → {}, active {} → {}, of {} → {} present; use steps \
+             (referenced + 2 × active) {:+} (`linux::access_marks`: pagesift's reads mark the \
+             pages they read used; ksmd marks only the page a merge keeps)",
+            b.referenced,
+            a.referenced,
+            b.active,
+            a.active,
+            b.present,
+            a.present,
+            a.use_steps() as i64 - b.use_steps() as i64
+        ));
+    }
     let mut cycles = Vec::new();
     for path in &cycle_logs {
         cycles.extend(
@@ -644,6 +660,25 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         notes,
         cycles,
     })
+}
+
+/// The LRU's evidence of use over the workload processes' anonymous
+/// memory, summed (`None` if it cannot be read, e.g. without
+/// `CAP_SYS_ADMIN`). Read with nothing else reading them at t = 0 and at
+/// the window's end: a static workload does not touch its pages, so what
+/// turns referenced or active in between is the deduplicating system's
+/// doing.
+fn access_marks(loads: &[Workload]) -> Option<pagesift_linux::access_marks::AccessMarks> {
+    let mut flags = pagesift_linux::kpageflags::KPageFlags::open().ok()?;
+    let mut sum = pagesift_linux::access_marks::AccessMarks::default();
+    for pid in loads.iter().flat_map(|w| w.pids()) {
+        match pagesift_linux::access_marks::of_process(pid, &mut flags) {
+            Ok(m) => sum += m,
+            Err(pagesift_linux::LinuxError::Gone(_)) => {}
+            Err(_) => return None,
+        }
+    }
+    Some(sum)
 }
 
 /// What a page looked at cost, in this run (the real-workload goal 6): ksmd's

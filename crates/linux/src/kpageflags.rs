@@ -37,6 +37,11 @@ impl KpfFlags {
     pub fn writeback(self) -> bool {
         self.bit(8)
     }
+    /// Referenced: used since reclaim last looked at it (bit 2,
+    /// `PG_referenced`).
+    pub fn referenced(self) -> bool {
+        self.bit(2)
+    }
     /// On the LRU's active list: used often (bit 6, pagemap.rst).
     /// With the multi-generational LRU on, pages on its lists do not carry
     /// this bit.

@@ -76,6 +76,7 @@
 //! All `unsafe` code is in [`sys`] and [`ptrace`], each block with a
 //! `// SAFETY:` comment.
 
+pub mod access_marks;
 pub mod caps;
 pub mod discover;
 pub mod disk_images;

@@ -440,6 +440,37 @@ fn a_full_read_changes_nothing_in_the_target() {
     assert_eq!(w.checksum(), sum_before, "the target's memory changed");
 }
 
+/// Control for `access_marks`: a remote read marks the pages it reads as
+/// used (`FOLL_TOUCH`, then `folio_mark_accessed`), although the process
+/// never touched them; its memory is unchanged. The bench's notes count
+/// this over each experiment's workload, beside the kernel's KSM.
+#[test]
+fn control_a_remote_read_marks_the_pages_it_reads_referenced() {
+    require_root();
+    let mut w = Workload::start(&["random", "--mib", "4"]);
+    let pid = w.pid();
+    let (start, pages) = w.region();
+    let sum = w.checksum();
+    let mut flags = KPageFlags::open().expect("kpageflags");
+    let before = pagesift_linux::access_marks::of_process(pid, &mut flags).expect("marks");
+    let mut reader = RemoteReader::new(pid).expect("reader");
+    let mut out = vec![[0u32; WORDS_PER_PAGE]; pages as usize];
+    let addrs: Vec<u64> = (0..pages).map(|k| start + k * 4096).collect();
+    assert_eq!(
+        reader.read_pages_unpinned(&addrs, &mut out).unwrap(),
+        pages as usize
+    );
+    let after = pagesift_linux::access_marks::of_process(pid, &mut flags).expect("marks");
+    // Each page went one step up (referenced, or from referenced to
+    // active); none was already active.
+    assert!(before.active < pages / 10, "{before:?}");
+    assert!(
+        after.use_steps() >= before.use_steps() + pages * 9 / 10,
+        "{pages} pages read: {before:?} → {after:?}"
+    );
+    assert_eq!(w.checksum(), sum, "the target's memory changed");
+}
+
 /// Reading a fork family must not unshare the pages the children still
 /// share with the parent (a pinned read would copy each of them).
 #[test]
