@@ -1807,39 +1807,47 @@ mod tests {
         assert_eq!((r.hints_in_runs, r.hints_sampled), (1, 0));
     }
 
+    /// Three processes that each hold one 64-page run in 512 pages of
+    /// their own: `a` at page 100, `b` at `b_at`, `c` at 300; a distiller
+    /// synced to them.
+    fn three_copies(b_at: usize) -> (InMemorySource, [RegionId; 3], Distiller) {
+        let mut src = InMemorySource::new();
+        let shared: Vec<u64> = (5000..5064).collect();
+        let regions =
+            [(1, 10_000, 100), (2, 20_000, b_at), (3, 30_000, 300)].map(|(owner, first, at)| {
+                let mut contents: Vec<u64> = (first..first + 512).collect();
+                contents[at..at + 64].copy_from_slice(&shared);
+                src.map(owner, &contents)
+            });
+        let mut d = distiller();
+        d.sync_regions(&src, 0);
+        (src, regions, d)
+    }
+
+    fn hint_at(region: RegionId, page: u32) -> crate::pipeline::hints::Hint {
+        crate::pipeline::hints::Hint {
+            page: PageRef { region, page },
+            time: 0,
+        }
+    }
+
     /// A third copy of a shared run, hinted later at a page of the run
     /// other than the two looked up, still finds a twin: the run's pages
     /// went into the index when it was followed (a reader whose hints
     /// come in a later drain than the first two readers').
     #[test]
     fn a_later_hint_finds_its_twin_among_a_followed_runs_pages() {
-        use crate::pipeline::hints::{DEFAULT_MAX_AGE, Hint, HintStack, Interleave};
-        let mut src = InMemorySource::new();
-        let shared: Vec<u64> = (5000..5064).collect();
-        let mut a_contents: Vec<u64> = (10_000..10_512).collect();
-        a_contents[100..164].copy_from_slice(&shared);
-        let a = src.map(1, &a_contents);
-        let mut b_contents = shared.clone();
-        b_contents.extend(20_000..20_448);
-        let b = src.map(2, &b_contents);
-        let mut c_contents: Vec<u64> = (30_000..30_512).collect();
-        c_contents[300..364].copy_from_slice(&shared);
-        let c = src.map(3, &c_contents);
-        let mut d = distiller();
-        d.sync_regions(&src, 0);
+        use crate::pipeline::hints::{DEFAULT_MAX_AGE, HintStack, Interleave};
+        let (mut src, [a, b, c], mut d) = three_copies(0);
         let mut il = Interleave::default();
-        let hint = |region, page| Hint {
-            page: PageRef { region, page },
-            time: 0,
-        };
         let mut stack = HintStack::new(64, DEFAULT_MAX_AGE);
-        stack.push(hint(b, 10));
-        stack.push(hint(a, 110));
+        stack.push(hint_at(b, 10));
+        stack.push(hint_at(a, 110));
         let r = d.wake_with_hints(&mut src, 100 * MS, &mut stack, &mut il);
         assert_eq!(r.hint_duplicates, 1, "{:?}", r.runs);
         // c's hint names the shared run's page 40: in a and b only pages
         // 10 were looked up.
-        stack.push(hint(c, 340));
+        stack.push(hint_at(c, 340));
         let r = d.wake_with_hints(&mut src, 200 * MS, &mut stack, &mut il);
         assert_eq!((r.hints_sampled, r.hint_duplicates), (1, 1));
         let run = r.runs.iter().find(|x| x.region == c).expect("c's run");
@@ -1855,28 +1863,12 @@ mod tests {
     /// the twins could not be read and the hint found a run of one page.
     #[test]
     fn a_later_hint_finds_its_twin_after_the_run_was_cut_out() {
-        use crate::pipeline::hints::{DEFAULT_MAX_AGE, Hint, HintStack, Interleave};
-        let mut src = InMemorySource::new();
-        let shared: Vec<u64> = (5000..5064).collect();
-        let mut a_contents: Vec<u64> = (10_000..10_512).collect();
-        a_contents[100..164].copy_from_slice(&shared);
-        let a = src.map(1, &a_contents);
-        let mut b_contents: Vec<u64> = (20_000..20_512).collect();
-        b_contents[50..114].copy_from_slice(&shared);
-        let b = src.map(2, &b_contents);
-        let mut c_contents: Vec<u64> = (30_000..30_512).collect();
-        c_contents[300..364].copy_from_slice(&shared);
-        let c = src.map(3, &c_contents);
-        let mut d = distiller();
-        d.sync_regions(&src, 0);
+        use crate::pipeline::hints::{DEFAULT_MAX_AGE, HintStack, Interleave};
+        let (mut src, [a, b, c], mut d) = three_copies(50);
         let mut il = Interleave::default();
-        let hint = |region, page| Hint {
-            page: PageRef { region, page },
-            time: 0,
-        };
         let mut stack = HintStack::new(64, DEFAULT_MAX_AGE);
-        stack.push(hint(b, 60));
-        stack.push(hint(a, 110));
+        stack.push(hint_at(b, 60));
+        stack.push(hint_at(a, 110));
         let r = d.wake_with_hints(&mut src, 100 * MS, &mut stack, &mut il);
         assert_eq!(r.hint_duplicates, 1, "{:?}", r.runs);
         // Both runs are cut out of their regions.
@@ -1902,7 +1894,7 @@ mod tests {
         });
         assert!(moved > 0 && dropped == 0, "{moved} {dropped}");
         d.sync_regions(&src, 150 * MS);
-        stack.push(hint(c, 340));
+        stack.push(hint_at(c, 340));
         let r = d.wake_with_hints(&mut src, 200 * MS, &mut stack, &mut il);
         assert_eq!((r.hints_sampled, r.hint_duplicates), (1, 1));
         let run = r.runs.iter().find(|x| x.region == c).expect("c's run");
@@ -1917,7 +1909,7 @@ mod tests {
     /// a twin in a hidden region, and the run covers the stretch.
     #[test]
     fn a_stretch_read_late_finds_its_twins() {
-        use crate::pipeline::hints::{DEFAULT_MAX_AGE, Hint, HintStack, Interleave};
+        use crate::pipeline::hints::{DEFAULT_MAX_AGE, HintStack, Interleave};
         let mut src = InMemorySource::new();
         let file: Vec<u64> = (5000..5000 + 4096).collect();
         let regions: Vec<RegionId> = (0..4).map(|r| src.map(r + 1, &file)).collect();
@@ -1932,10 +1924,7 @@ mod tests {
         let mut d = distiller();
         d.sync_regions(&src, 0);
         let mut il = Interleave::default();
-        let hint = |region, page| Hint {
-            page: PageRef { region, page },
-            time: 0,
-        };
+        let hint = hint_at;
         let mut stack = HintStack::new(1 << 16, DEFAULT_MAX_AGE);
         for &r in &regions[..3] {
             for p in 0..4096 {
