@@ -1724,6 +1724,29 @@ fn a_late_readers_hints_find_the_runs_cut_out_before_them() {
     assert!(h.sampled - before.sampled <= 2, "{h:?}");
 }
 
+/// Status shows the sample index's size: the stable pages of two
+/// processes' shared runs once they are found, and the heap it holds.
+#[test]
+fn status_shows_the_sample_index() {
+    let w = world();
+    {
+        let mut m = w.borrow_mut();
+        let shared = distinct(9_000, 256);
+        for pid in [50, 51] {
+            m.spawn(pid, "twin", false);
+            m.map(pid, &shared, false);
+        }
+    }
+    let mut d = daemon(&w, ALL, &[]);
+    let empty = d.status(0).daemon.index;
+    assert_eq!((empty.stable, empty.unstable), (0, 0));
+    let mut now = 0;
+    run(&mut d, &mut now, 20);
+    let ix = d.status(now).daemon.index;
+    assert!(ix.stable > 0, "{ix:?}");
+    assert!(ix.heap_bytes >= (ix.stable + ix.unstable) * 28, "{ix:?}");
+}
+
 /// A region held for its writes gets the hints of what a read filled in
 /// it, not those of what its process wrote out from it: a buffer that a
 /// process builds, writes to a file and builds again is what the hold is

@@ -188,6 +188,15 @@ const GAUGES: &[(&str, &str)] = &[
     ),
     ("hash_strength", "Words hashed per sampled page"),
     (
+        "index_stable_pages",
+        "Pages in the sample index's stable set (known duplicates)",
+    ),
+    (
+        "index_unstable_pages",
+        "Pages in the sample index's unstable set (emptied every global round)",
+    ),
+    ("index_heap_bytes", "Heap bytes the sample index holds"),
+    (
         "sample_cost_nanoseconds",
         "CPU per sampled page the budgets assume",
     ),
@@ -444,6 +453,9 @@ impl Metrics {
             ("ksmd_wait_share", k.wait_share),
             ("daemon_cpu_share", d.cpu_share),
             ("hash_strength", d.strength as f64),
+            ("index_stable_pages", d.index.stable as f64),
+            ("index_unstable_pages", d.index.unstable as f64),
+            ("index_heap_bytes", d.index.heap_bytes as f64),
             ("sample_cost_nanoseconds", d.per_page_ns),
             ("cow_ksm_since_start", k.cow_ksm.unwrap_or(0) as f64),
             ("hints_on", f64::from(u8::from(s.hints.state == "on"))),
@@ -669,6 +681,14 @@ mod tests {
                 write_tracked_ranges: 2,
                 ..Totals::default()
             },
+            daemon: crate::status::DaemonStatus {
+                index: crate::status::IndexStatus {
+                    stable: 7,
+                    unstable: 9,
+                    heap_bytes: 4096,
+                },
+                ..Default::default()
+            },
             ..Status::default()
         }
     }
@@ -705,6 +725,8 @@ mod tests {
         );
         assert_eq!(value(&text, "pagesift_merged_pages"), 1000.0);
         assert_eq!(value(&text, "pagesift_cow_breaks_total"), 5.0);
+        assert_eq!(value(&text, "pagesift_index_stable_pages"), 7.0);
+        assert_eq!(value(&text, "pagesift_index_heap_bytes"), 4096.0);
         assert_eq!(value(&text, "pagesift_level_regions{level=\"0\"}"), 3.0);
         assert_eq!(value(&text, "pagesift_write_tracked_ranges"), 2.0);
         assert_eq!(value(&text, "pagesift_governor{governor=\"medium\"}"), 1.0);

@@ -195,6 +195,23 @@ pub struct DaemonStatus {
     /// operator sees what the daemon's CPU goes to.
     #[serde(default)]
     pub cpu_by_phase: std::collections::BTreeMap<String, f64>,
+    /// The sample index (`core::pipeline::index`): what it holds and the
+    /// memory it takes, the daemon's largest allocation.
+    #[serde(default)]
+    pub index: IndexStatus,
+}
+
+/// The sample index's size.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexStatus {
+    /// Pages in the stable set: known duplicates, kept across rounds
+    /// (those of regions marked and merging too, as twins for later
+    /// hints).
+    pub stable: u64,
+    /// Pages in the unstable set, emptied every global round.
+    pub unstable: u64,
+    /// Heap bytes the index holds (capacity, not only entries).
+    pub heap_bytes: u64,
 }
 
 /// A process pagesift does not actuate, and why.
@@ -651,6 +668,13 @@ pub fn render(s: &Status) -> String {
         t.global_rounds,
         d.strength,
         d.per_page_ns
+    );
+    let _ = writeln!(
+        o,
+        "Sample index: {} stable + {} unstable pages, {:.1} MiB",
+        d.index.stable,
+        d.index.unstable,
+        d.index.heap_bytes as f64 / (1 << 20) as f64
     );
     if !d.cpu_by_phase.is_empty() {
         let mut phases: Vec<(&String, &f64)> = d.cpu_by_phase.iter().collect();

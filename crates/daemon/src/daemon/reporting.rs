@@ -169,6 +169,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             config: self.config_path.as_ref().map(|p| p.display().to_string()),
             sweep: self.sweeper.stats,
             cpu_by_phase: self.phase_cpu.seconds(),
+            index: {
+                let ix = self.distiller.index();
+                IndexStatus {
+                    stable: ix.stable_len() as u64,
+                    unstable: ix.unstable_len() as u64,
+                    heap_bytes: ix.heap_bytes() as u64,
+                }
+            },
         };
         let mut skipped: Vec<Skipped> = self
             .skipped
