@@ -674,7 +674,9 @@ fn access_marks(loads: &[Workload]) -> Option<pagesift_linux::access_marks::Acce
     for pid in loads.iter().flat_map(|w| w.pids()) {
         match pagesift_linux::access_marks::of_process(pid, &mut flags) {
             Ok(m) => sum += m,
-            Err(pagesift_linux::LinuxError::Gone(_)) => {}
+            Err(
+                pagesift_linux::LinuxError::Gone(_) | pagesift_linux::LinuxError::NoSuchProcess(_),
+            ) => {}
             Err(_) => return None,
         }
     }

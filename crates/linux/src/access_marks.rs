@@ -64,7 +64,9 @@ impl std::ops::AddAssign for AccessMarks {
 pub fn of_process(pid: u32, flags: &mut KPageFlags) -> Result<AccessMarks, LinuxError> {
     let maps = Process::new(pid as i32)
         .and_then(|p| p.maps())
-        .map_err(|_| LinuxError::Gone(pid))?;
+        .map_err(|e| {
+            crate::proc::procfs_error(pid, e, "reading /proc/PID/maps", crate::proc::PTRACE)
+        })?;
     let pagemap = Pagemap::open(pid)?;
     pagemap.require_pfns()?;
     let mut marks = AccessMarks::default();
