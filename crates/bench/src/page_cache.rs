@@ -47,7 +47,7 @@ use crate::series::Series;
 use crate::system::{System, Tuning};
 use crate::{BenchError, Context};
 use pagesift_core::pipeline::governor::Governor;
-use pagesift_linux::ksm::Run;
+use pagesift_linux::ksm::{Ksm, KsmVmstat, Ksmd, Run};
 use pagesift_linux::page_cache::ImageCache;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -475,6 +475,14 @@ fn run_system(
     let pids: Vec<u32> = guests.iter().map(|g| g.pid()).collect();
     let io0: Vec<(u64, u64)> = pids.iter().map(|&p| proc_io(p).unwrap_or((0, 0))).collect();
     let cpu0 = daemon.as_ref().and_then(|d| cpu_seconds(d.pid()));
+    // What merging cost the guests over the reading window, under every
+    // system alike: ksmd's CPU, the COW breaks of KSM pages (machine-wide
+    // `cow_ksm`: nothing else on a bench machine merges) and what KSM held
+    // merged when the reads ended. A guest's page cache turns over while
+    // it reads, so pages merged from it are written again soon.
+    let ksmd = Ksmd::find().ok();
+    let ksm_cost = KsmCost::read(ksmd.as_ref());
+    let mut ksm_cost_end = ksm_cost;
     let mut cache_series = Series::new(&name, metric::IMAGE_CACHE_MIB, "MiB");
     let t0 = Instant::now();
     let mut next_fadvise = plan.fadvise_every_s;
@@ -507,6 +515,7 @@ fn run_system(
         if reading {
             io1 = pids.iter().map(|&p| proc_io(p).unwrap_or((0, 0))).collect();
             cpu1 = daemon.as_ref().and_then(|d| cpu_seconds(d.pid())).or(cpu1);
+            ksm_cost_end = KsmCost::read(ksmd.as_ref()).or(ksm_cost_end);
         }
         if logs.iter().all(|l| l.contains("pagesift-guest: done")) {
             break;
@@ -563,6 +572,15 @@ fn run_system(
     } else {
         0.0
     };
+    if let (Some(a), Some(b)) = (ksm_cost, ksm_cost_end) {
+        notes.push(format!(
+            "over the reading window: ksmd {:.2} CPU-s, {} COW breaks of KSM pages (`cow_ksm`), \
+             {:.1} MiB merged at its end (KSM counters)",
+            b.ksmd_ns.saturating_sub(a.ksmd_ns) as f64 / 1e9,
+            b.cow_breaks.saturating_sub(a.cow_breaks),
+            b.saved_pages as f64 * 4096.0 / (1 << 20) as f64
+        ));
+    }
     let end_t = t0.elapsed().as_secs_f64();
     let mut tp = Series::new(&name, metric::GUEST_READ_MIB_S, "MiB/s");
     tp.points.push((end_t, throughput));
@@ -606,6 +624,25 @@ fn spawn_daemon(ctx: &Context, system: System, pids: &[u32]) -> Result<Spawned, 
     let (d, _, _, waited) = crate::run::start_daemon(ctx, &stem, &config, &[], pids)?;
     ctx.add_lock_wait(waited);
     Ok(d)
+}
+
+/// KSM's cost and result so far: ksmd's CPU, `cow_ksm` and the pages
+/// saved (`None` if any of them cannot be read).
+#[derive(Clone, Copy)]
+struct KsmCost {
+    ksmd_ns: u64,
+    cow_breaks: u64,
+    saved_pages: u64,
+}
+
+impl KsmCost {
+    fn read(ksmd: Option<&Ksmd>) -> Option<KsmCost> {
+        Some(KsmCost {
+            ksmd_ns: ksmd?.cpu_ns().ok()?,
+            cow_breaks: KsmVmstat::read().ok()?.cow_ksm?,
+            saved_pages: Ksm::open().ok()?.counters().ok()?.pages_saved(),
+        })
+    }
 }
 
 fn last(r: &RunResult, m: &str) -> Option<f64> {

@@ -312,7 +312,10 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         .map(|w| w.pgid())
         .chain(guests.iter().map(|g| g.pid()))
         .collect();
-    let marks_before = access_marks(&loads);
+    let load_pids: Vec<u32> = loads.iter().flat_map(|w| w.pids()).collect();
+    let marks_before = (!load_pids.is_empty())
+        .then(|| access_marks(&load_pids))
+        .flatten();
     // Step 4: t = 0.
     let mut daemon = None;
     let mut tuned: Option<Ksmtuned> = None;
@@ -510,7 +513,7 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         }
     }
     // Step 6.
-    if let (Some(b), Some(a)) = (marks_before, access_marks(&loads)) {
+    if let (Some(b), Some(a)) = (marks_before, access_marks(&load_pids)) {
         notes.push(format!(
             "the workload's anonymous pages as the kernel's LRU sees them (kpageflags), t = 0 → \
              window's end: referenced {} → {}, active {} → {}, of {} → {} present; use steps \
@@ -523,6 +526,21 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
             b.present,
             a.present,
             a.use_steps() as i64 - b.use_steps() as i64
+        ));
+    }
+    // Guest RAM: the guests boot after t = 0 (vm-boot) and use their
+    // pages themselves, so only the end is read, to compare the systems of
+    // the run with one another.
+    let guest_pids: Vec<u32> = guests.iter().map(|g| g.pid()).collect();
+    if let Some(m) = (!guest_pids.is_empty())
+        .then(|| access_marks(&guest_pids))
+        .flatten()
+    {
+        notes.push(format!(
+            "the guests' RAM as the kernel's LRU sees it at the window's end (kpageflags over \
+             the QEMU processes' anonymous pages): referenced {}, active {}, of {} present (the \
+             guests' own use marks pages too: compare the systems of this run)",
+            m.referenced, m.active, m.present
         ));
     }
     let mut cycles = Vec::new();
@@ -662,16 +680,15 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
     })
 }
 
-/// The LRU's evidence of use over the workload processes' anonymous
-/// memory, summed (`None` if it cannot be read, e.g. without
-/// `CAP_SYS_ADMIN`). Read with nothing else reading them at t = 0 and at
-/// the window's end: a static workload does not touch its pages, so what
-/// turns referenced or active in between is the deduplicating system's
-/// doing.
-fn access_marks(loads: &[Workload]) -> Option<pagesift_linux::access_marks::AccessMarks> {
+/// The LRU's evidence of use over the anonymous memory of `pids`, summed
+/// (`None` if it cannot be read, e.g. without `CAP_SYS_ADMIN`). Read
+/// with nothing else reading them at t = 0 and at the window's end: a
+/// static workload does not touch its pages, so what turns referenced or
+/// active in between is the deduplicating system's doing.
+fn access_marks(pids: &[u32]) -> Option<pagesift_linux::access_marks::AccessMarks> {
     let mut flags = pagesift_linux::kpageflags::KPageFlags::open().ok()?;
     let mut sum = pagesift_linux::access_marks::AccessMarks::default();
-    for pid in loads.iter().flat_map(|w| w.pids()) {
+    for &pid in pids {
         match pagesift_linux::access_marks::of_process(pid, &mut flags) {
             Ok(m) => sum += m,
             Err(
