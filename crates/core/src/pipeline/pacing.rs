@@ -24,7 +24,10 @@
 //! kernel, KSM alone on synthetic workloads): 0.7–1.0 µs for a
 //! checksum-only first visit in batches of ≥ 1000 pages and 1.5–1.7 µs in
 //! batches of 100; about 3 µs per merge (a merge phase: 223,092 pages/s at
-//! 67.7 % CPU); 5–10 µs to insert a random page into the unstable tree
+//! 67.7 % CPU), but 26–31 µs when a thread of the target runs on another
+//! CPU, as a guest's vCPU does, because each merge's TLB flush is then an
+//! IPI (docs/benchmarks.md, section `merge-cost`); 5–10 µs to insert a
+//! random page into the unstable tree
 //! (from the second pass: 31,339 pages/s at 29.7 %); and about 100 µs per
 //! page once every KSM page of a stable chain is full. A fixed model would be off by up to two
 //! orders of magnitude, so the pacer *measures* instead.
