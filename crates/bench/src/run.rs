@@ -681,8 +681,9 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
 }
 
 /// The LRU's evidence of use over the anonymous memory of `pids`, summed
-/// (`None` if it cannot be read, e.g. without `CAP_SYS_ADMIN`). Read
-/// with nothing else reading them at t = 0 and at the window's end: a
+/// (`None` if it cannot be read, e.g. without `CAP_SYS_ADMIN`). Read at
+/// t = 0, before the system starts, and at the window's end, while it
+/// still runs (the read takes a fraction of a second of its minute): a
 /// static workload does not touch its pages, so what turns referenced or
 /// active in between is the deduplicating system's doing.
 fn access_marks(pids: &[u32]) -> Option<pagesift_linux::access_marks::AccessMarks> {

@@ -1924,16 +1924,15 @@ mod tests {
         let mut d = distiller();
         d.sync_regions(&src, 0);
         let mut il = Interleave::default();
-        let hint = hint_at;
         let mut stack = HintStack::new(1 << 16, DEFAULT_MAX_AGE);
         for &r in &regions[..3] {
             for p in 0..4096 {
-                stack.push(hint(r, p));
+                stack.push(hint_at(r, p));
             }
         }
         for p in (0..1408).map(|k| k * 2) {
             if !gap.contains(&p) {
-                stack.push(hint(regions[3], p));
+                stack.push(hint_at(regions[3], p));
             }
         }
         let mut now = 100 * MS;
@@ -1955,7 +1954,7 @@ mod tests {
                 page: p,
             };
             view.src.write(page, file[p as usize]).unwrap();
-            stack.push(hint(regions[3], p));
+            stack.push(hint_at(regions[3], p));
         }
         let r = d.wake_with_hints(&mut view, now, &mut stack, &mut il);
         assert_eq!(r.hint_duplicates, 1, "{:?} {r:?}", d.index().stats());
