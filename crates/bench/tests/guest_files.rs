@@ -42,6 +42,9 @@ fn file_data_in_guest_ram_is_located_and_its_merging_measured() {
     // Own KSM with ksmd stopped before the guests boot: every merge
     // measured below happens under this test.
     let guard = KsmGuard::acquire().expect("KSM lock");
+    // The guests exit with their pages merged: run=2 before the restore
+    // takes their stable-tree nodes out of pages_shared.
+    guard.set_unmerge_on_restore(true);
     guard.set_run(Run::Stop).unwrap();
     let mut guests = guest_files::boot(
         &image.image,
@@ -116,6 +119,11 @@ fn file_data_in_guest_ram_is_located_and_its_merging_measured() {
     drop(guests);
     let report = guard.release();
     assert!(report.is_complete(), "KSM not restored: {report}");
+    let left = pagesift_linux::ksm::Ksm::open()
+        .unwrap()
+        .counters()
+        .unwrap();
+    assert_eq!(left.pages_shared, Some(0), "KSM pages left counted");
     assert!(
         saved >= 0.99 * target_mib,
         "only {saved:.2} of {target_mib:.2} MiB of file data merged"
