@@ -60,7 +60,8 @@
 //! to an eighth once it is quiet (nothing newly merged in two passes, two
 //! full scans after its mark), since each page waiting costs ksmd a scan
 //! of every mergeable page and what is left of a quiet region is mostly
-//! unique.
+//! unique. A region merged again counts its expected new merges from the
+//! start: the rest of it was merged before, or stayed unique.
 //!
 //! At the end of each pass a promoted region is flagged for demotion when
 //! its COW-broken ratio was above V_cow in [`THRASHING_PASSES`] passes,
@@ -273,6 +274,10 @@ pub struct Lifecycle {
     /// Pages expected merged once it settles, if the caller said
     /// ([`Lifecycles::expect`]); forgotten when it starts merging again.
     expected: Option<u64>,
+    /// Pages merged when it was merged again ([`Lifecycles::remerge`]):
+    /// `Some` in a round of merging again, `None` in one that began with
+    /// a mark. An expectation then counts from the round's start.
+    remerged_from: Option<u64>,
     pages: u32,
     /// A bit per page: seen merged by the last look at it.
     seen_merged: Vec<u64>,
@@ -306,6 +311,7 @@ impl Lifecycle {
             last_above: None,
             quiet_passes: 0,
             expected: None,
+            remerged_from: None,
             pages,
             seen_merged: vec![0; (pages as usize).div_ceil(64)],
             cursor: 0,
@@ -411,8 +417,19 @@ impl Lifecycle {
     /// deciding scan that settles it still comes:
     /// - **expected merges** ([`Lifecycles::expect`]), once ksmd has passed
     ///   over all of it (two full scans ended since the mark: the scan in
-    ///   progress at the mark may have passed it already): the pages the
-    ///   caller expected to merge that have not merged yet. Not before: a
+    ///   progress at the mark may have passed it already), or at once in a
+    ///   round of merging again ([`Lifecycles::remerge`]): the pages the
+    ///   caller expected to merge that have not merged yet. A region
+    ///   merged again holds its earlier merged pages and a few new
+    ///   duplicates among pages that stayed unique, and the evidence that
+    ///   sent it back counts those duplicates; counted by its unmerged
+    ///   pages it asked ksmd to re-scan everything mergeable three times
+    ///   at up to a quarter of a core for a few hundred pages (`pagesift
+    ///   bench --quick --only page-cache`, 2026-12-02, the daemon's pace
+    ///   log: three 16 384-page regions of guest RAM merged again 9 s
+    ///   in, 12 000–31 000 pages waiting for the next 17 s, and ksmd 2.33
+    ///   CPU-s in the window against the kernel's own pace's 0.59). Not
+    ///   before, after a mark: a
     ///   first visit merges every page whose twin is merged already (it is
     ///   compared with the stable tree), and an expectation from the
     ///   duplicate share that promoted a region understates one whose
@@ -447,8 +464,20 @@ impl Lifecycle {
         let passed = full_scans >= self.marked_scan.saturating_add(2);
         match self.expected {
             _ if passed && self.quiet_passes >= 2 => floor,
-            Some(e) if passed => e.saturating_sub(self.merged_now()).clamp(floor, pages),
+            Some(e) if passed || self.remerged_from.is_some() => {
+                e.saturating_sub(self.merged_known()).clamp(floor, pages)
+            }
             _ => pages,
+        }
+    }
+
+    /// Pages merged as far as accounting knows, for what waits: in the
+    /// first pass of a round of merging again, at least what was merged
+    /// when the round began (the pass has not reached all of them yet).
+    fn merged_known(&self) -> u64 {
+        match self.remerged_from {
+            Some(from) if self.passes == 0 => self.pass.merged.max(from),
+            _ => self.merged_now(),
         }
     }
 
@@ -484,6 +513,7 @@ impl Lifecycle {
     /// Starts tracking merging from scratch (just marked, or first seen
     /// mergeable): its thrashing history starts over too.
     fn start_marked(&mut self, full_scans: u64, now: Nanos) {
+        self.remerged_from = None;
         self.marked_passes = 0;
         self.thrashing_passes = 0;
         self.last_above = None;
@@ -763,7 +793,9 @@ impl Lifecycles {
         self.apply(id, |l| {
             let again = l.accounted() && l.settled;
             if again {
+                let merged = l.merged_now();
                 l.start_merging(full_scans, now);
+                l.remerged_from = Some(merged);
             }
             again
         })
@@ -1114,6 +1146,40 @@ mod tests {
         );
         l.record(R, &states(1000, 24), 5 * SEC, 20, &rules);
         assert_eq!(l[R].waiting_pages(20), 24);
+    }
+
+    #[test]
+    fn a_region_merged_again_waits_for_its_new_duplicates_only() {
+        let rules = AccountRules::default();
+        let mut l = one(4000);
+        l.mark(R, 10, 0);
+        // Settled with 1 000 merged and 3 000 unique pages present.
+        l.record(R, &states(1000, 3000), SEC, 13, &rules);
+        let end = l
+            .record(R, &states(1000, 3000), 2 * SEC, 13, &rules)
+            .unwrap();
+        assert!(end.settled);
+        // Back at the top with evidence of 200 new duplicates.
+        assert!(l.remerge(R, 20, 3 * SEC));
+        assert_eq!(l[R].waiting_pages(20), 4000, "no expectation: whole");
+        l.expect(R, 1000 + 200);
+        // At once, not two full scans on: 200 wait, never below an eighth
+        // of what a full scan covers (all of it until a pass counted it).
+        assert_eq!(l[R].waiting_pages(20), 4000 / QUIET_WAITING_DIVISOR);
+        // A pass halfway through has counted 300 merged: the earlier
+        // 1 000 are still known.
+        l.record(R, &states(300, 700), 4 * SEC, 20, &rules);
+        assert_eq!(l[R].merged_known(), 1000);
+        // Counted through: 1 100 merged, 100 of the new ones to come, an
+        // eighth of the 2 900 unmerged pages a full scan covers.
+        l.record(R, &states(800, 2200), 5 * SEC, 21, &rules);
+        assert_eq!(l[R].merged_now(), 1100);
+        assert_eq!(l[R].waiting_pages(21), 2900 / QUIET_WAITING_DIVISOR);
+        // Marked afresh, an expectation waits for ksmd's two scans again.
+        let mut m = one(4096);
+        m.mark(R, 10, 0);
+        m.expect(R, 200);
+        assert_eq!(m[R].waiting_pages(10), 4096);
     }
 
     #[test]

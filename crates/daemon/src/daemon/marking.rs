@@ -104,8 +104,14 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             // guest filled pages, say) that the trickle would take minutes
             // to reach. ksmd merges it again at the active pace, as UKSM
             // gives a climbing region the top level's CPU (out of the
-            // ladder again until it settles).
+            // ladder again until it settles). ksmd's pace counts the new
+            // duplicates the ladder's last verdict found in it (merged
+            // pages are no duplicates to the sampler), not all of its
+            // unmerged pages (`Lifecycle::waiting_pages`).
+            let merged = self.lives.get(id).map_or(0, |l| l.merged_now());
             if self.lives.remerge(id, self.ksm_now.full_scans, now) {
+                let new = (dup_share(self.distiller.ladder(), id) * f64::from(b.span.pages)).ceil();
+                self.lives.expect(id, merged + new as u64);
                 self.counters.remerges += 1;
                 summary.remerging.push(id);
                 info!(
