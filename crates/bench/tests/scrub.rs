@@ -12,6 +12,7 @@ use pagesift_bench::guest::image::{PayloadFile, disk_init_with};
 use pagesift_bench::guest::{Guest, GuestError, GuestImage, GuestOptions, ImageOptions};
 use pagesift_daemon::config::ScrubSection;
 use pagesift_daemon::scrub::Scrubber;
+use pagesift_linux::ksm::{Ksm, KsmGuard};
 use pagesift_linux::page_cache::ImageCache;
 use std::collections::BTreeSet;
 use std::fs;
@@ -34,6 +35,40 @@ const VERIFY_AFTER_S: u64 = 60;
 /// took long enough for the first guest's check to refill the host cache
 /// mid-measurement).
 const DAEMON_VERIFY_AFTER_S: u64 = 150;
+
+/// Removes, when dropped, the KSM pages the daemon test's guests leave
+/// counted. QEMU marks guest RAM mergeable (`mem-merge` on), so ksmd merges
+/// both guests while the daemon paces it; the daemon's restore then stops
+/// ksmd (run=0, as it found it) and the guests exit merged, which leaves
+/// their stable-tree nodes in pages_shared, with no memory behind them,
+/// until KSM next runs (777 after one run of this test). The daemon must
+/// not unmerge on its own exit (that would unmerge other processes' pages),
+/// so the test does it, under KSM's lock, once the daemon and the guests
+/// are gone. Declared before the guests, it is dropped after them, also
+/// when the test fails.
+struct UnmergeWhenDone;
+
+impl UnmergeWhenDone {
+    /// Unmerges (run=2, then KSM's knobs as they were) and says whether a
+    /// KSM page is still counted.
+    fn unmerge() -> Option<u64> {
+        let guard = KsmGuard::acquire().ok()?;
+        guard.set_unmerge_on_restore(true);
+        let report = guard.release();
+        if !report.is_complete() {
+            eprintln!("KSM restore: {report:?}");
+        }
+        Ksm::open().ok()?.counters().ok()?.pages_shared
+    }
+}
+
+impl Drop for UnmergeWhenDone {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = UnmergeWhenDone::unmerge();
+        }
+    }
+}
 
 /// The guest reads held.bin (md5), says ready, waits, then checks held.bin
 /// from its cache and, after dropping its own cache, from the disk. It
@@ -294,6 +329,7 @@ fn the_daemon_scrubs_eligible_guests_only() {
         return;
     };
     let held = dir.path().join("held.bin");
+    let _unmerge = UnmergeWhenDone;
     // Both boot at once, so that their check windows start together.
     let mut eligible = start_guest(&image, "eligible");
     let mut other = start_guest(&image, "other");
@@ -416,4 +452,11 @@ fn the_daemon_scrubs_eligible_guests_only() {
         assert_eq!(field(&verify, "disk-md5"), md5(&held));
     }
     assert!(eligible.is_running() && other.is_running());
+    drop(eligible);
+    drop(other);
+    assert_eq!(
+        UnmergeWhenDone::unmerge(),
+        Some(0),
+        "no KSM page of the guests left counted"
+    );
 }
