@@ -15,7 +15,11 @@
 //! cached file in 4 KiB and 64 KiB `pread64` calls) without the BPF
 //! program, with it loaded but not watching the reader (what every other
 //! process on the host pays), and with it watching the reader, alternating,
-//! and compares medians;
+//! and compares medians. [`program_overhead`] times real programs the same
+//! way ([`PROGRAMS`]: `cat`, nothing but 128 KiB reads and writes to
+//! `/dev/null`, and `sha256sum`, which reads and hashes), each reading the
+//! same cached files a few times per run ([`PROGRAMS`]): the pread64 loop is the worst case of a
+//! syscall-bound reader, these are what a host runs;
 //! the per-hint cost from the ring to the stack is the daemon's own figure
 //! (`pagesift status`, hints.per_hint_ns).
 
@@ -270,6 +274,192 @@ pub fn hint_overhead(
         });
     }
     Ok(out)
+}
+
+/// The real programs [`program_overhead`] times, looked up in `PATH`, and
+/// how many times one run reads each file: `cat` copies a cached MiB in
+/// about 0.15 ms here, so that a run lasts tens of milliseconds, not the
+/// few that its exec's own jitter would swamp (4 passes over 8 MiB:
+/// 4.7 ms, and +20 % attached but not watching against +6 % watching in
+/// the same trials).
+pub const PROGRAMS: [(&str, u64); 2] = [("cat", 32), ("sha256sum", 4)];
+
+/// The hint program's cost on one real program reading the cached files.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ProgramOverhead {
+    /// Where the program was attached (`fexit`, `tp_btf/sys_exit`).
+    pub hook: String,
+    /// The program, as found in `PATH`.
+    pub program: String,
+    /// The cached files it reads, MiB.
+    pub file_mib: f64,
+    /// Times it reads each file in one run.
+    pub passes: u64,
+    /// Alternating trials of each case (the medians are compared).
+    pub trials: usize,
+    /// Median run without the hint program, ms.
+    pub without_ms: f64,
+    /// With it attached but not watching the program, ms.
+    pub idle_ms: f64,
+    /// With it watching the program, ms.
+    pub watching_ms: f64,
+    /// Events the program wrote while watched, and those lost to a full ring.
+    pub events: u64,
+    pub ring_full: u64,
+}
+
+impl ProgramOverhead {
+    /// Extra time with the hint program attached, not watching, in %.
+    pub fn idle_pct(&self) -> f64 {
+        (self.idle_ms / self.without_ms - 1.0) * 100.0
+    }
+
+    /// Extra time with the hint program watching, in %.
+    pub fn watching_pct(&self) -> f64 {
+        (self.watching_ms / self.without_ms - 1.0) * 100.0
+    }
+
+    /// The report's line.
+    pub fn line(&self) -> String {
+        format!(
+            "I/O hint program overhead ({}) on `{}` reading cached files of {:.0} MiB {} times \
+             (median of {} alternating runs): {:.2} ms without the program, {:.2} ms with it attached but not \
+             watching ({:+.1} %), {:.2} ms with it watching: {:+.1} % ({} events read, {} lost to \
+             a full ring)",
+            self.hook,
+            self.program,
+            self.file_mib,
+            self.passes,
+            self.trials,
+            self.without_ms,
+            self.idle_ms,
+            self.idle_pct(),
+            self.watching_ms,
+            self.watching_pct(),
+            self.events,
+            self.ring_full
+        )
+    }
+}
+
+/// `name` in `PATH`, if it is there.
+fn in_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// One run of `program` over `files`, each `passes` times, in seconds: it
+/// is started held (a
+/// shell waiting for a line on its stdin, then exec'ing the program, so
+/// the pid stays), `watch` is told its pid, and the clock runs from its
+/// release to its exit.
+#[cfg(target_arch = "x86_64")]
+fn run_program(
+    program: &Path,
+    passes: u64,
+    files: &[PathBuf],
+    watch: Option<&mut pagesift_linux::iohint::HintSource>,
+) -> Result<f64, BenchError> {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let err = |e: std::io::Error| BenchError::Output(format!("{}: {e}", program.display()));
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg("read _ && exec \"$0\" \"$@\"")
+        .arg(program);
+    for _ in 0..passes {
+        cmd.args(files);
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(err)?;
+    if let Some(src) = watch {
+        src.watch([child.id()]);
+    }
+    let t = std::time::Instant::now();
+    let mut stdin = child.stdin.take().expect("piped");
+    let wrote = stdin.write_all(b"\n");
+    drop(stdin);
+    let status = child.wait().map_err(err)?;
+    let seconds = t.elapsed().as_secs_f64();
+    wrote.map_err(err)?;
+    if !status.success() {
+        return Err(BenchError::Output(format!(
+            "{} over the files: {status}",
+            program.display()
+        )));
+    }
+    Ok(seconds)
+}
+
+/// The hint program's overhead on the real [`PROGRAMS`] found in `PATH`
+/// (module header), as [`hint_overhead`] measures it.
+#[cfg(target_arch = "x86_64")]
+pub fn program_overhead(
+    files: &[PathBuf],
+    hook: Option<pagesift_linux::iohint::Hook>,
+) -> Result<Vec<ProgramOverhead>, BenchError> {
+    use pagesift_linux::iohint::{HintSource, HintSourceConfig};
+    let mut bytes = 0;
+    for f in files {
+        bytes += std::fs::metadata(f)
+            .map_err(|e| BenchError::Output(format!("{}: {e}", f.display())))?
+            .len();
+    }
+    let mut out = Vec::new();
+    let found = PROGRAMS
+        .iter()
+        .filter_map(|&(name, passes)| Some((in_path(name)?, passes)));
+    for (program, passes) in found {
+        let run = |src: Option<&mut HintSource>| run_program(&program, passes, files, src);
+        run(None)?; // warm the page cache
+        let (mut absent, mut idle, mut on) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut events, mut ring_full) = (0u64, 0u64);
+        let mut attached = "";
+        for _ in 0..TRIALS {
+            absent.push(run(None)?);
+            let mut src = HintSource::open(&HintSourceConfig {
+                hook,
+                ..HintSourceConfig::default()
+            })
+            .map_err(|e| BenchError::Missing(format!("I/O hint program: {e}")))?;
+            // After loading, one untimed run (see hint_overhead).
+            run(None)?;
+            idle.push(run(None)?);
+            attached = src.hook().name();
+            on.push(run(Some(&mut src))?);
+            events += src.drain(|_| {});
+            ring_full += src.counters().ring_full;
+        }
+        out.push(ProgramOverhead {
+            hook: attached.to_string(),
+            program: program.display().to_string(),
+            file_mib: bytes as f64 / 1048576.0,
+            passes,
+            trials: TRIALS,
+            without_ms: median(&mut absent) * 1e3,
+            idle_ms: median(&mut idle) * 1e3,
+            watching_ms: median(&mut on) * 1e3,
+            events,
+            ring_full,
+        });
+    }
+    Ok(out)
+}
+
+/// Only x86-64 has the hint program.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn program_overhead(
+    _files: &[PathBuf],
+    _hook: Option<()>,
+) -> Result<Vec<ProgramOverhead>, BenchError> {
+    Err(BenchError::Missing(
+        "the I/O hint program (x86-64 only)".into(),
+    ))
 }
 
 /// Only x86-64 has the hint program.

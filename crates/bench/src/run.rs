@@ -666,6 +666,8 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         let costs =
             crate::files::hint_overhead((&ctx.workload_bin, &ctx.workload_prefix), &sets[0], None)?;
         notes.extend(costs.iter().map(|c| c.line()));
+        let costs = crate::files::program_overhead(&sets[0], None)?;
+        notes.extend(costs.iter().map(|c| c.line()));
     }
     Ok(RunResult {
         experiment: exp.name.clone(),
