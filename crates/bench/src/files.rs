@@ -150,15 +150,32 @@ pub struct HintOverhead {
     pub ring_full: u64,
 }
 
+/// The files' sizes, summed.
+#[cfg(target_arch = "x86_64")]
+fn total_bytes(files: &[PathBuf]) -> Result<u64, BenchError> {
+    let mut bytes = 0;
+    for f in files {
+        bytes += std::fs::metadata(f)
+            .map_err(|e| BenchError::Output(format!("{}: {e}", f.display())))?
+            .len();
+    }
+    Ok(bytes)
+}
+
+/// How much longer `with_ms` took than `without_ms`, in %.
+fn extra_pct(with_ms: f64, without_ms: f64) -> f64 {
+    (with_ms / without_ms - 1.0) * 100.0
+}
+
 impl HintOverhead {
     /// Extra time with the program attached, not watching, in %.
     pub fn idle_pct(&self) -> f64 {
-        (self.idle_ms / self.without_ms - 1.0) * 100.0
+        extra_pct(self.idle_ms, self.without_ms)
     }
 
     /// Extra time with the program watching the reader, in %.
     pub fn watching_pct(&self) -> f64 {
-        (self.watching_ms / self.without_ms - 1.0) * 100.0
+        extra_pct(self.watching_ms, self.without_ms)
     }
 
     /// Extra time per call with the program watching, ns.
@@ -201,12 +218,7 @@ pub fn hint_overhead(
     hook: Option<pagesift_linux::iohint::Hook>,
 ) -> Result<Vec<HintOverhead>, BenchError> {
     use pagesift_linux::iohint::{HintSource, HintSourceConfig};
-    let mut bytes = 0;
-    for f in files {
-        bytes += std::fs::metadata(f)
-            .map_err(|e| BenchError::Output(format!("{}: {e}", f.display())))?
-            .len();
-    }
+    let bytes = total_bytes(files)?;
     let list: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
     let list = list.join(",");
     let mut out = Vec::new();
@@ -311,12 +323,12 @@ pub struct ProgramOverhead {
 impl ProgramOverhead {
     /// Extra time with the hint program attached, not watching, in %.
     pub fn idle_pct(&self) -> f64 {
-        (self.idle_ms / self.without_ms - 1.0) * 100.0
+        extra_pct(self.idle_ms, self.without_ms)
     }
 
     /// Extra time with the hint program watching, in %.
     pub fn watching_pct(&self) -> f64 {
-        (self.watching_ms / self.without_ms - 1.0) * 100.0
+        extra_pct(self.watching_ms, self.without_ms)
     }
 
     /// The report's line.
@@ -404,12 +416,7 @@ pub fn program_overhead(
     hook: Option<pagesift_linux::iohint::Hook>,
 ) -> Result<Vec<ProgramOverhead>, BenchError> {
     use pagesift_linux::iohint::{HintSource, HintSourceConfig};
-    let mut bytes = 0;
-    for f in files {
-        bytes += std::fs::metadata(f)
-            .map_err(|e| BenchError::Output(format!("{}: {e}", f.display())))?
-            .len();
-    }
+    let bytes = total_bytes(files)?;
     let mut out = Vec::new();
     let found = PROGRAMS
         .iter()
