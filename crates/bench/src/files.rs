@@ -18,8 +18,8 @@
 //! and compares medians. [`program_overhead`] times real programs the same
 //! way ([`PROGRAMS`]: `cat`, nothing but 128 KiB reads and writes to
 //! `/dev/null`, and `sha256sum`, which reads and hashes), each reading the
-//! same cached files a few times per run ([`PROGRAMS`]): the pread64 loop is the worst case of a
-//! syscall-bound reader, these are what a host runs;
+//! same cached files a few times per run: the pread64 loop is the worst
+//! case of a syscall-bound reader, these are what a host runs;
 //! the per-hint cost from the ring to the stack is the daemon's own figure
 //! (`pagesift status`, hints.per_hint_ns).
 
@@ -291,9 +291,10 @@ pub fn hint_overhead(
 /// The real programs [`program_overhead`] times, looked up in `PATH`, and
 /// how many times one run reads each file: `cat` copies a cached MiB in
 /// about 0.15 ms here, so that a run lasts tens of milliseconds, not the
-/// few that its exec's own jitter would swamp (4 passes over 8 MiB:
-/// 4.7 ms, and +20 % attached but not watching against +6 % watching in
-/// the same trials).
+/// few that its exec's own jitter would swamp (by hand, 2026-12-02, the
+/// live test on this 2-CPU AMD EPYC: 4 passes over 8 MiB took 4.7 ms, and
+/// read +20 % attached but not watching against +6 % watching in the same
+/// trials).
 pub const PROGRAMS: [(&str, u64); 2] = [("cat", 32), ("sha256sum", 4)];
 
 /// The hint program's cost on one real program reading the cached files.
@@ -354,19 +355,10 @@ impl ProgramOverhead {
     }
 }
 
-/// `name` in `PATH`, if it is there.
-fn in_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
 /// One run of `program` over `files`, each `passes` times, in seconds: it
-/// is started held (a
-/// shell waiting for a line on its stdin, then exec'ing the program, so
-/// the pid stays), `watch` is told its pid, and the clock runs from its
-/// release to its exit.
+/// is started held (a shell waiting for a line on its stdin, then exec'ing
+/// the program, so the pid stays), `watch` is told its pid, and the clock
+/// runs from its release to its exit.
 #[cfg(target_arch = "x86_64")]
 fn run_program(
     program: &Path,
@@ -420,7 +412,7 @@ pub fn program_overhead(
     let mut out = Vec::new();
     let found = PROGRAMS
         .iter()
-        .filter_map(|&(name, passes)| Some((in_path(name)?, passes)));
+        .filter_map(|&(name, passes)| Some((crate::guest::host::find_in_path(name)?, passes)));
     for (program, passes) in found {
         let run = |src: Option<&mut HintSource>| run_program(&program, passes, files, src);
         run(None)?; // warm the page cache

@@ -36,16 +36,16 @@ const VERIFY_AFTER_S: u64 = 60;
 /// mid-measurement).
 const DAEMON_VERIFY_AFTER_S: u64 = 150;
 
-/// Removes, when dropped, the KSM pages the daemon test's guests leave
-/// counted. QEMU marks guest RAM mergeable (`mem-merge` on), so ksmd merges
+/// Removes the KSM pages the daemon test's guests leave counted: the test
+/// calls [`UnmergeWhenDone::unmerge`] at its end and checks the count, and
+/// dropping the guard during a panic does the same unchecked. QEMU marks guest RAM mergeable (`mem-merge` on), so ksmd merges
 /// both guests while the daemon paces it; the daemon's restore then stops
 /// ksmd (run=0, as it found it) and the guests exit merged, which leaves
 /// their stable-tree nodes in pages_shared, with no memory behind them,
 /// until KSM next runs (777 after one run of this test). The daemon must
 /// not unmerge on its own exit (that would unmerge other processes' pages),
 /// so the test does it, under KSM's lock, once the daemon and the guests
-/// are gone. Declared before the guests, it is dropped after them, also
-/// when the test fails.
+/// are gone. Declared before the guests, it is dropped after them.
 struct UnmergeWhenDone;
 
 impl UnmergeWhenDone {

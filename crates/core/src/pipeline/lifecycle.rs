@@ -424,9 +424,9 @@ impl Lifecycle {
     ///   duplicates among pages that stayed unique, and the evidence that
     ///   sent it back counts those duplicates; counted by its unmerged
     ///   pages it asked ksmd to re-scan everything mergeable three times
-    ///   at up to a quarter of a core for a few hundred pages (`pagesift
-    ///   bench --quick --only page-cache`, 2026-12-02, the daemon's pace
-    ///   log: three 16 384-page regions of guest RAM merged again 9 s
+    ///   at up to a quarter of a core for a few hundred pages (by hand,
+    ///   `pagesift bench --quick --only page-cache`, 2026-12-02, the
+    ///   daemon's pace log: three 16 384-page regions of guest RAM merged again 9 s
     ///   in, 12 000–31 000 pages waiting for the next 17 s, and ksmd 2.33
     ///   CPU-s in the window against the kernel's own pace's 0.59). Not
     ///   before, after a mark: a
