@@ -4,8 +4,11 @@
 //!   child of the harness; the workload is *not* mergeable by itself, so
 //!   everything merged is pagesift's decision. Variants change its
 //!   configuration file: a CPU share for the COW-broken comparison (V_cow
-//!   off as in UKSM §8.1.2, "if we disable the COW-broken filtering"), and
-//!   UKSM §8.1.3's short-lived tuning.
+//!   off as in UKSM §8.1.2, "if we disable the COW-broken filtering"),
+//!   UKSM §8.1.3's short-lived tuning. One variant, `-owner-marks`, runs
+//!   the workload mergeable as for KSM (QEMU's default `mem-merge=on`):
+//!   pagesift then only paces ksmd, and the difference from the plain
+//!   variant is what pagesift's own choice of what to mark costs or saves.
 //! - **KSM** the way a KSM user runs it: every workload process started
 //!   with `PR_SET_MEMORY_MERGE` (all its memory mergeable), ksmd at a fixed
 //!   `pages_to_scan` with the default `sleep_millisecs` = 20
@@ -39,6 +42,13 @@ pub enum Tuning {
     /// The defaults with I/O hints off (`[hints] enabled = false`): the
     /// files experiment's comparison.
     NoHints,
+    /// The defaults, with the workload making its memory mergeable itself
+    /// as it does for KSM (QEMU's `mem-merge=on`, its default; processes
+    /// started with `PR_SET_MEMORY_MERGE`). pagesift then has nothing to
+    /// mark there: that memory is *foreign* to it, and it only paces ksmd
+    /// by what its sampling finds. The configuration an operator who
+    /// leaves QEMU's default alone runs.
+    OwnerMarks,
 }
 
 /// A system under test.
@@ -100,6 +110,7 @@ impl System {
                 Tuning::ShortLived => format!("pagesift-{governor}-short"),
                 Tuning::NoHints => format!("pagesift-{governor}-nohints"),
                 Tuning::Scrub => format!("pagesift-{governor}-scrub"),
+                Tuning::OwnerMarks => format!("pagesift-{governor}-owner-marks"),
             },
             System::KsmSleep {
                 pages_to_scan,
@@ -114,9 +125,13 @@ impl System {
     }
 
     /// Whether the workload runs with all its memory mergeable (every
-    /// system but pagesift).
+    /// system but pagesift, unless pagesift runs beside a workload that
+    /// marks its own memory).
     pub fn workload_mergeable(&self) -> bool {
-        !matches!(self, System::Pagesift { .. })
+        match self {
+            System::Pagesift { tuning, .. } => *tuning == Tuning::OwnerMarks,
+            _ => true,
+        }
     }
 
     /// Whether this is pagesift.
@@ -153,6 +168,10 @@ impl System {
             // The profile pagesift ships for it, as an operator would use it.
             Tuning::ShortLived => SHORT_LIVED_PROFILE.into(),
             Tuning::NoHints => "# pagesift bench: I/O hints off\n[hints]\nenabled = false\n".into(),
+            Tuning::OwnerMarks => {
+                "# pagesift bench: the defaults; the workload marks its own memory mergeable\n"
+                    .into()
+            }
         })
     }
 }
@@ -188,6 +207,10 @@ mod tests {
                 governor: Governor::Full,
                 tuning: Tuning::ShortLived,
             },
+            System::Pagesift {
+                governor: Governor::Full,
+                tuning: Tuning::OwnerMarks,
+            },
             System::Ksm {
                 pages_to_scan: 1000,
             },
@@ -203,6 +226,7 @@ mod tests {
                 "pagesift-quiet",
                 "pagesift-full@2%",
                 "pagesift-full-short",
+                "pagesift-full-owner-marks",
                 "ksm-1000",
                 "ksm-advisor",
                 "ksm-paced@10%",
@@ -210,7 +234,8 @@ mod tests {
             ]
         );
         assert!(all[0].is_pagesift() && !all[0].workload_mergeable());
-        assert!(all[4].workload_mergeable() && all[4].config_toml().is_none());
+        assert!(all[4].is_pagesift() && all[4].workload_mergeable());
+        assert!(all[5].workload_mergeable() && all[5].config_toml().is_none());
     }
 
     #[test]
@@ -220,6 +245,7 @@ mod tests {
             Tuning::CpuShare(0.1),
             Tuning::ShortLived,
             Tuning::NoHints,
+            Tuning::OwnerMarks,
         ] {
             let s = System::Pagesift {
                 governor: Governor::Full,
