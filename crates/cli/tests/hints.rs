@@ -122,6 +122,16 @@ fn hinted_file_reads_are_merged_and_the_readers_see_nothing() {
     assert!(h["duplicates"].as_u64().unwrap() > 0, "{h}");
     assert!(h["pages_marked"].as_u64().unwrap() > 0, "{h}");
     assert_eq!(h["dropped_ring"].as_u64(), Some(0), "{h}");
+    // A hook that every process on the host pays for is announced as a
+    // warning; fexit, which only the hinted syscalls pay for, is not.
+    let host_wide = h["hook"] == "tp_btf/sys_exit";
+    assert_eq!(
+        d.log().contains("every syscall of every process on this host"),
+        host_wide,
+        "hook {}:\n{}",
+        h["hook"],
+        d.log()
+    );
     let m = d.scrape();
     assert!(metric(&m, "pagesift_hints_pushed_total") > 0.0, "{m}");
     assert_eq!(metric(&m, "pagesift_hints_on"), 1.0);

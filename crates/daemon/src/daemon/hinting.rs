@@ -160,6 +160,20 @@ pub fn open_source(config: &HintsSection) -> Result<Box<dyn HintTap>, String> {
     })
     .map_err(|e| e.to_string())?;
     tracing::info!(hook = source.hook().name(), "I/O hints attached");
+    if source.hook() == Hook::SysExit {
+        // The raw tracepoint turns on the syscall slow path for every task,
+        // not only the eligible ones the program watches: on the
+        // development machine a 4 KiB `pread64` of a process pagesift does
+        // not watch took 0.2-0.4 µs longer, a 64 KiB one 0.3-0.7 µs (the files experiment's
+        // "attached but not watching" figure, docs/benchmarks.md). The
+        // operator should hear of a cost that falls on the whole host.
+        tracing::warn!(
+            "I/O hints use the raw sys_exit tracepoint (this kernel allows no BPF trampoline \
+             for fexit, or [hints] hook says so): every syscall of every process on this host \
+             passes through it while pagesift runs, watched or not; [hints] enabled = false \
+             turns hints off"
+        );
+    }
     Ok(Box::new(source))
 }
 
