@@ -126,7 +126,8 @@ fn hinted_file_reads_are_merged_and_the_readers_see_nothing() {
     // warning; fexit, which only the hinted syscalls pay for, is not.
     let host_wide = h["hook"] == "tp_btf/sys_exit";
     assert_eq!(
-        d.log().contains("every syscall of every process on this host"),
+        d.log()
+            .contains("every syscall of every process on this host"),
         host_wide,
         "hook {}:\n{}",
         h["hook"],
