@@ -50,26 +50,30 @@ pub struct Serial {
 
 impl Drop for Serial {
     /// Runs before the locks are released, so no other test sees KSM
-    /// half-cleaned (module header, "KSM pages left counted").
+    /// half-cleaned (module header, "KSM pages left counted"). Only a
+    /// stopped KSM is touched: one left running is a knob the test did not
+    /// put back, not stale counts, and unmerging would not mend it.
     fn drop(&mut self) {
-        if self.ksm_found_clean && !ksm_is_clean() {
+        if self.ksm_found_clean
+            && let Some((true, merged)) = ksm_state()
+            && merged > 0
+        {
             unmerge_stale();
         }
     }
 }
 
-/// KSM is stopped and counts no merged page (`false` where KSM cannot be
-/// read: without root or without KSM, nothing is cleaned).
-fn ksm_is_clean() -> bool {
-    let Ok(ksm) = Ksm::open() else {
-        return false;
-    };
-    let stopped = matches!(ksm.run(), Ok(Run::Stop));
-    let counters = ksm.counters().ok();
-    let merged = counters.map_or(u64::MAX, |c| {
-        c.pages_shared.unwrap_or(0) + c.pages_sharing.unwrap_or(0)
-    });
-    stopped && merged == 0
+/// Whether KSM is stopped (run 0), and how many pages it counts merged
+/// (`pages_shared` + `pages_sharing`). `None` where KSM cannot be read:
+/// without root or without KSM, nothing is cleaned.
+fn ksm_state() -> Option<(bool, u64)> {
+    let ksm = Ksm::open().ok()?;
+    let stopped = matches!(ksm.run().ok()?, Run::Stop);
+    let c = ksm.counters().ok()?;
+    Some((
+        stopped,
+        c.pages_shared.unwrap_or(0) + c.pages_sharing.unwrap_or(0),
+    ))
 }
 
 /// Unmerges everything (run 2) under KSM's lock and puts KSM's settings
@@ -110,7 +114,7 @@ pub fn serial() -> Serial {
     file.lock()
         .unwrap_or_else(|e| panic!("locking {}: {e}", path.display()));
     Serial {
-        ksm_found_clean: ksm_is_clean(),
+        ksm_found_clean: ksm_state() == Some((true, 0)),
         _file: file,
         _guard: guard,
     }

@@ -164,9 +164,10 @@ pub fn open_source(config: &HintsSection) -> Result<Box<dyn HintTap>, String> {
         // The raw tracepoint turns on the syscall slow path for every task,
         // not only the eligible ones the program watches: on the
         // development machine a 4 KiB `pread64` of a process pagesift does
-        // not watch took 0.2-0.4 µs longer, a 64 KiB one 0.3-0.7 µs (the files experiment's
-        // "attached but not watching" figure, docs/benchmarks.md). The
-        // operator should hear of a cost that falls on the whole host.
+        // not watch took 0.2-0.4 µs longer, a 64 KiB one 0.3-0.7 µs (the
+        // files experiment's "attached but not watching" figures,
+        // docs/benchmarks.md). The operator should hear of a cost that
+        // falls on the whole host.
         tracing::warn!(
             "I/O hints use the raw sys_exit tracepoint (this kernel allows no BPF trampoline \
              for fexit, or [hints] hook says so): every syscall of every process on this host \
