@@ -12,7 +12,6 @@ use pagesift_bench::guest::image::{PayloadFile, disk_init_with};
 use pagesift_bench::guest::{Guest, GuestError, GuestImage, GuestOptions, ImageOptions};
 use pagesift_daemon::config::ScrubSection;
 use pagesift_daemon::scrub::Scrubber;
-use pagesift_linux::ksm::{Ksm, KsmGuard};
 use pagesift_linux::page_cache::ImageCache;
 use std::collections::BTreeSet;
 use std::fs;
@@ -38,7 +37,8 @@ const DAEMON_VERIFY_AFTER_S: u64 = 150;
 
 /// Removes the KSM pages the daemon test's guests leave counted: the test
 /// calls [`UnmergeWhenDone::unmerge`] at its end and checks the count, and
-/// dropping the guard during a panic does the same unchecked. QEMU marks guest RAM mergeable (`mem-merge` on), so ksmd merges
+/// dropping the guard during a panic does the same unchecked. QEMU marks
+/// guest RAM mergeable (`mem-merge` on), so ksmd merges
 /// both guests while the daemon paces it; the daemon's restore then stops
 /// ksmd (run=0, as it found it) and the guests exit merged, which leaves
 /// their stable-tree nodes in pages_shared, with no memory behind them,
@@ -52,13 +52,7 @@ impl UnmergeWhenDone {
     /// Unmerges (run=2, then KSM's knobs as they were) and says whether a
     /// KSM page is still counted.
     fn unmerge() -> Option<u64> {
-        let guard = KsmGuard::acquire().ok()?;
-        guard.set_unmerge_on_restore(true);
-        let report = guard.release();
-        if !report.is_complete() {
-            eprintln!("KSM restore: {report:?}");
-        }
-        Ksm::open().ok()?.counters().ok()?.pages_shared
+        pagesift_testkit::unmerge_all(None)
     }
 }
 

@@ -39,7 +39,7 @@ pub use daemon::{Daemon, free_port, knobs};
 pub use inject_target::Target;
 pub use observe::{NO_SUCH_PID, cgroup_of, pagemap_entries, present_count, rss_and_pte};
 pub use reaped::Reaped;
-pub use serial::{Serial, serial};
+pub use serial::{Serial, serial, unmerge_all};
 pub use workload::{HOLEY_STATIC_DUP, Workload};
 
 /// Panics unless running as root: the live tests read other processes'

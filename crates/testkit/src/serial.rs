@@ -21,9 +21,9 @@
 //! ksmd is stopped: KSM drops a node only when ksmd next finds it stale.
 //! The daemon stops ksmd as it found it (run 0) and, by design, does not
 //! unmerge on exit (`actuate.unmerge_on_exit`), so every live test of a
-//! daemon that merged something left such counts behind: 256 pages shared
-//! and 5 888 sharing after the hints test on 2026-12-02, 65 and 16 382
-//! after its no-BTF sibling. So a test that found KSM stopped with nothing
+//! daemon that merged something left such counts behind (by hand on
+//! 2026-12-02, each test run alone: 256 pages shared and 5 888 sharing
+//! after the hints test, 65 and 16 382 after its no-BTF sibling). So a test that found KSM stopped with nothing
 //! merged leaves it that way: when the guard drops (after the test's own
 //! processes, which are declared after it), a stopped KSM that counts
 //! merged pages is unmerged (run 2) under KSM's lock, then put back as it
@@ -58,7 +58,9 @@ impl Drop for Serial {
             && let Some((true, merged)) = ksm_state()
             && merged > 0
         {
-            unmerge_stale();
+            // A daemon still holding KSM's lock (a test that failed before
+            // stopping it) makes this give up after a short wait.
+            unmerge_all(Some(Duration::from_secs(5)));
         }
     }
 }
@@ -76,12 +78,14 @@ fn ksm_state() -> Option<(bool, u64)> {
     ))
 }
 
-/// Unmerges everything (run 2) under KSM's lock and puts KSM's settings
-/// back. A daemon still holding the lock (a test that failed before
-/// stopping it) makes this give up after a short wait.
-fn unmerge_stale() {
+/// Unmerges everything (run 2) under KSM's lock, waiting for the lock at
+/// most `wait` (`None`: until it is free), puts KSM's settings back, and
+/// returns the pages KSM still counts shared (`None`: KSM could not be
+/// taken or read). What [`Serial`] does after a test that left merged
+/// pages; a test without the guard calls it itself.
+pub fn unmerge_all(wait: Option<Duration>) -> Option<u64> {
     let opts = GuardOptions {
-        wait: Some(Duration::from_secs(5)),
+        wait,
         ..GuardOptions::default()
     };
     match KsmGuard::acquire_with(opts) {
@@ -92,8 +96,12 @@ fn unmerge_stale() {
                 eprintln!("pagesift-testkit: KSM restore after the test: {report:?}");
             }
         }
-        Err(e) => eprintln!("pagesift-testkit: could not unmerge what the test left: {e}"),
+        Err(e) => {
+            eprintln!("pagesift-testkit: could not unmerge what the test left: {e}");
+            return None;
+        }
     }
+    Ksm::open().ok()?.counters().ok()?.pages_shared
 }
 
 /// Waits for the other tests of this binary and of every other test binary

@@ -426,10 +426,10 @@ impl Lifecycle {
     ///   pages it asked ksmd to re-scan everything mergeable three times
     ///   at up to a quarter of a core for a few hundred pages (by hand,
     ///   `pagesift bench --quick --only page-cache`, 2026-12-02, the
-    ///   daemon's pace log: three 16 384-page regions of guest RAM merged again 9 s
-    ///   in, 12 000–31 000 pages waiting for the next 17 s, and ksmd 2.33
-    ///   CPU-s in the window against the kernel's own pace's 0.59). Not
-    ///   before, after a mark: a
+    ///   daemon's pace log: three 16 384-page regions of guest RAM merged
+    ///   again 9 s in, 12 000–31 000 pages waiting for the next 17 s, and
+    ///   ksmd 2.33 CPU-s in the window against the kernel's own pace's
+    ///   0.59). Not before, after a mark: a
     ///   first visit merges every page whose twin is merged already (it is
     ///   compared with the stable tree), and an expectation from the
     ///   duplicate share that promoted a region understates one whose
