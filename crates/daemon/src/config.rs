@@ -206,8 +206,10 @@ pub struct ScanSection {
     pub refresh_ms: u64,
     /// Most CPU re-reading process maps may use (fraction of one core): a
     /// host whose maps change constantly is re-read less often, never more
-    /// than this share. pagesift's choice, a quarter of the bottom level's
-    /// 0.2 % (§7).
+    /// than this share. A one-off costly read (the smaps read once a
+    /// minute) counts as at most twice the usual one
+    /// (`core::pipeline::spacing`). pagesift's choice, a quarter of the
+    /// bottom level's 0.2 % (§7).
     pub refresh_cpu: f64,
     /// CPU share (fraction of one core) of the exact sweep, which hashes
     /// every present page of the sampling regions, a slice per wake-up, so

@@ -174,6 +174,7 @@ pub use pagesift_core::pipeline::lifecycle::{MAX_HOLD, Mode, SETTLE_SCANS};
 use pagesift_core::pipeline::lifespan::{LifespanRules, Lifespans};
 use pagesift_core::pipeline::recurrence::{Ending, RecurrenceRules, Recurrences};
 use pagesift_core::pipeline::savings::{Breakdown, ProcessSavings, Savings, breakdown};
+use pagesift_core::pipeline::spacing::CostSpacing;
 use pagesift_core::pipeline::write_watch::{DupMap, WriteRules, WriteVerdict, WriteWatch};
 use pagesift_core::source::{PageState, SourceError};
 use pagesift_core::text::printable;
@@ -350,6 +351,9 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     fill_counts_new: bool,
     next_check: Nanos,
     earliest_refresh: Nanos,
+    /// The smoothed cost of a refresh, which spaces the refreshes a change
+    /// asks for within `scan.refresh_cpu` (`core::pipeline::spacing`).
+    refresh_spacing: CostSpacing,
     /// No refresh the loop asks for itself (after marking, a process gone)
     /// before this: see [`FORCED_REFRESH_CPU`].
     earliest_forced: Nanos,
@@ -453,6 +457,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             pending_change: false,
             next_check: now,
             earliest_refresh: now,
+            refresh_spacing: CostSpacing::new(),
             earliest_forced: now,
             next_periodic_refresh: now + MAX_REFRESH_INTERVAL,
             last_account: now,

@@ -41,7 +41,8 @@
 //! updated with every range pagesift advises ([`LinuxSource::note_advised`]).
 //! A refresh reads smaps only for a new process, one whose `ksm_stat` says
 //! it makes all its memory mergeable by itself (`PR_SET_MEMORY_MERGE`), or
-//! once the last smaps read is [`SMAPS_INTERVAL`] old; a mark made by the
+//! once the last smaps read is [`SMAPS_INTERVAL`] old (a `ksm_stat` saying
+//! that no VMA is mergeable counts as such a read); a mark made by the
 //! process itself in between is seen that late. A VMA that overlaps a
 //! known mergeable range counts as mergeable (its pages are then read
 //! through the unpinned path, which is always safe). What is known is cut
@@ -585,8 +586,17 @@ impl LinuxSource {
         let stat = ProcessKsmStat::of(pid).ok();
         let nothing_mergeable = stat.is_some_and(|s| s.mergeable == Some(false));
         if nothing_mergeable {
-            // Nothing is mergeable: nothing to remember either.
+            // Nothing is mergeable: nothing to remember either. And this
+            // look is as good as an smaps read for the `mg` flags, so it
+            // counts as one: otherwise the first refresh after pagesift's
+            // first mark in the process paid smaps' page walk (9.4 ms for
+            // the short-lived workload's 512 MiB region, after which the
+            // refresh budget let no refresh run for 19 s and the daemon
+            // marked regions that had been unmapped and mapped again:
+            // `pagesift bench --full --only short-lived-2000ms`,
+            // 2026-12-02, by hand).
             p.mergeable.clear();
+            p.smaps_at = Some(Instant::now());
         }
         let known = nothing_mergeable
             || (p.smaps_at.is_some_and(|t| t.elapsed() < SMAPS_INTERVAL)

@@ -10,6 +10,7 @@
 use pagesift_core::source::{MemorySource, PageState, SourceError};
 use pagesift_core::{PageRef, PageWords, RegionId, WORDS_PER_PAGE};
 use pagesift_linux::discover::{self, ProcessFilter, RegionKind};
+use pagesift_linux::inject::{Advice, InjectConfig, Injector, Outcome, Syscall};
 use pagesift_linux::inspect::{PageClass, PageInfo, PageInspector};
 use pagesift_linux::kpageflags::KPageFlags;
 use pagesift_linux::pagemap::{Pagemap, category};
@@ -608,6 +609,62 @@ fn read_pages_stops_at_a_non_present_page() {
     assert_eq!(
         present_count(pid, start, pages) as u64,
         w.count("present_pages")
+    );
+}
+
+/// A process whose `ksm_stat` says no VMA is mergeable is discovered from
+/// maps, and that look stands for an smaps read of its `mg` flags: after
+/// pagesift marks a range of it (and records it, as the daemon does), the
+/// next refresh still reads maps, not smaps' walk of every present page,
+/// and knows the range is mergeable. The target keeps its memory.
+#[test]
+fn a_process_with_nothing_mergeable_is_refreshed_from_maps_after_a_mark() {
+    require_root();
+    let _g = serial();
+    let mut w = Workload::start(&["static-dup", "--mib", "8"]);
+    let pid = w.pid();
+    let (start, pages) = w.region();
+    let sum_before = w.checksum();
+    let ksm_stat = std::fs::read_to_string(format!("/proc/{pid}/ksm_stat")).unwrap();
+    assert!(
+        ksm_stat.contains("ksm_mergeable: no"),
+        "this kernel's ksm_stat says whether a VMA is mergeable (Linux 6.14+): {ksm_stat}"
+    );
+    let mut src = source_for(&[pid]);
+    assert_eq!(src.discovered_by, (0, 1), "discovered from maps");
+    let len = pages * pagesift_core::PAGE_SIZE as u64;
+    let mut inj = Injector::new(InjectConfig::default());
+    let advice = Syscall::Madvise {
+        addr: start,
+        len,
+        advice: Advice::Mergeable,
+    };
+    let done = inj.run(pid, &[advice]).expect("injection");
+    assert!(
+        matches!(done, Outcome::Done(ref i) if i.results == vec![0]),
+        "{done:?}"
+    );
+    src.note_advised(pid, start, start + len, true);
+    src.refresh().unwrap();
+    assert_eq!(
+        src.discovered_by,
+        (0, 2),
+        "the refresh after the mark read maps"
+    );
+    let r = region_at(&src, pid, start);
+    assert!(src.linux_regions().any(|x| x.id == r && x.mergeable));
+    // Unmarked again; the workload's pages are as it wrote them.
+    let undo = Syscall::Madvise {
+        addr: start,
+        len,
+        advice: Advice::Unmergeable,
+    };
+    assert!(matches!(inj.run(pid, &[undo]), Ok(Outcome::Done(_))));
+    assert!(w.alive());
+    assert_eq!(
+        w.checksum(),
+        sum_before,
+        "the workload's memory is unchanged"
     );
 }
 

@@ -13,7 +13,7 @@
 //! | **sweep** | [`sweep`] (every present page hashed once per epoch: duplicates wherever their twins live) |
 //! | **actuate** | [`write_watch`] (mark a region, around its written zones, or not at all), [`lifecycle`] (a region's modes: sampling, promoted and merging, settled, held, foreign; its COW accounting; which regions the ladder must not see), [`lifespan`] (regions of a process whose large regions die young wait before they are marked), [`recurrence`] (a region mapped again where its process's last one was marked goes to the top at once), [`pacing`] (ksmd's closed loop), [`placement`] (nuKSM: which NUMA node a merged page lives on) |
 //! | **account** | [`savings`] (per-process figures grouped by cgroup, top N) |
-//! | **beside the loop** | [`scrub`] (Singleton: drop the host's page-cache copy of what a guest holds) |
+//! | **beside the loop** | [`scrub`] (Singleton: drop the host's page-cache copy of what a guest holds), [`spacing`] (how long a costly look at the system waits before the next, at a CPU share) |
 //!
 //! Invariant (the crate's): no `unsafe`, no I/O, no syscalls, no clock.
 //! Time and measured costs come in as arguments, so the same code runs the
@@ -32,6 +32,7 @@ pub mod placement;
 pub mod recurrence;
 pub mod savings;
 pub mod scrub;
+pub mod spacing;
 pub mod strength;
 pub mod sweep;
 pub mod write_watch;
