@@ -17,8 +17,10 @@
 //!   would fault it in on Linux);
 //! - **zero page / merged**: counts as merged; a merged page's content is
 //!   entered into the stable set so new copies of it are found at once;
-//! - **present**: read, hashed at the current strength, looked up in the
-//!   stable set, then in the unstable set. Every hash hit is verified
+//! - **present**: read, hashed at the current strength and fingerprinted;
+//!   looked up in the stable set by its fingerprint (the stable set is
+//!   keyed by content, below), then in the unstable set by its hash.
+//!   Every hash hit is verified
 //!   (below); a failed check is a false collision and is charged to the
 //!   strength controller. A verified pair moves into the stable set and
 //!   both regions are credited (UKSM §5.3: "increase the counters of both
@@ -40,9 +42,9 @@
 //! a candidate written since it was indexed still matches the content it
 //! had. That staleness is bounded: unstable entries live one global round,
 //! stable entries are merged pages (a write COW-breaks them, which the
-//! probes below see) and are read again at each re-key. At worst a region
-//! is credited one duplicate too many, and ksmd finds nothing to merge for
-//! that page.
+//! probes below see) and are replaced whenever the walk samples their page
+//! again. At worst a region is credited one duplicate too many, and ksmd
+//! finds nothing to merge for that page.
 //!
 //! COW breaks cannot be hooked from user space, so each region keeps a few
 //! *probes*: sampled pages that were merged or duplicated. Each merged or
@@ -105,13 +107,16 @@
 //!
 //! A global round ends when every non-empty level has finished a round;
 //! then the strength controller adjusts, and the unstable set is rebuilt
-//! at the new strength. The stable set keeps its own strength until a new
-//! one has held for [`REKEY_AFTER_ROUNDS`] global rounds (or it has been
-//! apart for [`REKEY_AT_LEAST_EVERY`]), and is then
-//! re-keyed (every stable page read again and hashed afresh); until then
-//! a sampled page is hashed at both strengths. (UKSM's code re-keys every
-//! stable node at each change, by delta hashing from its old hash: in the
-//! kernel a page costs a memory read, here a remote read of a few µs.)
+//! at the new strength. The stable set is keyed by its pages' fingerprints
+//! (XXH3-64 of every byte, folded to 32 bits: [`stable_key`]), not by the
+//! partial hash: every page the walk reads is fingerprinted anyway, so the
+//! key costs nothing, and a strength change leaves the stable set as it is.
+//! (UKSM's code re-keys every stable node at each change, by delta hashing
+//! from its old hash: in the kernel a page costs a memory read, here a
+//! remote read of a few µs. Until 2026-12-02 pagesift re-keyed too, by
+//! reading every stable page again once a new strength had held for three
+//! global rounds: 7.7 % of the daemon's CPU samples in a quick vm-boot run
+//! of three booting guests, perf, by hand.)
 
 use crate::pipeline::governor::{
     CostEma, Governor, GovernorParams, pages_per_wakeup, sampling_interval,
@@ -292,23 +297,6 @@ struct RunWalk {
     index: bool,
 }
 
-/// Global rounds a new strength must hold before the stable set is
-/// re-keyed to it. Re-keying reads every stable page again, and while the
-/// controller probes, the strength moves every round or two: re-keying at
-/// each move cost 16 % of the daemon's CPU on four Python interpreters
-/// sharing 72 MiB (a `perf` profile, 2026-11-25). Until then the stable
-/// set keeps its strength and a sampled page is hashed a second time at it
-/// for the stable lookup, which costs a few hundred word steps and no read.
-pub const REKEY_AFTER_ROUNDS: u32 = 3;
-
-/// Most global rounds the stable set stays at another strength than the
-/// controller's. The controller can settle into a cycle that never holds
-/// a strength for [`REKEY_AFTER_ROUNDS`] (on two regions of equal content
-/// the core tests see 1, 1, 1, 2, 1, …: the old rule re-keyed twice every
-/// four rounds), and a stable set left at a weak strength collides more
-/// often, each collision a futile remote read.
-pub const REKEY_AT_LEAST_EVERY: u32 = 16;
-
 /// One batch of pages sampled together: the pages, then what the source
 /// found.
 struct Batch {
@@ -357,15 +345,6 @@ pub struct Distiller {
     judgement_due: Vec<bool>,
     global_rounds: u64,
     zero_hash: u32,
-    /// The strength the stable set's hashes are at; it follows the
-    /// controller's only once a strength has held for
-    /// [`REKEY_AFTER_ROUNDS`] global rounds (see [`Distiller::end_global_round`]).
-    stable_strength: u32,
-    /// Global rounds since the strength last changed.
-    strength_held: u32,
-    /// Global rounds the stable set has spent at another strength than
-    /// the controller's.
-    stable_apart: u32,
     scratch: Scratch,
     /// The level walk's batch.
     batch: Batch,
@@ -393,9 +372,6 @@ impl Distiller {
             judgement_due: vec![false; levels],
             global_rounds: 0,
             zero_hash,
-            stable_strength: strength,
-            strength_held: 0,
-            stable_apart: 0,
             scratch: Scratch {
                 page: Box::new([0; WORDS_PER_PAGE]),
                 fingerprint: 0,
@@ -781,7 +757,7 @@ impl Distiller {
         }
         let all_done = (0..levels).all(|l| self.round_done[l] || self.ladder.level_pages(l) == 0);
         if all_done {
-            self.end_global_round(src);
+            self.end_global_round();
             report.global_round_ended = true;
         }
         report.strength = self.controller.strength();
@@ -798,73 +774,19 @@ impl Distiller {
                 .is_some_and(|t| now.saturating_add(self.sleep()) < t.saturating_add(round_time))
     }
 
-    fn end_global_round(&mut self, src: &mut impl MemorySource) {
+    fn end_global_round(&mut self) {
         self.global_rounds += 1;
         self.round_done.iter_mut().for_each(|d| *d = false);
         let old = self.controller.strength();
-        self.strength_held += 1;
         if let Some(new) = self.controller.end_round()
             && new != old
         {
-            self.strength_held = 0;
             self.zero_hash = self.hasher.hash(&[0; WORDS_PER_PAGE], new);
-        }
-        let now = self.controller.strength();
-        if self.stable_strength == now {
-            self.stable_apart = 0;
-        } else {
-            self.stable_apart += 1;
-            if self.index.stable_len() == 0 {
-                self.stable_strength = now;
-                self.stable_apart = 0;
-            } else if self.strength_held >= REKEY_AFTER_ROUNDS
-                || self.stable_apart >= REKEY_AT_LEAST_EVERY
-            {
-                self.rekey_stable(src, now);
-                self.stable_strength = now;
-                self.stable_apart = 0;
-            }
         }
         self.index.clear_unstable();
         // Coordinated sampling restarts with the unstable set: regions of
         // one size sample the same offsets until the next global round.
         self.ladder.new_epoch();
-    }
-
-    /// Moves the stable set's hashes to strength `new`: every entry's page
-    /// is read again, in batches as the walk samples (one pagemap pass and
-    /// one vectored read per process and batch: 1.69 µs a page against
-    /// 2.78 page by page, docs/sampling-cost.md), and hashed afresh. Refolding the
-    /// old hash (`PartialHasher::rehash`) would be cheaper by a few hundred
-    /// word steps, but the read costs more than the whole hash, and a page
-    /// written since it was indexed would keep a hash of neither content.
-    /// An entry whose page is gone or unreadable is dropped: it comes back
-    /// when the walk samples the page again.
-    fn rekey_stable(&mut self, src: &mut impl MemorySource, new: u32) {
-        const ZERO: PageWords = [0; WORDS_PER_PAGE];
-        let entries = self.index.stable_entries();
-        let mut fresh: HashMap<PageRef, (u32, u64)> = HashMap::with_capacity(entries.len());
-        let b = &mut self.run_batch;
-        for chunk in entries.chunks(SAMPLE_BATCH) {
-            let n = chunk.len();
-            b.pages.clear();
-            b.pages.extend(chunk.iter().map(|&(page, _)| page));
-            src.sample_pages(
-                &b.pages,
-                &mut b.words[..n],
-                &mut b.states[..n],
-                &mut b.read[..n],
-            );
-            for (i, &(page, _)) in chunk.iter().enumerate() {
-                let words = match b.states[i] {
-                    Ok(PageState::Zero) => &ZERO,
-                    _ if b.read[i] => &b.words[i],
-                    _ => continue,
-                };
-                fresh.insert(page, (self.hasher.hash(words, new), fingerprint(words)));
-            }
-        }
-        self.index.rekey_stable(|page, _| fresh.get(&page).copied());
     }
 
     /// Takes one sample: `page` in `state`, its words in `scratch.page` if
@@ -901,8 +823,8 @@ impl Distiller {
             PageState::Zero => sample.merged = true,
             PageState::Merged => {
                 sample.merged = true;
-                if let Some(hash) = self.hash_read(read) {
-                    let key = self.stable_key(hash);
+                if read {
+                    let key = stable_key(self.scratch.fingerprint);
                     if self.find(IndexSet::Stable, key, page, report).is_none() {
                         self.index
                             .insert_stable(key, page, self.scratch.fingerprint);
@@ -919,16 +841,22 @@ impl Distiller {
                     // KSM merges zero pages into the zero page (use_zero_pages)
                     // or with each other: a duplicate either way.
                     sample.duplicate = true;
-                } else if let Some(t) =
-                    self.find(IndexSet::Stable, self.stable_key(hash), page, report)
-                {
+                } else if let Some(t) = self.find(
+                    IndexSet::Stable,
+                    stable_key(self.scratch.fingerprint),
+                    page,
+                    report,
+                ) {
                     sample.duplicate = true;
                     twin = Some(t);
                 } else if let Some(t) = self.find(IndexSet::Unstable, hash, page, report) {
                     twin = Some(t);
                     sample.duplicate = true;
-                    self.index
-                        .insert_stable(self.stable_key(hash), t, self.scratch.fingerprint);
+                    self.index.insert_stable(
+                        stable_key(self.scratch.fingerprint),
+                        t,
+                        self.scratch.fingerprint,
+                    );
                     self.ladder.record(
                         t,
                         Sample {
@@ -1193,15 +1121,11 @@ impl Distiller {
                 // them in the stable set, or it finds no twin and is left
                 // to the ladder.
                 let Distiller {
-                    index,
-                    hasher,
-                    stable_strength,
-                    run_batch,
-                    ..
+                    index, run_batch, ..
                 } = self;
                 for i in 0..matched {
-                    let key = hasher.hash(&run_batch.words[i], *stable_strength);
-                    index.insert_stable(key, run_batch.pages[i], fingerprint(&run_batch.words[i]));
+                    let fp = fingerprint(&run_batch.words[i]);
+                    index.insert_stable(stable_key(fp), run_batch.pages[i], fp);
                 }
             }
             k += matched as u32;
@@ -1247,11 +1171,19 @@ impl Distiller {
         self.controller.on_hashed(1);
         let twin = if hash == self.zero_hash && self.scratch.page.iter().all(|&w| w == 0) {
             None
-        } else if let Some(t) = self.find(IndexSet::Stable, self.stable_key(hash), page, report) {
+        } else if let Some(t) = self.find(
+            IndexSet::Stable,
+            stable_key(self.scratch.fingerprint),
+            page,
+            report,
+        ) {
             Some(t)
         } else if let Some(t) = self.find(IndexSet::Unstable, hash, page, report) {
-            self.index
-                .insert_stable(self.stable_key(hash), t, self.scratch.fingerprint);
+            self.index.insert_stable(
+                stable_key(self.scratch.fingerprint),
+                t,
+                self.scratch.fingerprint,
+            );
             Some(t)
         } else {
             return;
@@ -1267,20 +1199,6 @@ impl Distiller {
         src.read_page(page, &mut self.scratch.page).ok()?;
         self.scratch.fingerprint = fingerprint(&self.scratch.page);
         self.hash_read(true)
-    }
-
-    /// The stable set's key for the words in `scratch.page`, whose hash at
-    /// the current strength is `hash`: the same hash, or while the stable
-    /// set is still at an earlier strength, the page hashed at that one.
-    /// The extra hash is not charged to the controller: it is the price of
-    /// a move, not of the strength moved to (and far below the re-reads it
-    /// saves).
-    fn stable_key(&self, hash: u32) -> u32 {
-        if self.stable_strength == self.controller.strength() {
-            hash
-        } else {
-            self.hasher.hash(&self.scratch.page, self.stable_strength)
-        }
     }
 
     /// The hash of the words in `scratch.page`, if they were `read`.
@@ -1339,10 +1257,17 @@ fn verify(
     same
 }
 
+/// The stable set's key for a page of fingerprint `fp` (module header):
+/// its two halves folded, since the index keys are 32 bits.
+fn stable_key(fp: u64) -> u32 {
+    (fp ^ (fp >> 32)) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::source::{InMemorySource, ZERO_CONTENT};
+    use std::collections::BTreeSet;
 
     const MS: Nanos = 1_000_000;
 
@@ -1451,55 +1376,55 @@ mod tests {
     }
 
     #[test]
-    fn the_stable_set_keeps_its_strength_through_a_probe_then_is_rekeyed() {
+    fn the_stable_set_is_keyed_by_content_whatever_the_strength() {
         let mut src = InMemorySource::new();
         let contents: Vec<u64> = (500..756).collect();
-        src.map(1, &contents);
+        // Region 1 is merged: its samples enter the stable set, where
+        // region 2's copies find them.
+        let merged = src.map(1, &contents);
+        for page in 0..contents.len() as u32 {
+            src.merge(PageRef {
+                region: merged,
+                page,
+            })
+            .unwrap();
+        }
         src.map(2, &contents);
         let mut d = distiller();
         let mut now = 0;
-        // Every stable entry is keyed by its page's content at the stable
-        // set's strength, whatever the controller's strength is.
+        // Every stable entry is keyed by its page's fingerprint, so the
+        // controller's moves never leave it at a stale key.
         let check = |d: &Distiller, src: &mut InMemorySource| {
             let mut words = [0; WORDS_PER_PAGE];
-            for (page, hash) in d.index.stable_entries() {
+            let entries = d.index.stable_entries();
+            for &(page, key) in &entries {
                 src.read_page(page, &mut words).unwrap();
-                assert_eq!(
-                    hash,
-                    d.hasher.hash(&words, d.stable_strength),
-                    "{page:?} is keyed at another strength"
-                );
+                assert_eq!(key, stable_key(fingerprint(&words)), "{page:?}");
             }
+            entries.len()
         };
-        let (mut apart, mut rekeys, mut streak) = (0, 0, 0);
-        for _ in 0..60 {
-            let before = d.index.stats().rekeyed;
+        let first = d.controller.strength();
+        let mut strengths = BTreeSet::new();
+        let mut after_move = None;
+        for _ in 0..40 {
             one_global_round(&mut d, &mut src, &mut now);
-            check(&d, &mut src);
-            if d.index.stats().rekeyed > before {
-                rekeys += 1;
-                assert_eq!(d.stable_strength, d.controller.strength());
-                assert!(
-                    d.strength_held >= REKEY_AFTER_ROUNDS || streak + 1 >= REKEY_AT_LEAST_EVERY,
-                    "re-keyed after {} rounds held, {streak} apart",
-                    d.strength_held
-                );
-            }
-            if d.stable_strength != d.controller.strength() && d.index.stable_len() > 0 {
-                apart += 1;
-                streak += 1;
-                assert!(streak < REKEY_AT_LEAST_EVERY, "apart for {streak} rounds");
-            } else {
-                streak = 0;
+            assert!(check(&d, &mut src) > 0, "no stable entry");
+            strengths.insert(d.controller.strength());
+            if after_move.is_none() && d.controller.strength() != first {
+                after_move = Some(d.index.stats());
             }
         }
         assert!(
-            apart > 0,
-            "the strength never moved away from the stable set's"
+            strengths.len() > 1,
+            "the strength never moved: {strengths:?}"
         );
-        assert!(rekeys > 0, "the stable set was never re-keyed");
-        // Duplicates were found throughout.
-        assert!(d.index.stable_len() > 0);
+        // Pages sampled after the moves found the twins indexed before
+        // them (a candidate that is the page itself counts as a collision).
+        let s = d.index.stats().since(&after_move.unwrap());
+        assert!(
+            s.stable_compared > s.stable_collisions,
+            "no stable hit after the strength moved: {s:?}"
+        );
     }
 
     #[test]

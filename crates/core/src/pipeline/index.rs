@@ -98,10 +98,9 @@
 //! ## Lifecycle (the caller drives it)
 //! - The unstable set is cleared ([`SampleIndex::clear_unstable`]) after
 //!   each global round and whenever the hash strength changes.
-//! - On a strength change the stable set is re-keyed
-//!   ([`SampleIndex::rekey_stable`]): the caller moves each page's hash to
-//!   the new strength progressively (the hash is reversible, `hash.rs`) or
-//!   drops the entry.
+//! - The stable set is never re-keyed: the distiller keys it by content
+//!   (a page's fingerprint), which no strength change alters
+//!   (`distill.rs`, module header).
 //! - A page is indexed at most once: inserting it into either set first
 //!   removes any entry it already has.
 //! - When regions change shape (a VMA cut in two), the caller moves their
@@ -186,10 +185,6 @@ pub struct IndexStats {
     pub unstable_collisions: u64,
     /// Times the shard count changed.
     pub reshards: u64,
-    /// Stable entries given a new hash by [`SampleIndex::rekey_stable`].
-    pub rekeyed: u64,
-    /// Stable entries dropped by [`SampleIndex::rekey_stable`].
-    pub rekey_dropped: u64,
 }
 
 impl IndexStats {
@@ -211,8 +206,6 @@ impl IndexStats {
             unstable_compared: self.unstable_compared - earlier.unstable_compared,
             unstable_collisions: self.unstable_collisions - earlier.unstable_collisions,
             reshards: self.reshards - earlier.reshards,
-            rekeyed: self.rekeyed - earlier.rekeyed,
-            rekey_dropped: self.rekey_dropped - earlier.rekey_dropped,
         }
     }
 }
@@ -663,40 +656,6 @@ impl Table {
         }
     }
 
-    /// Gives every entry the hash and fingerprint `rekey` returns, or
-    /// drops it on `None`. Returns (rekeyed, dropped).
-    fn rekey(
-        &mut self,
-        regions: &mut Regions,
-        mut rekey: impl FnMut(PageRef, u32) -> Option<(u32, u64)>,
-    ) -> (u64, u64) {
-        let mut order = self.full_order();
-        let (mut kept, mut dropped) = (0, 0);
-        order.retain(|&i| {
-            let e = self.slab[i as usize];
-            let page = PageRef {
-                region: regions.id(e.region),
-                page: e.page,
-            };
-            match rekey(page, e.hash) {
-                Some((hash, fingerprint)) => {
-                    self.slab[i as usize].hash = hash;
-                    self.slab[i as usize].fingerprint = split(fingerprint);
-                    kept += 1;
-                    true
-                }
-                None => {
-                    let slot = self.release(i);
-                    regions.release(slot, 1);
-                    dropped += 1;
-                    false
-                }
-            }
-        });
-        self.rebuild(&order, self.shard_bits);
-        (kept, dropped)
-    }
-
     /// Moves the entries to the front of a right-sized slab and sizes the
     /// page map and the buckets to the entries.
     fn shrink_to_fit(&mut self) {
@@ -811,8 +770,6 @@ struct Counters {
     unstable_compared: AtomicU64,
     unstable_collisions: AtomicU64,
     reshards: AtomicU64,
-    rekeyed: AtomicU64,
-    rekey_dropped: AtomicU64,
 }
 
 /// The sample index: stable and unstable sets of sampled pages, each a
@@ -1024,8 +981,7 @@ impl SampleIndex {
     }
 
     /// Every stable entry: its page and the hash it is indexed under, in
-    /// the table's order. A caller that reads pages in batches collects
-    /// the new hashes from this list before [`rekey_stable`](Self::rekey_stable).
+    /// the table's order.
     pub fn stable_entries(&self) -> Vec<(PageRef, u32)> {
         self.stable
             .full_order()
@@ -1039,16 +995,6 @@ impl SampleIndex {
                 (page, e.hash)
             })
             .collect()
-    }
-
-    /// Re-keys the stable set after a strength change: `rekey(page,
-    /// old_hash)` returns the page's hash at the new strength and its
-    /// fingerprint as read now, or `None` to drop the entry. O(entries);
-    /// each entry is offered exactly once.
-    pub fn rekey_stable(&mut self, rekey: impl FnMut(PageRef, u32) -> Option<(u32, u64)>) {
-        let (kept, dropped) = self.stable.rekey(&mut self.regions, rekey);
-        *self.counters.rekeyed.get_mut() += kept;
-        *self.counters.rekey_dropped.get_mut() += dropped;
     }
 
     /// Which set holds `page`, and the hash it was indexed under.
@@ -1098,8 +1044,6 @@ impl SampleIndex {
             unstable_compared: c.unstable_compared.load(Relaxed),
             unstable_collisions: c.unstable_collisions.load(Relaxed),
             reshards: c.reshards.load(Relaxed),
-            rekeyed: c.rekeyed.load(Relaxed),
-            rekey_dropped: c.rekey_dropped.load(Relaxed),
         }
     }
 
@@ -1445,35 +1389,6 @@ mod tests {
     }
 
     #[test]
-    fn rekey_moves_entries_to_their_new_hash_and_drops_on_none() {
-        let mut ix = small(4);
-        ix.set_tracked_pages(64); // 16 shards
-        for page in 0..200 {
-            ix.insert_stable(page, p(1, page), 0);
-        }
-        let mut seen = Vec::new();
-        ix.rekey_stable(|pg, old| {
-            seen.push((pg, old));
-            assert_eq!(pg.page, old);
-            (old % 10 != 0).then_some((old + 1000, u64::from(old)))
-        });
-        assert_eq!(seen.len(), 200, "each entry offered once");
-        assert_eq!(ix.stable_len(), 180);
-        assert_eq!(ix.find_stable(5, |_, _| true), None, "old key gone");
-        assert_eq!(ix.find_stable(1005, |c, _| c == p(1, 5)), Some(p(1, 5)));
-        let mut fp = None;
-        ix.find_stable(1005, |_, f| {
-            fp = Some(f);
-            false
-        });
-        assert_eq!(fp, Some(5), "rekey gives the entry its new fingerprint");
-        assert_eq!(ix.lookup_page(p(1, 10)), None);
-        let s = ix.stats();
-        assert_eq!((s.rekeyed, s.rekey_dropped), (180, 20));
-        check_invariants(&ix);
-    }
-
-    #[test]
     fn resharding_keeps_every_entry_and_the_candidate_order() {
         let mut ix = small(10);
         for page in 0..300 {
@@ -1589,7 +1504,6 @@ mod tests {
         RemovePage(PageRef),
         RemoveRegion(u64),
         ClearUnstable,
-        Rekey(u32),
         Shrink,
     }
 
@@ -1612,7 +1526,6 @@ mod tests {
             2 => page_strategy().prop_map(Op::RemovePage),
             1 => (0u64..5).prop_map(Op::RemoveRegion),
             1 => Just(Op::ClearUnstable),
-            1 => any::<u32>().prop_map(Op::Rekey),
             1 => Just(Op::Shrink),
         ]
     }
@@ -1715,23 +1628,6 @@ mod tests {
                     Op::ClearUnstable => {
                         ix.clear_unstable();
                         model.retain(|e| e.0 == IndexSet::Stable);
-                    }
-                    Op::Rekey(seed) => {
-                        let f = |pg: PageRef, h: u32| {
-                            let mixed = h ^ seed ^ pg.page;
-                            (!mixed.is_multiple_of(4)).then_some(h.wrapping_mul(seed | 1).wrapping_add(seed) % 8)
-                        };
-                        let mut calls = Vec::new();
-                        ix.rekey_stable(|pg, h| { calls.push((pg, h)); f(pg, h).map(|nh| (nh, 0)) });
-                        let mut expected: Vec<_> = model.iter()
-                            .filter(|e| e.0 == IndexSet::Stable).map(|e| (e.2, e.1)).collect();
-                        calls.sort();
-                        expected.sort();
-                        prop_assert_eq!(calls, expected, "rekey offers each stable entry once");
-                        model = model.into_iter().filter_map(|(set, h, pg)| match set {
-                            IndexSet::Stable => f(pg, h).map(|nh| (set, nh, pg)),
-                            IndexSet::Unstable => Some((set, h, pg)),
-                        }).collect();
                     }
                     Op::Shrink => ix.shrink_to_fit(),
                 }
