@@ -53,8 +53,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         // Spaced by its cost, but a one-off costly refresh (the periodic
         // smaps read) counts as at most twice the usual one: spaced by its
         // whole cost it left the daemon blind to unmaps for 19 s.
-        self.earliest_refresh =
-            now + (self.refresh_spacing).after(cost, self.config.scan.refresh_cpu);
+        self.earliest_refresh = now
+            + self
+                .refresh_spacing
+                .after(cost, self.config.scan.refresh_cpu);
         self.earliest_forced = now + (cost as f64 / FORCED_REFRESH_CPU) as Nanos;
         // At least every MAX_REFRESH_INTERVAL, but no more CPU than
         // FORCED_REFRESH_CPU for it when a refresh is that costly.
