@@ -923,3 +923,73 @@ fn a_daemon_over_more_regions_than_its_cap_stays_bounded() {
     assert!(d.log().contains("left out"), "the log says so");
     assert!(d.stop().success());
 }
+
+/// Trimming (`actuate.trim_min_pages`, docs/trimming.md) on a real
+/// process: a region of 2 MiB runs, about half of them one repeated run
+/// and the rest distinct, is marked whole (no sweep to leave the distinct
+/// runs out first). Once ksmd has settled it, the distinct stretches are
+/// unmarked (`MADV_UNMERGEABLE` injected into the process, splitting its
+/// VMA) while the merged runs stay marked and merged; the process's
+/// memory is what it was, and it keeps running.
+#[test]
+fn a_settled_region_is_trimmed_of_its_unmerged_stretches_and_its_process_sees_nothing() {
+    require_root();
+    let _serial = serial();
+    let tmp = temp_dir("trim");
+    let dir = tmp.path();
+    let mut w = Workload::start(&[
+        "mixed",
+        "--mib",
+        "32",
+        "--dup-ratio",
+        "0.5",
+        "--run-pages",
+        "512",
+        "--seed",
+        "3",
+    ]);
+    let sum = w.checksum();
+    let (start, pages) = w.region();
+    let len = pages * 4096;
+    let config = dir.join("pagesift.toml");
+    std::fs::write(
+        &config,
+        "governor = \"full\"\n[scan]\nsweep_share = 0.0\n[actuate]\ntrim_min_pages = 256\n",
+    )
+    .unwrap();
+    let p = w.pid().to_string();
+    let mut d = start_daemon(
+        dir,
+        &["--config", config.to_str().unwrap(), "--pid", &p],
+        false,
+    );
+    let st = d.wait_for(Duration::from_secs(90), "a trim", |s| {
+        s["totals"]["trims"].as_u64().unwrap_or(0) >= 1
+    });
+    let trimmed = st["totals"]["trimmed_pages"].as_u64().unwrap();
+    assert!(trimmed >= 256, "{st}");
+    // The kernel agrees: part of the region is no longer mergeable, the
+    // rest still is, and its merged pages stayed merged.
+    let vmas = vmas_overlapping(w.pid(), start, len);
+    let unmarked: u64 = (vmas.iter())
+        .filter(|v| !v.mergeable())
+        .map(|v| (v.end.min(start + len) - v.start.max(start)) / 4096)
+        .sum();
+    assert!(
+        unmarked >= 256 && vmas.iter().any(|v| v.mergeable()),
+        "{}",
+        vmas_in(w.pid(), start, len)
+    );
+    assert!(
+        merging_pages(w.pid()) > 0,
+        "{}",
+        vmas_in(w.pid(), start, len)
+    );
+    // The process saw nothing and keeps running.
+    assert_eq!(w.checksum(), sum);
+    let st = d.stop();
+    assert!(st.success(), "exit {st}:\n{}", d.log());
+    assert!(d.log().contains("trimmed:"), "{}", d.log());
+    assert_eq!(w.checksum(), sum);
+    drop(d);
+}

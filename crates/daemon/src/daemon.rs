@@ -106,7 +106,15 @@
 //!    present does not: the region may not be filled yet, and it counts
 //!    whole for the pace meanwhile). Settled promoted regions
 //!    return to the ladder, at the bottom: their merged pages feed the
-//!    stable index, and they can climb again.
+//!    stable index, and they can climb again. When `actuate.trim_min_pages`
+//!    is set (off by default, docs/trimming.md), the stretches of at least
+//!    that many pages that the settling pass found present and
+//!    unmerged are then unmarked, within the VMA-split budget (*trimmed*:
+//!    "Trimming a settled region" in `core::pipeline::lifecycle`): ksmd
+//!    would otherwise pay a checksum and two tree searches for each of
+//!    their pages at every later full scan. At the next refresh the
+//!    region's marked pieces are adopted as settled, and the trimmed ones
+//!    are sampling regions.
 //! 5. **Pace**: while any promoted or foreign region is unsettled, ksmd gets
 //!    the governor's top-level share (the CPU UKSM would spend merging the
 //!    region itself), but no more than two full scans a second of the
@@ -248,6 +256,9 @@ struct Counters {
     run_marks: u64,
     /// Regions marked around their written zones.
     partial_marks: u64,
+    /// Unmerged stretches of settled regions unmarked, and their pages.
+    trims: u64,
+    trimmed_pages: u64,
     remerges: u64,
     /// See [`Daemon::check_unseen_breaks`].
     unseen_break_alarms: u64,
@@ -338,6 +349,14 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// Regions left out at the last refresh (logged when it changes from 0).
     left_out: usize,
     pending_unmarks: Vec<RegionId>,
+    /// Unmerged stretches of settled regions to unmark (`accounting`,
+    /// "Trimming a settled region" in `core::pipeline::lifecycle`):
+    /// region and address range.
+    pending_trims: Vec<(RegionId, u64, u64)>,
+    /// Spans of promoted regions trimmed since the last refresh: the
+    /// refresh that finds them split adopts their marked pieces as
+    /// settled and returns their unmarked ones to sampling.
+    trimmed_spans: Vec<(ProcKey, u64, u64)>,
     /// Duplicate runs the last wake followed, for `actuate`.
     runs: Vec<DupRun>,
     /// The ladder's view must be synced (a refresh, a reload); changes of
@@ -451,6 +470,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             inject_skips: BTreeMap::new(),
             left_out: 0,
             pending_unmarks: Vec::new(),
+            pending_trims: Vec::new(),
+            trimmed_spans: Vec::new(),
             runs: Vec::new(),
             need_sync: true,
             force_refresh: false,

@@ -153,6 +153,11 @@ const GAUGES: &[(&str, &str)] = &[
         "Merged regions that climbed back with new duplicates and were merged again",
     ),
     (
+        "trims",
+        "Stretches of settled regions that ksmd left unmerged, unmarked",
+    ),
+    ("trimmed_pages", "Pages in the unmarked unmerged stretches"),
+    (
         "unseen_break_alarms",
         "Times cow_ksm rose by more COW breaks than the accounting passes saw (settled regions passed over again)",
     ),
@@ -439,6 +444,8 @@ impl Metrics {
             ("run_marks", t.run_marks as f64),
             ("partial_marks", t.partial_marks as f64),
             ("remerges", t.remerges as f64),
+            ("trims", t.trims as f64),
+            ("trimmed_pages", t.trimmed_pages as f64),
             ("unseen_break_alarms", t.unseen_break_alarms as f64),
             ("raised_on_history", t.raised_on_history as f64),
             ("marked_bytes", t.marked_bytes as f64),

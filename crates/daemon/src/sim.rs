@@ -4,7 +4,8 @@
 //! full pass merging every page of a mergeable region that has a twin in
 //! some mergeable region. A range inside one region (a duplicate run) is
 //! kept as a *partial* mark of that region instead of splitting it: its
-//! pages are mergeable, the region's span is not.
+//! pages are mergeable, the region's span is not. Unmarking part of a
+//! mergeable region (a trim) splits it, as the kernel splits the VMA.
 
 use crate::actuate::{Actuator, Advice, BatchOutcome, ProcKey};
 use crate::eligibility::ProcessFacts;
@@ -266,6 +267,18 @@ impl World {
                 .any(|&(pid, a, b)| pid == s.proc.pid && a <= addr && addr < b)
     }
 
+    /// What `MADV_UNMERGEABLE` does to a region's pages: every merged
+    /// page is copied back.
+    fn unmerge(&mut self, id: RegionId) {
+        for page in 0..self.spans[&id].pages {
+            let p = PageRef { region: id, page };
+            if self.mem.state(p) == Ok(PageState::Merged) {
+                let c = self.mem.content(p).unwrap();
+                self.mem.write(p, c).unwrap();
+            }
+        }
+    }
+
     /// One ksmd pass.
     fn ksmd_pass(&mut self) {
         let pages: Vec<PageRef> = self
@@ -472,16 +485,31 @@ impl Actuator for SimActuator {
             for id in &hit {
                 w.spans.get_mut(id).unwrap().mergeable = a.mergeable;
                 if !a.mergeable {
-                    // MADV_UNMERGEABLE copies every merged page back.
-                    let pages = w.spans[id].pages;
-                    for page in 0..pages {
-                        let p = PageRef { region: *id, page };
-                        if w.mem.state(p) == Ok(PageState::Merged) {
-                            let c = w.mem.content(p).unwrap();
-                            w.mem.write(p, c).unwrap();
-                        }
-                    }
+                    w.unmerge(*id);
                 }
+            }
+            // MADV_UNMERGEABLE on part of a mergeable VMA splits it, as the
+            // kernel does: the part becomes a region of its own, not
+            // mergeable, its merged pages copied back.
+            let marked_vma = (w.spans.iter())
+                .find(|(_, s)| {
+                    s.proc.pid == pid && s.mergeable && s.start <= a.start && a.end() <= s.end()
+                })
+                .map(|(&id, s)| (id, s.start, s.end()));
+            if let (true, false, Some((id, start, end))) = (hit.is_empty(), a.mergeable, marked_vma)
+            {
+                let mut part = id;
+                if a.start > start {
+                    part = w.split(id, ((a.start - start) / 4096) as u32);
+                }
+                if a.end() < end {
+                    let from = w.spans[&part].start;
+                    w.split(part, ((a.end() - from) / 4096) as u32);
+                }
+                w.spans.get_mut(&part).unwrap().mergeable = false;
+                w.unmerge(part);
+                out.push(Ok(()));
+                continue;
             }
             let inside = w
                 .spans

@@ -110,6 +110,13 @@ pub struct Totals {
     /// sent to merge it again.
     #[serde(default)]
     pub remerges: u64,
+    /// Stretches of settled regions that ksmd left unmerged, unmarked so
+    /// that its full scans skip them (`actuate.trim_min_pages`).
+    #[serde(default)]
+    pub trims: u64,
+    /// Pages in those stretches.
+    #[serde(default)]
+    pub trimmed_pages: u64,
     /// Times `/proc/vmstat` `cow_ksm` rose by more COW breaks than the
     /// accounting passes had seen, and settled regions were passed over
     /// again at once.

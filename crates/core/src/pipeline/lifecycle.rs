@@ -35,6 +35,8 @@
 //! | held until T | [`release_due`](Lifecycles::release_due) or [`release`](Lifecycles::release) at or after T | sampling |
 //! | not foreign | [`foreign`](Lifecycles::foreign) (its process took it over) | foreign, merging |
 //! | foreign | [`stop_foreign`](Lifecycles::stop_foreign) (its process unmarked it) | sampling |
+//! | promoted | [`trimmed`](Lifecycles::trimmed) (all of it was a trimmed stretch) | sampling |
+//! | sampling | [`adopt_settled`](Lifecycles::adopt_settled) (a marked piece of a trimmed region) | promoted, settled |
 //!
 //! ## Settling and COW accounting
 //! Promoted and foreign regions are accounted in passes over their pages
@@ -86,6 +88,30 @@
 //! the same reason the pass before a round's first one may be the last
 //! round's: the passes since the mark count (`marked_passes`), not the
 //! round's.
+//!
+//! ## Trimming a settled region
+//! A second bit per page remembers pages the last look found present and
+//! not merged. Once a promoted region has settled, those pages are unique
+//! or volatile: ksmd has visited each at least twice and merged nothing
+//! there. Yet every later full scan visits them again, and they are its
+//! dear pages: a checksum, a search of the stable tree and one of the
+//! unstable tree, which is rebuilt at every full scan, where a merged page
+//! costs a page-table walk. pagesift marks whole regions because that is
+//! where the saving is found, but in three booting guests about 45 % of
+//! what it had marked never merged (`pagesift bench --quick --only
+//! vm-boot`, 2026-12-02, KSM's counters at the window's end, by hand:
+//! 33.7 k pages unshared and 26.7 k volatile of about 140 k marked), and
+//! each promotion asks ksmd for three full scans of all of it. So the
+//! caller may unmark (an option, off by default: on a host whose ksmd is
+//! starved of CPU it saved nothing and cost the daemon more,
+//! docs/trimming.md) the long stretches of such pages
+//! ([`Lifecycle::unmerged_stretches`]): the rest of the region stays
+//! marked and settled ([`adopt_settled`](Lifecycles::adopt_settled) for
+//! the pieces that become regions of their own), the stretches become
+//! sampling regions at the bottom of the ladder, which climb again, or
+//! whose runs are marked, if duplicates appear in them later. Pages not
+//! present stay marked: a guest fills its untouched RAM with the page
+//! cache of files that other guests read too.
 //!
 //! ## Breaks between settled passes
 //! A settled region is passed over only every `settled_every` (30 s under
@@ -281,6 +307,9 @@ pub struct Lifecycle {
     pages: u32,
     /// A bit per page: seen merged by the last look at it.
     seen_merged: Vec<u64>,
+    /// A bit per page: seen present and not merged by the last look at
+    /// it (what [`Lifecycle::unmerged_stretches`] trims).
+    seen_unmerged: Vec<u64>,
     cursor: u32,
     pass: PassCounts,
     last: PassCounts,
@@ -314,6 +343,7 @@ impl Lifecycle {
             remerged_from: None,
             pages,
             seen_merged: vec![0; (pages as usize).div_ceil(64)],
+            seen_unmerged: vec![0; (pages as usize).div_ceil(64)],
             cursor: 0,
             pass: PassCounts::default(),
             last: PassCounts::default(),
@@ -496,6 +526,41 @@ impl Lifecycle {
         }
     }
 
+    /// The stretches of it to trim (see "Trimming a settled region" in
+    /// the module header): maximal runs of pages that the last look found
+    /// present and not merged, page for page, cut inward to whole blocks
+    /// of `align` pages of the address space (`base`: the address-space
+    /// page number of its first page), each at least `min_pages` long
+    /// after the cut, as `[first, end)` page offsets in increasing order.
+    /// Only a promoted region that has settled has any: before that, what
+    /// is unmerged may merge yet, and a foreign region is its process's.
+    pub fn unmerged_stretches(&self, base: u64, min_pages: u32, align: u32) -> Vec<(u32, u32)> {
+        let mut out = Vec::new();
+        if self.mode != Mode::Promoted || !self.settled || min_pages == 0 {
+            return out;
+        }
+        let align = u64::from(align.max(1));
+        let bit = |p: u32| self.seen_unmerged[(p / 64) as usize] & (1 << (p % 64)) != 0;
+        let mut p = 0;
+        while p < self.pages {
+            if !bit(p) {
+                p += 1;
+                continue;
+            }
+            let first = p;
+            while p < self.pages && bit(p) {
+                p += 1;
+            }
+            // Inward to whole blocks of the address space.
+            let s = (base + u64::from(first)).div_ceil(align) * align;
+            let e = (base + u64::from(p)) / align * align;
+            if e > s && e - s >= u64::from(min_pages) {
+                out.push(((s - base) as u32, (e - base) as u32));
+            }
+        }
+        out
+    }
+
     /// Whether an accounting pass over it should run at `now` (one in
     /// progress goes on).
     pub fn pass_due(&self, now: Nanos) -> bool {
@@ -505,6 +570,13 @@ impl Lifecycle {
     fn resize(&mut self, pages: u32) {
         self.pages = pages;
         self.seen_merged.resize((pages as usize).div_ceil(64), 0);
+        self.seen_unmerged.resize((pages as usize).div_ceil(64), 0);
+        // Bits past the new end would read as pages of a regrown region.
+        for bits in [&mut self.seen_merged, &mut self.seen_unmerged] {
+            if let (Some(last), r @ 1..) = (bits.last_mut(), pages % 64) {
+                *last &= (1u64 << r) - 1;
+            }
+        }
         if self.cursor >= pages {
             self.cursor = 0;
         }
@@ -593,16 +665,21 @@ impl Lifecycle {
                     self.pass.merged += 1;
                     self.pass.fresh += u64::from(self.seen_merged[w] & bit == 0);
                     self.seen_merged[w] |= bit;
+                    self.seen_unmerged[w] &= !bit;
                 }
                 PageState::Present => {
                     self.pass.present += 1;
+                    self.seen_unmerged[w] |= bit;
                     if self.seen_merged[w] & bit != 0 {
                         self.pass.cow += 1;
                         self.cow_total += 1;
                         self.seen_merged[w] &= !bit;
                     }
                 }
-                PageState::NotPresent => self.seen_merged[w] &= !bit,
+                PageState::NotPresent => {
+                    self.seen_merged[w] &= !bit;
+                    self.seen_unmerged[w] &= !bit;
+                }
             }
         }
         self.cursor += n as u32;
@@ -838,6 +915,41 @@ impl Lifecycles {
             self.release(id, now);
         }
         due
+    }
+
+    /// A marked piece of a promoted region that had settled, now a region
+    /// of its own (trimming split its VMA): promoted and settled at once,
+    /// its first pass due now. Its pages were visited by the scans that
+    /// settled the region it was part of; counted as a fresh mark, it
+    /// would ask ksmd for three more full scans of everything mergeable.
+    /// Only a sampling region (new to the caller) is adopted. Whether it was.
+    pub fn adopt_settled(&mut self, id: RegionId, full_scans: u64, now: Nanos) -> bool {
+        self.apply(id, |l| {
+            if l.mode != Mode::Sampling {
+                return false;
+            }
+            l.mode = Mode::Promoted;
+            l.start_marked(full_scans, now);
+            l.settled = true;
+            true
+        })
+        .unwrap_or(false)
+    }
+
+    /// The caller unmarked all of promoted region `id` as a trimmed
+    /// stretch (see "Trimming a settled region" in the module header):
+    /// sampling again, shown to the ladder, not held, since it did not
+    /// thrash. Whether it was promoted.
+    pub fn trimmed(&mut self, id: RegionId) -> bool {
+        self.apply(id, |l| {
+            let was = l.mode == Mode::Promoted;
+            if was {
+                l.mode = Mode::Sampling;
+                l.settled = false;
+            }
+            was
+        })
+        .unwrap_or(false)
     }
 
     /// Its process made `id` mergeable itself (or uses merge-any): foreign,
@@ -1272,6 +1384,96 @@ mod tests {
         assert!(!end.unwrap().demote, "foreign regions are never demoted");
     }
 
+    /// `n` pages of each state, in the order given.
+    fn pattern(parts: &[(PageState, usize)]) -> Vec<PageState> {
+        parts
+            .iter()
+            .flat_map(|&(s, n)| std::iter::repeat_n(s, n))
+            .collect()
+    }
+
+    #[test]
+    fn a_settled_region_trims_its_long_unmerged_stretches_only() {
+        use PageState::*;
+        let rules = AccountRules::default();
+        let mut l = one(4096);
+        let look = pattern(&[
+            (Merged, 1000),
+            (Present, 1000),
+            (NotPresent, 10),
+            (Present, 990),
+            (Merged, 600),
+            (Present, 100),
+            (Merged, 396),
+        ]);
+        // Not promoted, or promoted and not settled: nothing to trim.
+        assert!(l[R].unmerged_stretches(0, 256, 16).is_empty());
+        l.mark(R, 0, 0);
+        // A pass ending at ksmd's deciding scan (3): the next one decides.
+        assert_eq!(l.record(R, &look, 0, 3, &rules), Some(PassEnd::default()));
+        assert!(l[R].unmerged_stretches(0, 256, 16).is_empty());
+        let end = l.record(R, &look, SEC, 4, &rules).unwrap();
+        assert!(end.settled);
+        // Settled: the present, unmerged stretches cut inward to 16-page
+        // blocks; the pages not present split them; the 100-page one is
+        // too short.
+        assert_eq!(
+            l[R].unmerged_stretches(0, 256, 16),
+            vec![(1008, 2000), (2016, 2992)]
+        );
+        // Blocks of the address space: a region starting 8 pages into one.
+        assert_eq!(
+            l[R].unmerged_stretches(8, 256, 16),
+            vec![(1000, 1992), (2024, 3000)]
+        );
+        assert_eq!(
+            l[R].unmerged_stretches(0, 1000, 16),
+            Vec::<(u32, u32)>::new()
+        );
+        assert!(
+            l[R].unmerged_stretches(0, 0, 16).is_empty(),
+            "0 turns it off"
+        );
+        // Pages merged since split a stretch: the last look counts.
+        let mut later = look.clone();
+        later[1500..1510].fill(Merged);
+        l.record(R, &later, 2 * SEC, 5, &rules).unwrap();
+        assert_eq!(
+            l[R].unmerged_stretches(0, 256, 16),
+            vec![(1008, 1488), (1520, 2000), (2016, 2992)]
+        );
+        // A foreign region is its process's: never trimmed.
+        let mut f = one(4096);
+        f.foreign(R, 0, 0);
+        f.record(R, &look, 0, 3, &rules).unwrap();
+        f.record(R, &look, SEC, 4, &rules).unwrap();
+        assert!(f[R].settled() && f[R].unmerged_stretches(0, 256, 16).is_empty());
+    }
+
+    #[test]
+    fn a_trimmed_region_samples_and_a_kept_piece_is_settled_at_once() {
+        let rules = AccountRules::default();
+        let mut l = one(512);
+        // A marked piece of a settled region: promoted, settled, shown to
+        // the ladder, asking ksmd for nothing, its first pass due now.
+        assert!(l.adopt_settled(R, 7, 3 * SEC));
+        assert_eq!(l.mode(R), Some(Mode::Promoted));
+        assert!(l[R].settled() && !l.is_hidden(R));
+        assert_eq!(l[R].waiting_pages(7), 0);
+        assert_eq!(l.passes_due(3 * SEC), vec![R]);
+        let end = l.record(R, &states(500, 12), 3 * SEC, 7, &rules).unwrap();
+        assert!(!end.settled, "settled before this pass");
+        assert!(!l[R].pass_due(4 * SEC), "then every settled_every");
+        // Only a sampling region is adopted.
+        assert!(!l.adopt_settled(R, 7, 4 * SEC));
+        // Trimmed whole: sampling, shown, not held.
+        assert!(l.trimmed(R));
+        assert_eq!(l.mode(R), Some(Mode::Sampling));
+        assert!(!l.is_hidden(R) && l[R].holds() == 0);
+        assert!(!l.trimmed(R), "only a promoted region");
+        assert!(l.mark(R, 8, 5 * SEC), "and it can be marked again");
+    }
+
     #[test]
     fn cow_breaks_are_pages_seen_merged_then_present() {
         let rules = AccountRules::default();
@@ -1464,6 +1666,8 @@ mod tests {
         ReleaseDue,
         Foreign(u8),
         StopForeign(u8),
+        Adopt(u8),
+        Trimmed(u8),
         Prepare,
         Record(u8, Vec<u8>),
         Tick(u64),
@@ -1481,6 +1685,8 @@ mod tests {
             2 => Just(Op::ReleaseDue),
             1 => (0u8..6).prop_map(Op::Foreign),
             1 => (0u8..6).prop_map(Op::StopForeign),
+            1 => (0u8..6).prop_map(Op::Adopt),
+            1 => (0u8..6).prop_map(Op::Trimmed),
             1 => Just(Op::Prepare),
             4 => (0u8..6, prop::collection::vec(0u8..4, 0..300)).prop_map(|(i, s)| Op::Record(i, s)),
             3 => (0u64..200 * SEC).prop_map(Op::Tick),
@@ -1552,6 +1758,19 @@ mod tests {
                     }
                     Op::Foreign(i) => { l.foreign(RegionId(i.into()), scans, now); }
                     Op::StopForeign(i) => l.stop_foreign(RegionId(i.into())),
+                    Op::Adopt(i) => {
+                        let id = RegionId(i.into());
+                        let sampling = l.mode(id) == Some(Mode::Sampling);
+                        prop_assert_eq!(l.adopt_settled(id, scans, now), sampling);
+                        if sampling {
+                            prop_assert!(l[id].settled() && !l.is_hidden(id));
+                        }
+                    }
+                    Op::Trimmed(i) => {
+                        let id = RegionId(i.into());
+                        let promoted = l.mode(id) == Some(Mode::Promoted);
+                        prop_assert_eq!(l.trimmed(RegionId(i.into())), promoted);
+                    }
                     Op::Prepare => { l.prepare_passes(scans, now, rules.settle_scans); }
                     Op::Record(i, s) => {
                         let s: Vec<PageState> = s.into_iter().map(state).collect();
@@ -1578,6 +1797,22 @@ mod tests {
                     prop_assert!(!(x.held() && x.accounted()));
                     prop_assert!(x.cursor() < x.pages() || x.pages() == 0);
                     prop_assert_eq!(x.seen_merged.len(), (x.pages() as usize).div_ceil(64));
+                    prop_assert_eq!(x.seen_unmerged.len(), x.seen_merged.len());
+                    // A page is seen merged or unmerged, never both.
+                    for (m, u) in x.seen_merged.iter().zip(&x.seen_unmerged) {
+                        prop_assert_eq!(m & u, 0);
+                    }
+                    // Trimmed stretches: inside the region, in order,
+                    // long enough, aligned, and unmerged page for page.
+                    let mut last_end = 0;
+                    for (s, e) in x.unmerged_stretches(3, 4, 4) {
+                        prop_assert!(last_end <= s && s < e && e <= x.pages());
+                        prop_assert!(e - s >= 4 && (s + 3) % 4 == 0 && (e + 3) % 4 == 0);
+                        for p in s..e {
+                            prop_assert!(x.seen_unmerged[(p / 64) as usize] & (1 << (p % 64)) != 0);
+                        }
+                        last_end = e;
+                    }
                     let c = cow.entry(id).or_insert(0);
                     prop_assert!(x.cow_total() >= *c, "COW total decreased");
                     *c = x.cow_total();

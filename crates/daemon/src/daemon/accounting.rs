@@ -1,8 +1,10 @@
 //! Accounting (the module header of `daemon.rs`, step 4): the page states
 //! of promoted and foreign regions, read within the wake's budget and
 //! counted by `core::pipeline::lifecycle` (merges, COW breaks, settling,
-//! the demotion rule), and the check of the kernel's `cow_ksm` for breaks
-//! that happened between the passes of settled regions.
+//! the demotion rule), the check of the kernel's `cow_ksm` for breaks
+//! that happened between the passes of settled regions, and the stretches
+//! a settling pass found unmerged, queued for trimming ("Trimming a
+//! settled region" in `core::pipeline::lifecycle`; `marking` unmarks them).
 //!
 //! Invariants: a pass reads the states of a region's pages (pagemap and
 //! kpageflags), never their content, in chunks of [`ACCOUNT_CHUNK`]
@@ -180,6 +182,21 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     seconds = now.saturating_sub(life.merging_since()) as f64 / SEC as f64,
                     "settled: ksmd has merged what it can"
                 );
+                // Only what pagesift marked (a foreign region has none).
+                let stretches = life.unmerged_stretches(
+                    b.span.start / PAGE,
+                    self.config.actuate.trim_min_pages,
+                    RUN_ALIGN_PAGES as u32,
+                );
+                for (s, e) in stretches {
+                    let (s, e) = (
+                        b.span.start + u64::from(s) * PAGE,
+                        b.span.start + u64::from(e) * PAGE,
+                    );
+                    if self.marks.covers(b.span.proc, s, e) {
+                        self.pending_trims.push((id, s, e));
+                    }
+                }
             }
             if end.demote {
                 self.pending_unmarks.push(id);

@@ -13,7 +13,9 @@
 //!    cold by their region's watch) are padded, aligned to
 //!    [`RUN_ALIGN_PAGES`], clamped to their region and joined
 //!    ([`Daemon::run_items`]), within each process's VMA-split budget and
-//!    at most [`MAX_RUN_MARKS_PER_WAKE`] a wake-up.
+//!    at most [`MAX_RUN_MARKS_PER_WAKE`] a wake-up. Unmerged stretches of
+//!    settled regions (queued by `accounting`) are unmarked within the
+//!    same budget and limit ([`Daemon::trim_items`]).
 //! 3. Each process gets one injection batch ([`Daemon::run_batch`]):
 //!    adjacent ranges coalesced, the marks written ahead in the crash
 //!    ledger (`Journal`), and a process that cannot be injected now
@@ -323,9 +325,80 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 whole: true,
             });
         }
+        for (pid, item) in self.trim_items(now, &batches) {
+            batches.entry(pid).or_default().push(item);
+        }
         for (pid, items) in batches {
             self.run_batch(pid, items, now, summary);
         }
+    }
+
+    /// The `MADV_UNMERGEABLE` calls for the unmerged stretches of settled
+    /// regions that `accounting` queued ("Trimming a settled region" in
+    /// `core::pipeline::lifecycle`), per process, within its VMA-split
+    /// budget after the calls already in `batches` (a stretch inside a
+    /// marked VMA splits it in three) and at most
+    /// [`MAX_RUN_MARKS_PER_WAKE`] a wake-up; the rest wait for the next
+    /// wake. A stretch is dropped once its region is no longer promoted
+    /// or no longer holds it, or once the range is not all pagesift's.
+    pub(super) fn trim_items(
+        &mut self,
+        now: Nanos,
+        batches: &BTreeMap<u32, Vec<Item>>,
+    ) -> Vec<(u32, Item)> {
+        let limit = (self.target.max_map_count() as f64
+            * self.config.actuate.max_map_count_fraction) as u64;
+        // Per process: VMAs once this wake's marks are made, trims taken.
+        let mut used: BTreeMap<u32, (u64, usize)> = BTreeMap::new();
+        let mut out = Vec::new();
+        for (id, s, e) in std::mem::take(&mut self.pending_trims) {
+            let Some(b) = self.books.get(&id) else {
+                continue;
+            };
+            let pid = b.span.proc.pid;
+            let demoted_now = batches
+                .get(&pid)
+                .is_some_and(|v| v.iter().any(|i| i.id == id && i.whole));
+            if self.lives.mode(id) != Some(Mode::Promoted)
+                || s < b.span.start
+                || e > b.span.end()
+                || !self.marks.covers(b.span.proc, s, e)
+                || demoted_now
+            {
+                continue;
+            }
+            let (vmas, taken) = used.entry(pid).or_insert_with(|| {
+                let marks: u64 = (batches.get(&pid).into_iter().flatten())
+                    .filter(|i| i.advice.mergeable)
+                    .map(|i| self.splits(i.id, i.advice.start, i.advice.end()))
+                    .sum();
+                let vmas = self.target.vma_count(pid).unwrap_or(u64::MAX);
+                (vmas.saturating_add(marks), 0)
+            });
+            let n = self.splits(id, s, e);
+            if !self.injectable(pid, now)
+                || *taken == MAX_RUN_MARKS_PER_WAKE
+                || vmas.saturating_add(n) > limit
+            {
+                self.pending_trims.push((id, s, e));
+                continue;
+            }
+            *vmas += n;
+            *taken += 1;
+            out.push((
+                pid,
+                Item {
+                    id,
+                    advice: Advice {
+                        start: s,
+                        len: e - s,
+                        mergeable: false,
+                    },
+                    whole: false,
+                },
+            ));
+        }
+        out
     }
 
     /// Without write watching, the sweep's runs are marked at once (with
@@ -512,9 +585,25 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             }
             n
         };
+        // A trim (an unmark inside a region) splits too; a demotion unmarks
+        // what was marked whole, which split its VMA already.
+        let trims_in = |c: &Advice| {
+            items.iter().any(|i| {
+                !i.whole
+                    && !i.advice.mergeable
+                    && i.advice.start >= c.start
+                    && i.advice.end() <= c.end()
+            })
+        };
         let splits: Vec<u64> = calls
             .iter()
-            .map(|c| if c.mergeable { splits_of(c) } else { 0 })
+            .map(|c| {
+                if c.mergeable || trims_in(c) {
+                    splits_of(c)
+                } else {
+                    0
+                }
+            })
             .collect();
         let new_splits: u64 = splits.iter().sum();
         if new_splits > 0 {
@@ -586,7 +675,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                         })
                         .copied()
                         .collect();
-                    for i in inside.iter().filter(|i| !i.whole) {
+                    for i in inside.iter().filter(|i| !i.whole && i.advice.mergeable) {
                         if res.is_ok() {
                             self.counters.run_marks += 1;
                             self.pending_run_pages += i.advice.len / PAGE;
@@ -630,6 +719,23 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                         Ok(()) => {
                             self.marks.remove(key, call.start, call.end());
                             self.counters.unmarks += 1;
+                            self.counters.vma_splits += split;
+                            for i in inside.iter().filter(|i| !i.whole) {
+                                let Some(b) = self.books.get(&i.id) else {
+                                    continue;
+                                };
+                                self.counters.trims += 1;
+                                self.counters.trimmed_pages += i.advice.len / PAGE;
+                                self.trimmed_spans.push((key, b.span.start, b.span.end()));
+                                info!(
+                                    pid,
+                                    start = i.advice.start,
+                                    pages = i.advice.len / PAGE,
+                                    region_start = b.span.start,
+                                    region_pages = b.span.pages,
+                                    "trimmed: unmarked a stretch ksmd left unmerged in a settled region"
+                                );
+                            }
                             for id in covered {
                                 if let Some(b) = self.books.get(&id) {
                                     // Out of the ladder while held (see

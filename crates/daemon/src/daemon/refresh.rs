@@ -235,6 +235,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             let full_scans = self.ksm_now.full_scans;
             let self_managed = self.self_managed.contains(&span.proc.pid);
             let ours = self.marks.covers(span.proc, span.start, span.end());
+            // A piece of a region trimmed since the last refresh.
+            let trimmed_piece = (self.trimmed_spans.iter())
+                .any(|&(p, s, e)| p == span.proc && s <= span.start && span.end() <= e);
             let recurring = (self.config.ladder.raise_recurring && !self.books.contains_key(&r.id))
                 .then(|| {
                     self.recurrences
@@ -270,6 +273,11 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     // The process made it unmergeable again.
                     self.lives.stop_foreign(r.id);
                 }
+                (Some(Mode::Promoted), false) if !mergeable && trimmed_piece => {
+                    // All of it is a stretch pagesift trimmed: sampled
+                    // again, not held (it did not thrash).
+                    self.lives.trimmed(r.id);
+                }
                 (Some(Mode::Promoted), false) if !mergeable => {
                     warn!(
                         pid = book.span.proc.pid,
@@ -281,6 +289,11 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                         .remove(book.span.proc, book.span.start, book.span.end());
                     self.lives
                         .hold(r.id, now, self.config.actuate.demote_hold_s);
+                }
+                (Some(Mode::Sampling), false) if ours && mergeable && trimmed_piece => {
+                    // A marked piece of a settled region that trimming
+                    // split: ksmd has visited its pages already.
+                    self.lives.adopt_settled(r.id, full_scans, now);
                 }
                 (Some(Mode::Sampling), false) if ours && mergeable => {
                     // Marked in an earlier life of this book (ids rebuilt),
@@ -329,6 +342,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 self.marks.forget(key);
             }
         }
+        // The pieces of trimmed regions were judged above.
+        self.trimmed_spans.clear();
         self.need_sync = true;
         // Named pages follow their addresses (`addresses`): the index's
         // entries of the regions that changed shape, and stacked hints.

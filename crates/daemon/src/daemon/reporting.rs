@@ -129,6 +129,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             run_marks: self.counters.run_marks,
             partial_marks: self.counters.partial_marks,
             remerges: self.counters.remerges,
+            trims: self.counters.trims,
+            trimmed_pages: self.counters.trimmed_pages,
             unseen_break_alarms: self.counters.unseen_break_alarms,
             raised_on_history: self.counters.raised_on_history,
             write_tracked_ranges: self.tracked as u64,

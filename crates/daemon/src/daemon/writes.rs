@@ -104,6 +104,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let runs: BTreeSet<RegionId> = (self.runs.iter())
             .flat_map(|r| std::iter::once(r.region).chain(r.twin.map(|t| t.region)))
             .collect();
+        // Hinted runs are marked whatever the region's verdict (`hinting`):
+        // their regions leave tracking now, whatever it says.
+        let hinted: BTreeSet<RegionId> = (self.runs.iter())
+            .filter(|r| r.hinted)
+            .flat_map(|r| std::iter::once(r.region).chain(r.twin.map(|t| t.region)))
+            .collect();
         let swept: BTreeSet<RegionId> = self.sweep_runs.iter().map(|r| r.region).collect();
         let (mut swept_ready, mut swept_hot) = (BTreeSet::new(), BTreeSet::new());
         let mut candidates: Vec<(usize, RegionId)> = Vec::new();
@@ -164,6 +170,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 && matches!(mode, Some(Mode::Sampling | Mode::Held { .. }))
                 && !markable
                 && !(runs.contains(&id) && verdict_cold)
+                && !hinted.contains(&id)
                 && !swept_ready.contains(&id)
                 && self.allowed.contains_key(&b.span.proc.pid)
                 && !self.self_managed.contains(&b.span.proc.pid)
