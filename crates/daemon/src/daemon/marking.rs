@@ -346,8 +346,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         now: Nanos,
         batches: &BTreeMap<u32, Vec<Item>>,
     ) -> Vec<(u32, Item)> {
-        let limit = (self.target.max_map_count() as f64
-            * self.config.actuate.max_map_count_fraction) as u64;
+        let limit = self.vma_limit();
         // Per process: VMAs once this wake's marks are made, trims taken.
         let mut used: BTreeMap<u32, (u64, usize)> = BTreeMap::new();
         let mut out = Vec::new();
@@ -367,14 +366,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             {
                 continue;
             }
-            let (vmas, taken) = used.entry(pid).or_insert_with(|| {
-                let marks: u64 = (batches.get(&pid).into_iter().flatten())
-                    .filter(|i| i.advice.mergeable)
-                    .map(|i| self.splits(i.id, i.advice.start, i.advice.end()))
-                    .sum();
-                let vmas = self.target.vma_count(pid).unwrap_or(u64::MAX);
-                (vmas.saturating_add(marks), 0)
-            });
+            let (vmas, taken) = used
+                .entry(pid)
+                .or_insert_with(|| (self.vmas_after_marks(pid, batches), 0));
             let n = self.splits(id, s, e);
             if !self.injectable(pid, now)
                 || *taken == MAX_RUN_MARKS_PER_WAKE
@@ -418,6 +412,22 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         self.books.get(&id).map_or(0, |b| {
             u64::from(b.span.vma_start < start) + u64::from(b.span.vma_end > end)
         })
+    }
+
+    /// The VMA count no process is taken past (`actuate.max_map_count_fraction`
+    /// of `vm.max_map_count`).
+    pub(super) fn vma_limit(&self) -> u64 {
+        (self.target.max_map_count() as f64 * self.config.actuate.max_map_count_fraction) as u64
+    }
+
+    /// `pid`'s VMAs once the marks already in `batches` are made (unknown:
+    /// as many as can be, so that nothing more is split).
+    pub(super) fn vmas_after_marks(&self, pid: u32, batches: &BTreeMap<u32, Vec<Item>>) -> u64 {
+        let marks: u64 = (batches.get(&pid).into_iter().flatten())
+            .filter(|i| i.advice.mergeable)
+            .map(|i| self.splits(i.id, i.advice.start, i.advice.end()))
+            .sum();
+        (self.target.vma_count(pid).unwrap_or(u64::MAX)).saturating_add(marks)
     }
 
     /// Whether pagesift may inject into `pid` now.
@@ -496,8 +506,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 ranges.entry(pid).or_default().push((id, s, e));
             }
         }
-        let limit = (self.target.max_map_count() as f64
-            * self.config.actuate.max_map_count_fraction) as u64;
+        let limit = self.vma_limit();
         let mut out = Vec::new();
         for (pid, mut rs) in ranges {
             // Join overlapping or touching ranges of one region.
@@ -510,19 +519,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 }
             }
             // The split budget left after this wake's whole-region marks.
-            let mut used = self
-                .target
-                .vma_count(pid)
-                .unwrap_or(u64::MAX)
-                .saturating_add(
-                    batches
-                        .get(&pid)
-                        .into_iter()
-                        .flatten()
-                        .filter(|i| i.advice.mergeable)
-                        .map(|i| self.splits(i.id, i.advice.start, i.advice.end()))
-                        .sum(),
-                );
+            let mut used = self.vmas_after_marks(pid, batches);
             let mut taken = 0;
             for (id, s, e) in joined {
                 let n = self.splits(id, s, e);
@@ -607,8 +604,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             .collect();
         let new_splits: u64 = splits.iter().sum();
         if new_splits > 0 {
-            let limit = (self.target.max_map_count() as f64
-                * self.config.actuate.max_map_count_fraction) as u64;
+            let limit = self.vma_limit();
             let vmas = self.target.vma_count(pid).unwrap_or(u64::MAX);
             if vmas.saturating_add(new_splits) > limit {
                 self.skip_injection(
