@@ -985,11 +985,24 @@ fn a_settled_region_is_trimmed_of_its_unmerged_stretches_and_its_process_sees_no
         "{}",
         vmas_in(w.pid(), start, len)
     );
+    // And the stretch the daemon says it trimmed is the one unmarked.
+    let log = d.log();
+    let trim_start: u64 = (log.lines())
+        .find(|l| l.contains("trimmed:"))
+        .and_then(|l| l.split(" start=").nth(1))
+        .and_then(|v| v.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no trimmed stretch in the log:\n{log}"));
+    assert!(
+        (start..start + len).contains(&trim_start)
+            && !vm_flags(w.pid(), trim_start).contains(&"mg".to_string()),
+        "{trim_start:#x}: {}",
+        vmas_in(w.pid(), start, len)
+    );
     // The process saw nothing and keeps running.
     assert_eq!(w.checksum(), sum);
     let st = d.stop();
     assert!(st.success(), "exit {st}:\n{}", d.log());
-    assert!(d.log().contains("trimmed:"), "{}", d.log());
     assert_eq!(w.checksum(), sum);
     drop(d);
 }
