@@ -219,6 +219,16 @@ static __always_inline int hint(__u64 *ctx, int kind)
 SEC("tp_btf/sys_exit")
 int iohint_sys_exit(__u64 *ctx)
 {
+    /* The return value first: it is in the context, free to read, and most
+       syscalls of most processes return less than a page (0, a small
+       count, an error), which no hint can come from (hint() drops them
+       too). They then skip the register read and both map lookups. By
+       hand, 2026-12-03, 2-CPU Intel Xeon, a process not watched reading
+       512 bytes from /dev/zero in a loop, four alternating rounds: the
+       program cost it 47-95 ns a call (median 62) before this test came
+       first, 29-56 ns (median 39) after. */
+    if ((long)ctx[1] < (long)PAGE_SIZE)
+        return 0;
     __u64 nr;
     if (bpf_probe_read_kernel(&nr, sizeof(nr),
                               (char *)ctx[0] + __builtin_offsetof(struct regs_x86, orig_ax)))
