@@ -240,9 +240,10 @@ pub struct LinuxSource {
     /// mergeable VMA an exclusively mapped page needs its flags read only
     /// if its frame is one of these (see [`LinuxSource::page_states`]).
     /// hashbrown's default hasher, not std's SipHash: the set is asked for
-    /// every page an accounting pass reads, and with SipHash its lookups
-    /// and inserts took 3.4 % of the daemon's CPU samples in a quick
-    /// vm-boot run (perf by hand, 2026-12-03, 2-CPU Intel Xeon).
+    /// every page an accounting pass reads, and with SipHash its lookups,
+    /// inserts and hashing took about 5 % of the daemon's CPU samples in a
+    /// quick vm-boot run, about 1.5 % without (perf by hand, 2026-12-03,
+    /// 2-CPU Intel Xeon; docs/daemon-cpu.md).
     ksm_frames: hashbrown::HashSet<u64>,
     /// Processes discovered through smaps, and through maps, since start.
     pub discovered_by: (u64, u64),
