@@ -241,8 +241,8 @@ pub struct LinuxSource {
     /// if its frame is one of these (see [`LinuxSource::page_states`]).
     /// hashbrown's default hasher, not std's SipHash: the set is asked for
     /// every page an accounting pass reads, and with SipHash its lookups,
-    /// inserts and hashing took about 5 % of the daemon's CPU samples in a
-    /// quick vm-boot run, about 1.5 % without (perf by hand, 2026-12-03,
+    /// inserts and hashing took 4.5 % of the daemon's CPU samples in a
+    /// quick vm-boot run, 1.3 % without (perf by hand, 2026-12-03,
     /// 2-CPU Intel Xeon; docs/daemon-cpu.md).
     ksm_frames: hashbrown::HashSet<u64>,
     /// Processes discovered through smaps, and through maps, since start.
