@@ -12,7 +12,8 @@
 //!
 //! ## The hint program's cost
 //! [`hint_overhead`] times a read-heavy process (a reader re-reading a
-//! cached file in 4 KiB and 64 KiB `pread64` calls) without the BPF
+//! cached file in `pread64` calls of each size asked for, 4 KiB and 64 KiB
+//! by default, [`CALL_BYTES`]) without the BPF
 //! program, with it loaded but not watching the reader (what every other
 //! process on the host pays), and with it watching the reader, alternating,
 //! and compares medians. [`program_overhead`] times real programs the same
@@ -129,8 +130,8 @@ const READS_PER_TRIAL: u64 = 4;
 pub struct HintOverhead {
     /// Where the program was attached (`fexit`, `tp_btf/sys_exit`).
     pub hook: String,
-    /// The `pread64` call size.
-    pub chunk_kib: u64,
+    /// The `pread64` call size, bytes.
+    pub chunk_bytes: u64,
     /// The cached files read, MiB.
     pub file_mib: f64,
     /// Alternating trials of each case (the medians are compared).
@@ -167,6 +168,19 @@ fn extra_pct(with_ms: f64, without_ms: f64) -> f64 {
     (with_ms / without_ms - 1.0) * 100.0
 }
 
+/// The call sizes [`hint_overhead`] times unless told otherwise: a page,
+/// the smallest call a hint can come from, and 64 KiB.
+pub const CALL_BYTES: [u64; 2] = [4096, 65536];
+
+/// A call size as the report writes it: `512 B`, `4 KiB`.
+pub fn call_size(bytes: u64) -> String {
+    if bytes >= 1024 && bytes % 1024 == 0 {
+        format!("{} KiB", bytes / 1024)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
 impl HintOverhead {
     /// Extra time with the program attached, not watching, in %.
     pub fn idle_pct(&self) -> f64 {
@@ -186,12 +200,12 @@ impl HintOverhead {
     /// The report's line.
     pub fn line(&self) -> String {
         format!(
-            "I/O hint program overhead ({}), {} KiB pread64 calls over cached files of {:.0} MiB \
+            "I/O hint program overhead ({}), {} pread64 calls over cached files of {:.0} MiB \
              (median of {} alternating trials of {} passes): {:.2} ms without the program, {:.2} ms \
              with it attached but not watching the reader ({:+.1} %), {:.2} ms with it watching \
              the reader: {:+.1} % ({:+.0} ns per call; {} events read, {} lost to a full ring)",
             self.hook,
-            self.chunk_kib,
+            call_size(self.chunk_bytes),
             self.file_mib,
             self.trials,
             self.passes,
@@ -208,21 +222,22 @@ impl HintOverhead {
 }
 
 /// The hint program's overhead on a read-heavy process (module header),
-/// per call size. `workload` is the workload program and the arguments
-/// before its own; `hook` forces one of the program's hooks (`None`: the
-/// one `[hints] hook = "auto"` takes).
+/// for each call size in `call_bytes` (bytes). `workload` is the workload
+/// program and the arguments before its own; `hook` forces one of the
+/// program's hooks (`None`: the one `[hints] hook = "auto"` takes).
 #[cfg(target_arch = "x86_64")]
 pub fn hint_overhead(
     workload: (&Path, &[String]),
     files: &[PathBuf],
     hook: Option<pagesift_linux::iohint::Hook>,
+    call_bytes: &[u64],
 ) -> Result<Vec<HintOverhead>, BenchError> {
     use pagesift_linux::iohint::{HintSource, HintSourceConfig};
     let bytes = total_bytes(files)?;
     let list: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
     let list = list.join(",");
     let mut out = Vec::new();
-    for chunk_kib in [4u64, 64] {
+    for &chunk_bytes in call_bytes {
         let args: Vec<String> = workload
             .1
             .iter()
@@ -233,8 +248,8 @@ pub fn hint_overhead(
                 &list,
                 "--syscall",
                 "pread64",
-                "--chunk-kib",
-                &chunk_kib.to_string(),
+                "--chunk-bytes",
+                &chunk_bytes.to_string(),
             ])
             .map(|s| s.to_string())
             .collect();
@@ -273,14 +288,14 @@ pub fn hint_overhead(
         }
         out.push(HintOverhead {
             hook: attached.to_string(),
-            chunk_kib,
+            chunk_bytes,
             file_mib: bytes as f64 / 1048576.0,
             trials: TRIALS,
             passes: READS_PER_TRIAL,
             without_ms: median(&mut absent) * 1e3,
             idle_ms: median(&mut idle) * 1e3,
             watching_ms: median(&mut on) * 1e3,
-            calls: READS_PER_TRIAL * bytes.div_ceil(chunk_kib << 10),
+            calls: READS_PER_TRIAL * bytes.div_ceil(chunk_bytes),
             events: hints,
             ring_full,
         });

@@ -97,7 +97,13 @@ pub fn goals(costs: &Costs) -> Vec<(String, Option<bool>, String)> {
                 let worst = v.iter().map(pct).fold(f64::MIN, f64::max);
                 let each: Vec<String> = v
                     .iter()
-                    .map(|c| format!("{} KiB {:+.1} %", c.chunk_kib, pct(c)))
+                    .map(|c| {
+                        format!(
+                            "{} {:+.1} %",
+                            crate::files::call_size(c.chunk_bytes),
+                            pct(c)
+                        )
+                    })
                     .collect();
                 out.push((goal, Some(worst <= GOAL_PCT), each.join(", ")));
             }
@@ -134,9 +140,9 @@ pub fn markdown(costs: &Costs, guest_line: &str) -> String {
                 for c in v {
                     let _ = writeln!(
                         s,
-                        "| {} | {} KiB | {:.2} | {:.2} ms ({:+.1} %) | {:.2} ms ({:+.1} %) | {:+.0} ns | {} ({}) |",
+                        "| {} | {} | {:.2} | {:.2} ms ({:+.1} %) | {:.2} ms ({:+.1} %) | {:+.0} ns | {} ({}) |",
                         c.hook,
-                        c.chunk_kib,
+                        crate::files::call_size(c.chunk_bytes),
                         c.without_ms,
                         c.idle_ms,
                         c.idle_pct(),
@@ -170,7 +176,7 @@ mod tests {
     fn cost(hook: &str, kib: u64, idle: f64, watching: f64) -> HintOverhead {
         HintOverhead {
             hook: hook.into(),
-            chunk_kib: kib,
+            chunk_bytes: kib * 1024,
             file_mib: 16.0,
             trials: 7,
             passes: 4,

@@ -663,8 +663,12 @@ pub fn run_one(ctx: &Context, exp: &Experiment, system: System) -> Result<RunRes
         let sets = crate::files::file_set(&ctx.work_dir, plan)?;
         ctx.progress
             .note("measuring the I/O hint program's overhead");
-        let costs =
-            crate::files::hint_overhead((&ctx.workload_bin, &ctx.workload_prefix), &sets[0], None)?;
+        let costs = crate::files::hint_overhead(
+            (&ctx.workload_bin, &ctx.workload_prefix),
+            &sets[0],
+            None,
+            &crate::files::CALL_BYTES,
+        )?;
         notes.extend(costs.iter().map(|c| c.line()));
         let costs = crate::files::program_overhead(&sets[0], None)?;
         notes.extend(costs.iter().map(|c| c.line()));

@@ -44,9 +44,9 @@ enum Command {
         args: Vec<OsString>,
     },
     /// Time the I/O hint program's cost on a process re-reading a cached
-    /// file (4 KiB and 64 KiB pread64): without it, attached but not
-    /// watching, and watching (the bench's measurement, for a guest's
-    /// kernel). Needs root.
+    /// file (pread64 calls of each `--call-bytes`, 4 KiB and 64 KiB by
+    /// default): without it, attached but not watching, and watching (the
+    /// bench's measurement, for a guest's kernel). Needs root.
     #[command(hide = true)]
     HintOverhead {
         /// Where to write the file read.
@@ -58,6 +58,11 @@ enum Command {
         /// The hook: fexit or sys-exit (default: what `auto` takes).
         #[arg(long)]
         hook: Option<String>,
+        /// The pread64 call sizes to time, in bytes, comma-separated (a
+        /// call under a page brings no hint: the program's cheapest path).
+        #[arg(long, value_delimiter = ',', default_values_t = pagesift_bench::files::CALL_BYTES,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        call_bytes: Vec<u64>,
         /// One JSON object per call size, one a line.
         #[arg(long)]
         json: bool,
@@ -314,8 +319,9 @@ fn main() -> ExitCode {
             dir,
             mib,
             hook,
+            call_bytes,
             json,
-        } => hint_overhead(&dir, mib, hook.as_deref(), json),
+        } => hint_overhead(&dir, mib, hook.as_deref(), &call_bytes, json),
         Command::Simulate {
             seed,
             seconds,
@@ -382,7 +388,13 @@ fn main() -> ExitCode {
 }
 
 #[cfg(target_arch = "x86_64")]
-fn hint_overhead(dir: &std::path::Path, mib: u64, hook: Option<&str>, json: bool) -> ExitCode {
+fn hint_overhead(
+    dir: &std::path::Path,
+    mib: u64,
+    hook: Option<&str>,
+    call_bytes: &[u64],
+    json: bool,
+) -> ExitCode {
     use pagesift_linux::iohint::Hook;
     let hook = match hook {
         None => None,
@@ -401,7 +413,8 @@ fn hint_overhead(dir: &std::path::Path, mib: u64, hook: Option<&str>, json: bool
         return ExitCode::FAILURE;
     }
     let exe = std::env::current_exe().unwrap_or_else(|_| "pagesift".into());
-    match pagesift_bench::files::hint_overhead((&exe, &["workload".to_string()]), &[file], hook) {
+    let workload = (exe.as_path(), &["workload".to_string()][..]);
+    match pagesift_bench::files::hint_overhead(workload, &[file], hook, call_bytes) {
         Ok(costs) => {
             for c in costs {
                 if json {
@@ -420,7 +433,13 @@ fn hint_overhead(dir: &std::path::Path, mib: u64, hook: Option<&str>, json: bool
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn hint_overhead(_dir: &std::path::Path, _mib: u64, _hook: Option<&str>, _json: bool) -> ExitCode {
+fn hint_overhead(
+    _dir: &std::path::Path,
+    _mib: u64,
+    _hook: Option<&str>,
+    _call_bytes: &[u64],
+    _json: bool,
+) -> ExitCode {
     eprintln!("pagesift: the I/O hint program is x86-64 only");
     ExitCode::FAILURE
 }

@@ -224,9 +224,14 @@ int iohint_sys_exit(__u64 *ctx)
        count, an error), which no hint can come from (hint() drops them
        too). They then skip the register read and both map lookups. By
        hand, 2026-12-03, 2-CPU Intel Xeon, a process not watched reading
-       512 bytes from /dev/zero in a loop, four alternating rounds: the
-       program cost it 47-95 ns a call (median 62) before this test came
-       first, 29-56 ns (median 39) after. */
+       512 bytes from /dev/zero in a loop (a throwaway C program), four
+       alternating rounds: the program cost it 47-95 ns a call (median 62)
+       before this test came first, 29-56 ns (median 39) after. The
+       project's own reader, `pagesift hint-overhead --hook sys-exit
+       --call-bytes 512 --mib 128`, gave +35 to +59 ns a call not watching
+       in three quiet runs the same day, but its trials swung by hundreds
+       of ns a call once the host was busy, too much to resolve the
+       difference. */
     if ((long)ctx[1] < (long)PAGE_SIZE)
         return 0;
     __u64 nr;

@@ -4,7 +4,7 @@
 //!
 //! One anonymous mapping holds every file, each starting on a page
 //! boundary, in the order given; the reads happen in an order shuffled by
-//! `--order-seed`, in chunks of `--chunk-kib`, with the syscall chosen by
+//! `--order-seed`, in chunks of `--chunk-kib` (or `--chunk-bytes`), with the syscall chosen by
 //! `--syscall` (`readv`/`preadv` split each chunk into four iovecs). The
 //! mapping is not touched before the reads, so its pages receive their
 //! first content from the file, as a server's fresh buffers would.
@@ -91,7 +91,7 @@ impl FileBuffers {
         for i in (1..order.len()).rev() {
             order.swap(i, (next() % (i as u64 + 1)) as usize);
         }
-        let chunk = chunk.max(PAGE);
+        let chunk = chunk.max(1);
         let base = self.map.addr();
         let mut placed = Vec::new();
         for i in order {

@@ -187,6 +187,11 @@ enum Workload {
         /// Bytes per call, in KiB.
         #[arg(long, default_value_t = 256)]
         chunk_kib: usize,
+        /// Bytes per call, exactly (instead of `--chunk-kib`): a call
+        /// smaller than a page can bring no hint, which is what the I/O
+        /// hint program's cheapest path is timed with.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        chunk_bytes: Option<u64>,
         /// Distinct private pages beside the buffers, in MiB.
         #[arg(long, default_value_t = 0)]
         private_mib: u64,
@@ -415,13 +420,14 @@ fn run(w: Workload) -> Result<(), String> {
             order_seed,
             syscall,
             chunk_kib,
+            chunk_bytes,
             private_mib,
             common,
         } => read_files(
             &files,
             order_seed,
             syscall,
-            chunk_kib,
+            chunk_bytes.map_or(chunk_kib * 1024, |b| b as usize),
             private_mib,
             common,
             t0,
@@ -434,7 +440,7 @@ fn read_files(
     paths: &[std::path::PathBuf],
     order_seed: u64,
     syscall: files::ReadCall,
-    chunk_kib: usize,
+    chunk: usize,
     private_mib: u64,
     common: Common,
     t0: Instant,
@@ -488,7 +494,7 @@ fn read_files(
             match line.trim() {
                 "read" => {
                     let t = Instant::now();
-                    let r = g.0.read_all(syscall, chunk_kib * 1024, order_seed);
+                    let r = g.0.read_all(syscall, chunk, order_seed);
                     match r {
                         Ok(placed) => print_line(&serde_json::json!({
                             "read": placed,

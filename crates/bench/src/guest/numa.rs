@@ -593,7 +593,7 @@ mod tests {
     fn the_hint_overhead_lines_parse_per_hook() {
         let c = crate::files::HintOverhead {
             hook: "fexit".into(),
-            chunk_kib: 4,
+            chunk_bytes: 4096,
             file_mib: 8.0,
             trials: 7,
             passes: 4,
