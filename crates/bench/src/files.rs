@@ -174,7 +174,7 @@ pub const CALL_BYTES: [u64; 2] = [4096, 65536];
 
 /// A call size as the report writes it: `512 B`, `4 KiB`.
 pub fn call_size(bytes: u64) -> String {
-    if bytes >= 1024 && bytes % 1024 == 0 {
+    if bytes >= 1024 && bytes.is_multiple_of(1024) {
         format!("{} KiB", bytes / 1024)
     } else {
         format!("{bytes} B")
