@@ -32,4 +32,4 @@ pub mod plan;
 
 pub use frequency::{FrequencyControl, FrequencyParams, MemoryStats, Trigger};
 pub use guest_index::{Change, GuestIndex, PageStamp, PassCounts};
-pub use plan::{CachedPage, DropRange, Folio, Held, plan_drops};
+pub use plan::{CachedPage, DropRange, Folio, Held, plan_drops, plan_runs};

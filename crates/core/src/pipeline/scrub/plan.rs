@@ -21,9 +21,25 @@
 //! The output is byte ranges for `DONTNEED`, whole folios, adjacent ones
 //! merged, in file order.
 //!
+//! **Before the folios are known: runs.** Learning a page's folio is the
+//! dearest step of a drop (the Linux side maps the file and faults every
+//! page in to read its frame), and on the hosts measured the images are
+//! cached in one-page folios. So the caller first drops [`plan_runs`]: the
+//! maximal runs of droppable pages, as if every page were its own folio.
+//! That is safe whatever the real folios are, because the kernel's
+//! `DONTNEED` evicts only folios lying wholly inside the range: a large
+//! folio inside a run has only droppable pages (a run has no other) and
+//! goes, one reaching out of the run stays, as [`plan_drops`] would have
+//! decided. Dirty and writeback pages are not known yet at that point; the
+//! caller checks each run's counts right before its `DONTNEED` and plans a
+//! run that has any with its folios ([`plan_drops`]), so that its clean
+//! folios still go.
+//!
 //! Invariants (property-tested): every dropped page is in the input with
-//! `Held::Verified`, clean, not under writeback; every dropped range is a
-//! union of whole input folios; nothing is dropped twice.
+//! `Held::Verified`, clean, not under writeback; every range of
+//! [`plan_drops`] is a union of whole input folios; every range of
+//! [`plan_runs`] is a maximal run of consecutive droppable pages; nothing
+//! is dropped twice.
 
 use crate::PAGE_SIZE;
 
@@ -137,6 +153,26 @@ pub fn plan_drops(pages: &[CachedPage], folios: &[Folio]) -> Vec<DropRange> {
         }
     }
     out
+}
+
+/// The maximal runs of consecutive droppable pages of `pages` (any
+/// order), as byte ranges in file order: [`plan_drops`] with every page
+/// its own folio (see the module header for why that is safe before the
+/// folios are known).
+pub fn plan_runs(pages: &[CachedPage]) -> Vec<DropRange> {
+    let order0: Vec<Folio> = pages
+        .iter()
+        .map(|p| Folio {
+            first: p.index,
+            pages: 1,
+        })
+        .collect();
+    // A page listed twice gives two equal folios, which plan_drops takes
+    // for overlapping reports and ignores: list each index once.
+    let mut order0 = order0;
+    order0.sort_unstable();
+    order0.dedup();
+    plan_drops(pages, &order0)
 }
 
 #[cfg(test)]
@@ -323,5 +359,79 @@ mod tests {
                 .sum();
             prop_assert_eq!(dropped, expected);
         }
+
+        #[test]
+        fn runs_are_maximal_and_hold_only_droppable_pages(
+            pages in proptest::collection::vec(any_page(), 0..80),
+        ) {
+            let ok = |i: u64| {
+                let entries: Vec<_> = pages.iter().filter(|p| p.index == i).collect();
+                !entries.is_empty() && entries.iter().all(|p| p.droppable())
+            };
+            let runs = plan_runs(&pages);
+            let mut covered = std::collections::BTreeSet::new();
+            for (k, r) in runs.iter().enumerate() {
+                prop_assert!(r.len > 0 && r.offset % P == 0 && r.len % P == 0);
+                let (first, end) = (r.first_page(), r.first_page() + r.pages());
+                for i in first..end {
+                    prop_assert!(ok(i), "page {} is not droppable", i);
+                    prop_assert!(covered.insert(i), "page {} twice", i);
+                }
+                prop_assert!(first == 0 || !ok(first - 1), "run {:?} not maximal", r);
+                prop_assert!(!ok(end), "run {:?} not maximal", r);
+                prop_assert!(k == 0 || runs[k - 1].offset + runs[k - 1].len < r.offset);
+            }
+            for i in 0..64 {
+                prop_assert_eq!(ok(i), covered.contains(&i), "page {}", i);
+            }
+        }
+
+        #[test]
+        fn the_kernel_evicts_from_runs_what_the_folio_plan_drops(
+            pages in proptest::collection::vec(any_page(), 0..80),
+            folios in any_folios(),
+        ) {
+            // DONTNEED over a range evicts the folios lying wholly inside
+            // it; every page belongs to one folio (they tile 0..64).
+            let evicted = |ranges: &[DropRange]| -> std::collections::BTreeSet<u64> {
+                folios
+                    .iter()
+                    .filter(|f| ranges.iter().any(|r| {
+                        r.first_page() <= f.first && f.end() <= r.first_page() + r.pages()
+                    }))
+                    .flat_map(|f| f.first..f.end())
+                    .collect()
+            };
+            prop_assert_eq!(evicted(&plan_runs(&pages)), evicted(&plan_drops(&pages, &folios)));
+        }
+    }
+
+    #[test]
+    fn runs_join_consecutive_droppable_pages() {
+        let mut dirty = page(3, Held::Verified);
+        dirty.dirty = true;
+        let pages = [
+            page(5, Held::Verified),
+            page(0, Held::Verified),
+            page(1, Held::Verified),
+            page(1, Held::Verified),
+            page(2, Held::HashOnly),
+            dirty,
+            page(4, Held::Verified),
+            page(6, Held::Verified),
+        ];
+        assert_eq!(
+            plan_runs(&pages),
+            vec![
+                DropRange {
+                    offset: 0,
+                    len: 2 * P
+                },
+                DropRange {
+                    offset: 4 * P,
+                    len: 3 * P
+                }
+            ]
+        );
     }
 }
