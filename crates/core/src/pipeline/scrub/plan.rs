@@ -160,7 +160,7 @@ pub fn plan_drops(pages: &[CachedPage], folios: &[Folio]) -> Vec<DropRange> {
 /// its own folio (see the module header for why that is safe before the
 /// folios are known).
 pub fn plan_runs(pages: &[CachedPage]) -> Vec<DropRange> {
-    let order0: Vec<Folio> = pages
+    let mut order0: Vec<Folio> = pages
         .iter()
         .map(|p| Folio {
             first: p.index,
@@ -169,7 +169,6 @@ pub fn plan_runs(pages: &[CachedPage]) -> Vec<DropRange> {
         .collect();
     // A page listed twice gives two equal folios, which plan_drops takes
     // for overlapping reports and ignores: list each index once.
-    let mut order0 = order0;
     order0.sort_unstable();
     order0.dedup();
     plan_drops(pages, &order0)
