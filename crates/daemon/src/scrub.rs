@@ -620,7 +620,6 @@ fn scrub_image(
     let mut keys: Vec<Option<u64>> = Vec::with_capacity(cached.len());
     let mut batch_keys: Vec<Option<u64>> = vec![None; READ_BATCH_PAGES];
     let mut pages: Vec<CachedPage> = Vec::with_capacity(cached.len());
-    let mut verified: Vec<u64> = Vec::new();
     let mut buf = vec![0u8; READ_BATCH_PAGES * PAGE_SIZE];
     // The guest side of one batch: candidates (guest address, slot in the
     // batch) in address order, so that neighbouring guest pages are read
@@ -666,10 +665,7 @@ fn scrub_image(
         for i in 0..n {
             let index_in_file = cached[k + i];
             match held[i] {
-                Held::Verified => {
-                    pass.held += 1;
-                    verified.push(index_in_file);
-                }
+                Held::Verified => pass.held += 1,
                 Held::HashOnly => pass.hash_only += 1,
                 Held::No => {}
             }
@@ -683,8 +679,8 @@ fn scrub_image(
         }
         k += n;
     }
-    if !verified.is_empty() {
-        drop_verified(cache, folios, &verified, &mut pages, &mut pass)?;
+    if pass.held > 0 {
+        drop_verified(cache, folios, &mut pages, &mut pass)?;
     }
     // Remember the pages examined and kept; a page examined but not read
     // (evicted since mincore) or dropped is forgotten: if it is cached
@@ -701,7 +697,7 @@ fn scrub_image(
     Ok(pass)
 }
 
-/// Steps 4 and 5 of the module header for the `verified` pages among
+/// Steps 4 and 5 of the module header for the verified pages among
 /// `pages` (all in file order): each run of them is dropped as it is
 /// ([`plan_runs`]); a run with dirty or writeback pages is planned again
 /// with its folios' states ([`plan_folios`]), so that its clean folios
@@ -714,7 +710,6 @@ fn scrub_image(
 fn drop_verified(
     cache: &ImageCache,
     folios: &mut FolioFinder,
-    verified: &[u64],
     pages: &mut [CachedPage],
     pass: &mut ImagePass,
 ) -> Result<(), LinuxError> {
@@ -733,7 +728,7 @@ fn drop_verified(
         }
     }
     debug!(
-        verified = verified.len(),
+        verified = pass.held,
         runs = runs.len(),
         run_pages = runs.iter().map(|r| r.pages()).sum::<u64>(),
         busy_pages = busy.len(),
