@@ -56,7 +56,18 @@ fn the_daemon_merges_the_identical_process_and_never_marks_the_random_one() {
         merging_pages(dup.pid())
     );
     assert_eq!(merging_pages(rnd.pid()), 0);
-    assert!(vm_flags(dup.pid(), dup_start).contains(&"mg".to_string()));
+    // Sub-regions are cut from the whole VMA, which the kernel may have
+    // joined with the workload's neighbouring anonymous memory: the first
+    // one can hold the region's first pages beside hundreds of pages of
+    // heap, be judged on that mix and be promoted later than the rest (CI
+    // on e628974 found the region's first page unmarked at this point).
+    // So the kernel's flags are checked over the whole region, not at its
+    // first page.
+    assert!(
+        mergeable_pages(dup.pid(), dup_start, dup_pages * 4096) >= want,
+        "less than 99 % of the identical region is mergeable:\n{}",
+        vmas_in(dup.pid(), dup_start, dup_pages * 4096)
+    );
     assert!(
         !any_mergeable(rnd.pid(), rnd_start, rnd_pages * 4096),
         "the random region was marked mergeable"
@@ -144,7 +155,12 @@ fn sighup_reloads_and_unmerge_on_exit_gives_the_memory_back() {
     d.wait_for(Duration::from_secs(90), "merging", |s| {
         s["totals"]["merged_pages"].as_u64().unwrap_or(0) >= pages * 99 / 100
     });
-    assert!(vm_flags(dup.pid(), start).contains(&"mg".to_string()));
+    // Checked over the region, not at its first page (see the first test).
+    assert!(
+        mergeable_pages(dup.pid(), start, pages * 4096) >= pages * 99 / 100,
+        "{}",
+        vmas_in(dup.pid(), start, pages * 4096)
+    );
 
     // A bad file is refused and the old configuration kept.
     std::fs::write(&config, "governor = \"turbo\"\n").unwrap();
@@ -483,7 +499,11 @@ fn a_name_alone_does_not_let_another_users_process_in() {
         s["totals"]["merged_pages"].as_u64().unwrap_or(0) >= want
     });
     // Root's process is in; nobody's is refused, and status says why.
-    assert!(vm_flags(root.pid(), root_start).contains(&"mg".to_string()));
+    assert!(
+        mergeable_pages(root.pid(), root_start, pages * 4096) >= want,
+        "{}",
+        vmas_in(root.pid(), root_start, pages * 4096)
+    );
     assert!(merging_pages(root.pid()) >= want - 256);
     let skipped = st["skipped"].as_array().unwrap();
     let entry = skipped
@@ -812,7 +832,7 @@ fn each_cgroup_shows_its_own_savings() {
     // The larger cgroup saves about three times the smaller one.
     let ratio = figure(Some(la), "saved_bytes") as f64 / figure(Some(lb), "saved_bytes") as f64;
     assert!((2.8..3.2).contains(&ratio), "{ratio}: {la} {lb}");
-    // The kernel agrees, process by process.
+    // The kernel agrees. process by process.
     assert!(merging_pages(wa.pid()) as i64 >= a_pages * 99 / 100);
     assert!(merging_pages(wb.pid()) as i64 >= b_pages * 99 / 100);
 
@@ -968,7 +988,7 @@ fn a_settled_region_is_trimmed_of_its_unmerged_stretches_and_its_process_sees_no
     });
     let trimmed = st["totals"]["trimmed_pages"].as_u64().unwrap();
     assert!(trimmed >= 256, "{st}");
-    // The kernel agrees: part of the region is no longer mergeable, the
+    // The kernel agrees. part of the region is no longer mergeable, the
     // rest still is, and its merged pages stayed merged.
     let vmas = vmas_overlapping(w.pid(), start, len);
     let unmarked: u64 = (vmas.iter())
