@@ -329,6 +329,9 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// The processes whose regions `hide_short_lived` has logged at info
     /// (once per process; the rest at debug).
     short_logged: BTreeSet<ProcKey>,
+    /// When `short_lived` was last judged, and `Lifecycles::sampling_changes`
+    /// then (`Daemon::short_look_due`).
+    short_looked: Option<(Nanos, u64)>,
     /// Where each process's recently unmapped marked regions were: a
     /// region mapped again there goes to the top at once
     /// (`core::pipeline::recurrence`).
@@ -463,6 +466,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             probing: BTreeSet::new(),
             short_lived: BTreeSet::new(),
             short_logged: BTreeSet::new(),
+            short_looked: None,
             renewal_cursor: None,
             phase_cpu: PhaseCpu::default(),
             wake_watch: WakeWatch::new(),
@@ -779,7 +783,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
 
     fn distil(&mut self, now: Nanos) -> u64 {
         // Both flags are cleared here (no short circuit).
-        let view_changed = self.lives.take_view_changed() | self.hide_short_lived(now);
+        let view_changed = self.lives.take_view_changed();
+        let view_changed = (self.short_look_due(now) && self.hide_short_lived(now)) | view_changed;
         let joined;
         let hidden = if self.short_lived.is_empty() {
             self.lives.hidden()

@@ -742,11 +742,59 @@ impl Lifecycle {
 /// Every tracked region's [`Lifecycle`], and the set of regions hidden from
 /// the ladder, which it keeps equal to the regions that are held or still
 /// merging (see the module header's invariants).
+///
+/// Three indexes let the per-wake work cost only the regions it concerns,
+/// not every tracked one: on a host of ten booting guests the daemon tracks
+/// hundreds of regions and wakes every 20 ms, and walking all of them for
+/// due holds and passes took about 6 % of its samples (docs/daemon-cpu.md,
+/// "At the full size"). Like `hidden`, they are brought in line with a
+/// region after every transition ([`Lifecycles::apply`]) and property-tested
+/// against the lifecycles themselves:
+/// - `holds`: `(until, id)` for every held region, in release order;
+/// - `merging`: the accounted regions that have not settled;
+/// - `accounted`: the promoted and foreign regions.
+///
+/// `sampling_changes` counts every region that started or stopped
+/// sampling, or was tracked new or forgotten: a caller that keeps a verdict
+/// about the sampling regions (the daemon's short-lived set) knows from it
+/// when the set it judged changed.
 #[derive(Clone, Debug, Default)]
 pub struct Lifecycles {
     regions: BTreeMap<RegionId, Lifecycle>,
     hidden: BTreeSet<RegionId>,
+    holds: BTreeSet<(Nanos, RegionId)>,
+    merging: BTreeSet<RegionId>,
+    accounted: BTreeSet<RegionId>,
+    sampling_changes: u64,
     view_changed: bool,
+}
+
+/// What [`Lifecycles`]' indexes know of one region.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Indexed {
+    held_until: Option<Nanos>,
+    merging: bool,
+    accounted: bool,
+}
+
+impl Indexed {
+    /// A region not tracked, or sampling.
+    const NONE: Indexed = Indexed {
+        held_until: None,
+        merging: false,
+        accounted: false,
+    };
+
+    fn of(l: &Lifecycle) -> Indexed {
+        Indexed {
+            held_until: match l.mode {
+                Mode::Held { until } => Some(until),
+                _ => None,
+            },
+            merging: l.merging(),
+            accounted: l.accounted(),
+        }
+    }
 }
 
 impl Lifecycles {
@@ -763,6 +811,7 @@ impl Lifecycles {
             Some(_) => {}
             None => {
                 self.regions.insert(id, Lifecycle::new(pages, now));
+                self.sampling_changes += 1;
             }
         }
     }
@@ -772,7 +821,10 @@ impl Lifecycles {
     /// machine too), so this raises no flag.
     pub fn forget(&mut self, id: RegionId) -> Option<Lifecycle> {
         self.hidden.remove(&id);
-        self.regions.remove(&id)
+        let l = self.regions.remove(&id)?;
+        self.sampling_changes += 1;
+        self.reindex(id, Indexed::of(&l), Indexed::NONE);
+        Some(l)
     }
 
     /// The lifecycle of `id`, if tracked.
@@ -815,6 +867,13 @@ impl Lifecycles {
         self.hidden.contains(&id)
     }
 
+    /// How many times a region was tracked new, forgotten, or started or
+    /// stopped sampling so far: equal counts mean the same sampling
+    /// regions.
+    pub fn sampling_changes(&self) -> u64 {
+        self.sampling_changes
+    }
+
     /// Whether the hidden set changed, or a region was held, since the
     /// last call: the ladder's view must be synced again. Clears the flag.
     pub fn take_view_changed(&mut self) -> bool {
@@ -825,14 +884,49 @@ impl Lifecycles {
     /// with it: the one place visibility changes.
     fn apply<R>(&mut self, id: RegionId, f: impl FnOnce(&mut Lifecycle) -> R) -> Option<R> {
         let l = self.regions.get_mut(&id)?;
+        let was = Indexed::of(l);
+        let was_sampling = l.mode == Mode::Sampling;
         let r = f(l);
+        let is = Indexed::of(l);
+        self.sampling_changes += u64::from(was_sampling != (l.mode == Mode::Sampling));
         let changed = if l.hidden() {
             self.hidden.insert(id)
         } else {
             self.hidden.remove(&id)
         };
         self.view_changed |= changed;
+        self.reindex(id, was, is);
         Some(r)
+    }
+
+    /// Moves `id` in the indexes from what they knew of it (`was`) to
+    /// what it is now (`is`).
+    fn reindex(&mut self, id: RegionId, was: Indexed, is: Indexed) {
+        if was == is {
+            return;
+        }
+        if was.held_until != is.held_until {
+            if let Some(t) = was.held_until {
+                self.holds.remove(&(t, id));
+            }
+            if let Some(t) = is.held_until {
+                self.holds.insert((t, id));
+            }
+        }
+        for (set, a, b) in [
+            (&mut self.merging, was.merging, is.merging),
+            (&mut self.accounted, was.accounted, is.accounted),
+        ] {
+            match (a, b) {
+                (false, true) => {
+                    set.insert(id);
+                }
+                (true, false) => {
+                    set.remove(&id);
+                }
+                _ => {}
+            }
+        }
     }
 
     /// The kernel took `MADV_MERGEABLE` for all of `id` (or its range is
@@ -906,10 +1000,11 @@ impl Lifecycles {
     }
 
     /// Ends every hold that ended by `now`; returns the regions released.
+    /// In release order (earliest end first), not id order.
     pub fn release_due(&mut self, now: Nanos) -> Vec<RegionId> {
-        let due: Vec<RegionId> = (self.regions.iter())
-            .filter(|(_, l)| matches!(l.mode, Mode::Held { until } if now >= until))
-            .map(|(&id, _)| id)
+        let due: Vec<RegionId> = (self.holds.iter())
+            .take_while(|&&(until, _)| until <= now)
+            .map(|&(_, id)| id)
             .collect();
         for &id in &due {
             self.release(id, now);
@@ -980,12 +1075,13 @@ impl Lifecycles {
     /// that began too early to settle them, once ksmd's deciding scan is
     /// done (see the module header). Whether any region is merging.
     pub fn prepare_passes(&mut self, full_scans: u64, now: Nanos, settle_scans: u64) -> bool {
-        let mut merging = false;
-        for l in self.regions.values_mut().filter(|l| l.merging()) {
-            merging = true;
-            l.restart_undecided(full_scans, now, settle_scans);
+        // Restarting a pass changes no mode: the index stays true.
+        for id in &self.merging {
+            if let Some(l) = self.regions.get_mut(id) {
+                l.restart_undecided(full_scans, now, settle_scans);
+            }
         }
-        merging
+        !self.merging.is_empty()
     }
 
     /// Unexplained COW breaks on the machine (see "Breaks between settled
@@ -995,8 +1091,11 @@ impl Lifecycles {
     /// was due anyway. Returns how many regions' passes moved.
     pub fn hasten_settled_passes(&mut self, now: Nanos, min_gap: Nanos) -> usize {
         let mut moved = 0;
-        for l in self.regions.values_mut() {
-            if !(l.accounted() && l.settled && l.cursor == 0) {
+        for id in &self.accounted {
+            let Some(l) = self.regions.get_mut(id) else {
+                continue;
+            };
+            if !(l.settled && l.cursor == 0) {
                 continue;
             }
             let at = l.pass_ended_at.saturating_add(min_gap).max(now);
@@ -1011,9 +1110,9 @@ impl Lifecycles {
     /// The accounted regions whose pass should go on or start at `now`, in
     /// id order.
     pub fn passes_due(&self, now: Nanos) -> Vec<RegionId> {
-        (self.regions.iter())
-            .filter(|(_, l)| l.pass_due(now))
-            .map(|(&id, _)| id)
+        (self.accounted.iter())
+            .copied()
+            .filter(|id| self.regions.get(id).is_some_and(|l| l.pass_due(now)))
             .collect()
     }
 
@@ -1669,6 +1768,7 @@ mod tests {
         Adopt(u8),
         Trimmed(u8),
         Prepare,
+        Hasten(u64),
         Record(u8, Vec<u8>),
         Tick(u64),
         Scan,
@@ -1688,6 +1788,7 @@ mod tests {
             1 => (0u8..6).prop_map(Op::Adopt),
             1 => (0u8..6).prop_map(Op::Trimmed),
             1 => Just(Op::Prepare),
+            1 => (0u64..60 * SEC).prop_map(Op::Hasten),
             4 => (0u8..6, prop::collection::vec(0u8..4, 0..300)).prop_map(|(i, s)| Op::Record(i, s)),
             3 => (0u64..200 * SEC).prop_map(Op::Tick),
             1 => Just(Op::Scan),
@@ -1705,7 +1806,9 @@ mod tests {
 
     proptest! {
         /// After any sequence of operations: the hidden set is exactly the
-        /// held and merging regions; a change of visibility always raises
+        /// held and merging regions, and the indexes of holds, merging and
+        /// accounted regions match the lifecycles; the sampling set never
+        /// changes without `sampling_changes` moving; a change of visibility always raises
         /// the flag; a region is never held and promoted; holds end only at
         /// or after their end (or when their process takes them over), and
         /// the n-th lasts hold_time(base, n); COW totals never decrease;
@@ -1720,6 +1823,9 @@ mod tests {
                 let before: HashMap<RegionId, Lifecycle> =
                     l.iter().map(|(id, x)| (id, x.clone())).collect();
                 let hidden_before = l.hidden().clone();
+                let sampling_before: BTreeSet<RegionId> =
+                    l.iter().filter(|(_, x)| x.mode() == Mode::Sampling).map(|(id, _)| id).collect();
+                let changes_before = l.sampling_changes();
                 let mut forgot = None;
                 let mut released_by_op = false;
                 let mut must_change = false;
@@ -1751,7 +1857,15 @@ mod tests {
                     }
                     Op::Release(i) => { l.release(RegionId(i.into()), now); released_by_op = true; }
                     Op::ReleaseDue => {
-                        for id in l.release_due(now) {
+                        let mut due: Vec<RegionId> = (l.iter())
+                            .filter(|(_, x)| matches!(x.mode(), Mode::Held { until } if until <= now))
+                            .map(|(id, _)| id)
+                            .collect();
+                        let mut released = l.release_due(now);
+                        released.sort();
+                        due.sort();
+                        prop_assert_eq!(&released, &due, "release_due released other regions");
+                        for id in released {
                             prop_assert_eq!(l.mode(id), Some(Mode::Sampling));
                         }
                         released_by_op = true;
@@ -1772,6 +1886,15 @@ mod tests {
                         prop_assert_eq!(l.trimmed(RegionId(i.into())), promoted);
                     }
                     Op::Prepare => { l.prepare_passes(scans, now, rules.settle_scans); }
+                    Op::Hasten(gap) => {
+                        let movable = (l.iter())
+                            .filter(|(_, x)| {
+                                x.accounted() && x.settled() && x.cursor() == 0
+                                    && x.pass_ended_at.saturating_add(gap).max(now) < x.next_pass_at
+                            })
+                            .count();
+                        prop_assert_eq!(l.hasten_settled_passes(now, gap), movable);
+                    }
                     Op::Record(i, s) => {
                         let s: Vec<PageState> = s.into_iter().map(state).collect();
                         l.record(RegionId(i.into()), &s, now, scans, &rules);
@@ -1779,6 +1902,29 @@ mod tests {
                     Op::Tick(dt) => now += dt,
                     Op::Scan => scans += 1,
                 }
+                // The sampling regions never change unseen.
+                let sampling: BTreeSet<RegionId> =
+                    l.iter().filter(|(_, x)| x.mode() == Mode::Sampling).map(|(id, _)| id).collect();
+                if sampling != sampling_before {
+                    prop_assert!(l.sampling_changes() > changes_before, "the sampling set changed unseen");
+                }
+                // The indexes agree with the lifecycles.
+                let holds: BTreeSet<(Nanos, RegionId)> = (l.iter())
+                    .filter_map(|(id, x)| match x.mode() {
+                        Mode::Held { until } => Some((until, id)),
+                        _ => None,
+                    })
+                    .collect();
+                prop_assert_eq!(&l.holds, &holds);
+                let merging: BTreeSet<RegionId> =
+                    l.iter().filter(|(_, x)| x.merging()).map(|(id, _)| id).collect();
+                prop_assert_eq!(&l.merging, &merging);
+                let accounted: BTreeSet<RegionId> =
+                    l.iter().filter(|(_, x)| x.accounted()).map(|(id, _)| id).collect();
+                prop_assert_eq!(&l.accounted, &accounted);
+                let due: Vec<RegionId> =
+                    l.iter().filter(|(_, x)| x.pass_due(now)).map(|(id, _)| id).collect();
+                prop_assert_eq!(l.passes_due(now), due);
                 // hidden ⇔ held or merging, and nothing else is hidden.
                 let expected: BTreeSet<RegionId> =
                     l.iter().filter(|(_, x)| x.hidden()).map(|(id, _)| id).collect();

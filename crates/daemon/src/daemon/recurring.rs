@@ -5,11 +5,22 @@
 //! (`core::pipeline::recurrence`), then probed until merging is seen.
 //!
 //! Invariants: `short_lived` is rebuilt from the books at each look
-//! ([`Daemon::hide_short_lived`]) and holds only sampling regions;
+//! ([`Daemon::hide_short_lived`]), which comes whenever the regions or
+//! the sampling set changed and at least every [`SHORT_LOOK_EVERY`]; it
+//! holds only regions that were sampling at the last look;
 //! `probing` holds regions raised on history until one is seen merging,
 //! leaves the top level unmarked, stops merging or is gone.
 
 use super::*;
+
+/// Longest the short-lived verdicts go unjudged while the regions and the
+/// sampling set stay the same ([`Daemon::short_look_due`]): only time
+/// moves them then, by letting a region outlive its process's early
+/// deaths (it comes back to the ladder up to this late) or a death age
+/// out of the rule's memory. Judging every region at every 20 ms wake-up
+/// took 5.7 % of the daemon's samples with ten guests (docs/daemon-cpu.md,
+/// "At the full size"). pagesift's choice.
+pub(super) const SHORT_LOOK_EVERY: Nanos = 100 * MS;
 
 /// Pages a probe of a region raised on history looks at
 /// (`Daemon::probe_recurring`).
@@ -42,6 +53,17 @@ pub(super) fn expected_short(
 }
 
 impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
+    /// Whether the short-lived verdicts must be judged again at `now`: the
+    /// regions changed (a refresh or a new ladder asks for a sync), a
+    /// region started or stopped sampling, or [`SHORT_LOOK_EVERY`] passed.
+    pub(super) fn short_look_due(&self, now: Nanos) -> bool {
+        let changes = self.lives.sampling_changes();
+        self.need_sync
+            || self.short_looked.is_none_or(|(at, seen)| {
+                seen != changes || now >= at.saturating_add(SHORT_LOOK_EVERY)
+            })
+    }
+
     /// The regions expected to be unmapped young (see `expected_short`)
     /// that are sampling: kept out of the ladder, as held ones are, so
     /// that they neither climb nor keep the upper levels (and the daemon)
@@ -49,6 +71,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     /// that outlives its process's early deaths comes back at the bottom.
     /// Whether the set changed.
     pub(super) fn hide_short_lived(&mut self, now: Nanos) -> bool {
+        self.short_looked = Some((now, self.lives.sampling_changes()));
         if self.lifespans.is_empty() && self.short_lived.is_empty() {
             return false;
         }
