@@ -65,8 +65,9 @@
 //!    unmarked.
 //! 4. **Account**: a budget of pages per second of promoted and foreign
 //!    regions is inspected (pagemap + kpageflags): regions ksmd is merging
-//!    about once a second, with up to 8× the budget while any is, settled
-//!    ones every `actuate.recheck_s`. Per region, a bit per
+//!    about once a second, but only once ksmd has moved a quarter of a full
+//!    scan on since the last look (`core::pipeline::scan_clock`), with up
+//!    to 8× the budget while any is, settled ones every `actuate.recheck_s`. Per region, a bit per
 //!    page remembers pages seen merged (KSM page or zero page); such a page
 //!    later present but not merged is a COW break. After a whole pass the
 //!    region's COW-broken ratio is compared with V_cow: above it in two
@@ -182,6 +183,7 @@ pub use pagesift_core::pipeline::lifecycle::{MAX_HOLD, Mode, SETTLE_SCANS};
 use pagesift_core::pipeline::lifespan::{LifespanRules, Lifespans};
 use pagesift_core::pipeline::recurrence::{Ending, RecurrenceRules, Recurrences};
 use pagesift_core::pipeline::savings::{Breakdown, ProcessSavings, Savings, breakdown};
+use pagesift_core::pipeline::scan_clock::ScanClock;
 use pagesift_core::pipeline::spacing::CostSpacing;
 use pagesift_core::pipeline::write_watch::{DupMap, WriteRules, WriteVerdict, WriteWatch};
 use pagesift_core::source::{PageState, SourceError};
@@ -385,6 +387,9 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     account_from: Option<RegionId>,
     counters: Counters,
     ksm_now: KsmSample,
+    /// Where ksmd is in its full scans, from `ksm_now`: what the passes
+    /// over merging regions wait for (`accounting`).
+    scan_clock: ScanClock,
     ksm_start: Option<KsmSample>,
     pacing: Pacing,
     next_pace: Nanos,
@@ -489,6 +494,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             account_from: None,
             counters: Counters::default(),
             ksm_now: KsmSample::default(),
+            scan_clock: ScanClock::new(),
             ksm_start: None,
             pacing: Pacing::default(),
             next_pace: now,

@@ -28,6 +28,10 @@ pub struct KsmSample {
     pub pages_sharing: u64,
     /// Completed passes over all mergeable memory.
     pub full_scans: u64,
+    /// Pages ksmd visited so far: `pages_scanned` plus `pages_skipped`
+    /// (`None` on a kernel without them, before 6.7): where it is in a
+    /// full scan (`core::pipeline::scan_clock`).
+    pub pages_visited: Option<u64>,
 }
 
 /// The settings in force after a [`KsmControl::pace`] call.
@@ -86,6 +90,9 @@ pub struct SysKsm {
     /// `pages_shared`, `pages_sharing` and `full_scans`, kept open; `None`
     /// if one could not be opened (then each sample opens them).
     counters: Option<[KeptOpen; 3]>,
+    /// `pages_scanned` and `pages_skipped`, kept open; `None` on a kernel
+    /// without them (or if one could not be opened).
+    visited: Option<[KeptOpen; 2]>,
     /// ksmd's wait for a CPU; `None` without schedstats (the pacer then
     /// counts that wait as sleep).
     wait: Option<KsmdWait>,
@@ -101,6 +108,8 @@ pub struct SysKsm {
 
 /// The counters [`KsmControl::sample`] reads, in [`KsmSample`]'s order.
 const COUNTERS: [&str; 3] = ["pages_shared", "pages_sharing", "full_scans"];
+/// The counters whose sum is [`KsmSample::pages_visited`].
+const VISITED: [&str; 2] = ["pages_scanned", "pages_skipped"];
 
 /// How often the pacer ticks while the demand does not change regime.
 const PACE_TICK: Nanos = 1_000_000_000;
@@ -155,10 +164,17 @@ impl SysKsm {
             .collect::<Result<Vec<_>, _>>()
             .ok()
             .and_then(|v| <[KeptOpen; 3]>::try_from(v).ok());
+        let visited = VISITED
+            .map(|name| guard.ksm().keep_open(name))
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .ok()
+            .and_then(|v| <[KeptOpen; 2]>::try_from(v).ok());
         Ok(SysKsm {
             guard,
             ksmd,
             counters,
+            visited,
             wait,
             pacer,
             last: None,
@@ -209,11 +225,16 @@ impl KsmControl for SysKsm {
                 v
             }
         };
+        let pages_visited = self.visited.as_ref().and_then(|[scanned, skipped]| {
+            let read = |f: &KeptOpen| Ksm::parse_count(f).ok();
+            Some(read(scanned)? + read(skipped)?)
+        });
         Ok(KsmSample {
             ksmd_cpu_ns: self.ksmd_cpu(),
             pages_shared: shared,
             pages_sharing: sharing,
             full_scans: scans,
+            pages_visited,
         })
     }
 

@@ -24,6 +24,8 @@ pub struct World {
     pub spans: BTreeMap<RegionId, Span>,
     pub procs: Vec<ProcEntry>,
     pub full_scans: u64,
+    /// Pages the passes visited (KSM's `pages_scanned`).
+    pub pages_visited: u64,
     /// Every batch the actuator received: (pid, calls).
     pub batches: Vec<(u32, Vec<Advice>)>,
     /// Pids whose injection is refused, with the reason.
@@ -303,6 +305,7 @@ impl World {
                 self.mem.merge(p).unwrap();
             }
         }
+        self.pages_visited += pages.len() as u64;
         self.full_scans += 1;
     }
 }
@@ -536,6 +539,7 @@ impl KsmControl for SimKsm {
     fn sample(&mut self) -> Result<KsmSample, String> {
         Ok(KsmSample {
             full_scans: self.0.borrow().full_scans,
+            pages_visited: Some(self.0.borrow().pages_visited),
             ..KsmSample::default()
         })
     }

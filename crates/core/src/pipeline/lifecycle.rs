@@ -55,6 +55,19 @@
 //! scan is done, [`prepare_passes`](Lifecycles::prepare_passes) restarts
 //! it instead of finishing a useless one.
 //!
+//! ## Passes of merging regions
+//! A merging region is passed over again `merging_every` after its last
+//! pass ended, and not before ksmd has moved `merging_gap` thousandths of
+//! a full scan past where it was then (its position comes from
+//! [`crate::pipeline::scan_clock`] through
+//! [`set_scan_position`](Lifecycles::set_scan_position)): its pages change
+//! state when ksmd visits them or their twins, about once per full scan,
+//! so a look before ksmd has moved on reads the same states again. A ksmd
+//! that stands still (or a position that is not known) does not stop the
+//! passes: one is due `settled_every` after the last ended at the latest,
+//! and without a position time alone decides, as before. Settled regions
+//! are passed over for the breaks ksmd does not cause, by time only.
+//!
 //! What a merging region asks of ksmd's pace is
 //! [`Lifecycle::waiting_pages`]: its unmerged pages, narrowed to those
 //! still expected to merge (when the caller said how many it expects,
@@ -240,6 +253,12 @@ pub struct AccountRules {
     /// A region still merging is passed over again this long after its
     /// last pass ended (settling follows ksmd's full scans).
     pub merging_every: Nanos,
+    /// ... and once ksmd has moved this many thousandths of a full scan
+    /// past where it was when that pass ended
+    /// ([`Lifecycles::set_scan_position`], "Passes of merging regions" in
+    /// the module header), or `settled_every` after it ended; 0: time
+    /// only.
+    pub merging_gap: u64,
     /// A settled region is passed over again this long after its last
     /// pass ended (only to notice COW breaks).
     pub settled_every: Nanos,
@@ -257,6 +276,7 @@ impl Default for AccountRules {
         AccountRules {
             settle_scans: SETTLE_SCANS,
             merging_every: SEC,
+            merging_gap: 0,
             settled_every: 30 * SEC,
             v_cow: 0.5,
             min_merged: 16,
@@ -322,6 +342,11 @@ pub struct Lifecycle {
     pass_started_scan: u64,
     /// No new pass before this (a pass in progress goes on).
     next_pass_at: Nanos,
+    /// Nor before ksmd reaches this scan position, unless its last pass
+    /// ended `settled_every` ago (`pass_due_by`); `None`: no such wait.
+    next_pass_scan: Option<u64>,
+    /// When it passes over anyway if ksmd does not reach `next_pass_scan`.
+    pass_due_by: Nanos,
     /// When its last pass ended (0: none yet).
     pass_ended_at: Nanos,
 }
@@ -351,6 +376,8 @@ impl Lifecycle {
             marked_passes: 0,
             pass_started_scan: 0,
             next_pass_at: 0,
+            next_pass_scan: None,
+            pass_due_by: 0,
             pass_ended_at: 0,
         }
     }
@@ -561,10 +588,14 @@ impl Lifecycle {
         out
     }
 
-    /// Whether an accounting pass over it should run at `now` (one in
-    /// progress goes on).
-    pub fn pass_due(&self, now: Nanos) -> bool {
-        self.accounted() && (self.cursor > 0 || now >= self.next_pass_at)
+    /// Whether an accounting pass over it should run at `now`, ksmd being
+    /// at scan position `scan` (one in progress goes on).
+    pub fn pass_due(&self, now: Nanos, scan: Option<u64>) -> bool {
+        let moved = match (self.next_pass_scan, scan) {
+            (Some(want), Some(at)) => at >= want || now >= self.pass_due_by,
+            _ => true,
+        };
+        self.accounted() && (self.cursor > 0 || (now >= self.next_pass_at && moved))
     }
 
     fn resize(&mut self, pages: u32) {
@@ -598,6 +629,7 @@ impl Lifecycle {
         self.marked_scan = full_scans;
         self.merging_since = now;
         self.next_pass_at = now;
+        self.next_pass_scan = None;
         self.settled = false;
         self.cursor = 0;
         self.pass = PassCounts::default();
@@ -638,6 +670,7 @@ impl Lifecycle {
             self.pass = PassCounts::default();
             self.pass_started_scan = full_scans;
             self.next_pass_at = now;
+            self.next_pass_scan = None;
         }
     }
 
@@ -649,6 +682,7 @@ impl Lifecycle {
         now: Nanos,
         full_scans: u64,
         rules: &AccountRules,
+        scan: Option<u64>,
     ) -> Option<PassEnd> {
         let n = states
             .len()
@@ -683,10 +717,16 @@ impl Lifecycle {
             }
         }
         self.cursor += n as u32;
-        (self.cursor >= self.pages).then(|| self.end_pass(now, full_scans, rules))
+        (self.cursor >= self.pages).then(|| self.end_pass(now, full_scans, rules, scan))
     }
 
-    fn end_pass(&mut self, now: Nanos, full_scans: u64, rules: &AccountRules) -> PassEnd {
+    fn end_pass(
+        &mut self,
+        now: Nanos,
+        full_scans: u64,
+        rules: &AccountRules,
+        scan: Option<u64>,
+    ) -> PassEnd {
         let prev_merged = self.last.merged;
         self.last = self.pass;
         self.pass = PassCounts::default();
@@ -716,6 +756,14 @@ impl Lifecycle {
             && (all_merged || self.pass_started_scan >= self.settle_scan(rules.settle_scans));
         self.settled |= settled;
         self.pass_started_scan = full_scans;
+        // Still merging: the next look waits for ksmd to move on too.
+        self.next_pass_scan = match scan {
+            Some(at) if !self.settled && rules.merging_gap > 0 => {
+                Some(at.saturating_add(rules.merging_gap))
+            }
+            _ => None,
+        };
+        self.pass_due_by = now.saturating_add(rules.settled_every);
         let above = self.mode == Mode::Promoted
             && rules.v_cow < 1.0
             && self.marked_passes >= 2
@@ -766,6 +814,9 @@ pub struct Lifecycles {
     merging: BTreeSet<RegionId>,
     accounted: BTreeSet<RegionId>,
     sampling_changes: u64,
+    /// ksmd's scan position as the caller last said
+    /// (`core::pipeline::scan_clock`).
+    scan: Option<u64>,
     view_changed: bool,
 }
 
@@ -865,6 +916,13 @@ impl Lifecycles {
     /// Whether `id` is hidden from the ladder.
     pub fn is_hidden(&self, id: RegionId) -> bool {
         self.hidden.contains(&id)
+    }
+
+    /// ksmd's position in its full scans now
+    /// (`core::pipeline::scan_clock`; `None`: unknown): what the passes of
+    /// merging regions wait for (`AccountRules::merging_gap`).
+    pub fn set_scan_position(&mut self, scan: Option<u64>) {
+        self.scan = scan;
     }
 
     /// How many times a region was tracked new, forgotten, or started or
@@ -1112,7 +1170,11 @@ impl Lifecycles {
     pub fn passes_due(&self, now: Nanos) -> Vec<RegionId> {
         (self.accounted.iter())
             .copied()
-            .filter(|id| self.regions.get(id).is_some_and(|l| l.pass_due(now)))
+            .filter(|id| {
+                self.regions
+                    .get(id)
+                    .is_some_and(|l| l.pass_due(now, self.scan))
+            })
             .collect()
     }
 
@@ -1129,7 +1191,8 @@ impl Lifecycles {
         full_scans: u64,
         rules: &AccountRules,
     ) -> Option<PassEnd> {
-        self.apply(id, |l| l.record(states, now, full_scans, rules))
+        let scan = self.scan;
+        self.apply(id, |l| l.record(states, now, full_scans, rules, scan))
             .flatten()
     }
 }
@@ -1227,6 +1290,49 @@ mod tests {
     }
 
     #[test]
+    fn a_merging_region_is_passed_over_again_once_ksmd_moved_on() {
+        let rules = AccountRules {
+            merging_gap: 250,
+            ..AccountRules::default()
+        };
+        let mut l = one(64);
+        l.set_scan_position(Some(4_100));
+        l.mark(R, 4, 0);
+        assert_eq!(l.passes_due(0), vec![R], "the first pass at once");
+        assert_eq!(
+            l.record(R, &states(8, 56), SEC, 4, &rules),
+            Some(PassEnd::default())
+        );
+        // A second later ksmd has moved a tenth of a scan: nothing new to see.
+        l.set_scan_position(Some(4_200));
+        assert!(l.passes_due(2 * SEC).is_empty(), "waits for ksmd");
+        // A quarter of a scan on from where the pass ended: due.
+        l.set_scan_position(Some(4_350));
+        assert_eq!(l.passes_due(2 * SEC), vec![R]);
+        // Still due only after merging_every.
+        l.record(R, &states(16, 48), 3 * SEC, 4, &rules);
+        l.set_scan_position(Some(5_000));
+        assert!(l.passes_due(3 * SEC + 1).is_empty());
+        assert_eq!(l.passes_due(4 * SEC), vec![R]);
+        // A ksmd that stands still: passed over anyway settled_every after
+        // the last pass ended.
+        l.record(R, &states(16, 48), 4 * SEC, 5, &rules);
+        assert!(l.passes_due(4 * SEC + rules.settled_every - 1).is_empty());
+        assert_eq!(l.passes_due(4 * SEC + rules.settled_every), vec![R]);
+        // Without a position, time alone.
+        l.set_scan_position(None);
+        assert_eq!(l.passes_due(5 * SEC), vec![R]);
+        // A settled region waits for settled_every only (ksmd's position
+        // says nothing of the breaks its passes look for).
+        l.set_scan_position(Some(9_000));
+        let end = l.record(R, &states(64, 0), 6 * SEC, 9, &rules).unwrap();
+        assert!(end.settled);
+        l.record(R, &states(64, 0), 7 * SEC, 9, &rules);
+        assert!(l.passes_due(7 * SEC + rules.settled_every - 1).is_empty());
+        assert_eq!(l.passes_due(7 * SEC + rules.settled_every), vec![R]);
+    }
+
+    #[test]
     fn it_settles_only_with_a_pass_begun_after_the_deciding_scan() {
         let rules = AccountRules::default();
         let mut l = one(64);
@@ -1238,17 +1344,17 @@ mod tests {
             Some(PassEnd::default())
         );
         assert!(l.is_hidden(R) && !l[R].settled());
-        assert!(!l[R].pass_due(SEC + 1), "waits merging_every");
-        assert!(l[R].pass_due(2 * SEC));
+        assert!(!l[R].pass_due(SEC + 1, None), "waits merging_every");
+        assert!(l[R].pass_due(2 * SEC, None));
         // The next began at scan 20 ≥ 10 + 3: it decides.
         let end = l.record(R, &states(40, 24), 2 * SEC, 21, &rules).unwrap();
         assert!(end.settled && l[R].settled() && !l.is_hidden(R));
         // Settled with this pass: passed over again soon, then every
         // settled_every.
-        assert!(l[R].pass_due(3 * SEC));
+        assert!(l[R].pass_due(3 * SEC, None));
         l.record(R, &states(40, 24), 3 * SEC, 22, &rules);
-        assert!(!l[R].pass_due(4 * SEC));
-        assert!(l[R].pass_due(3 * SEC + rules.settled_every));
+        assert!(!l[R].pass_due(4 * SEC, None));
+        assert!(l[R].pass_due(3 * SEC + rules.settled_every, None));
     }
 
     #[test]
@@ -1562,7 +1668,7 @@ mod tests {
         assert_eq!(l.passes_due(3 * SEC), vec![R]);
         let end = l.record(R, &states(500, 12), 3 * SEC, 7, &rules).unwrap();
         assert!(!end.settled, "settled before this pass");
-        assert!(!l[R].pass_due(4 * SEC), "then every settled_every");
+        assert!(!l[R].pass_due(4 * SEC, None), "then every settled_every");
         // Only a sampling region is adopted.
         assert!(!l.adopt_settled(R, 7, 4 * SEC));
         // Trimmed whole: sampling, shown, not held.
@@ -1703,13 +1809,13 @@ mod tests {
         let end = l.record(settled, &states(64, 0), 9 * SEC, 0, &rules);
         assert!(end.unwrap().settled);
         l.record(settled, &states(64, 0), 10 * SEC, 0, &rules);
-        assert!(!l[settled].pass_due(39 * SEC) && l[settled].pass_due(40 * SEC));
+        assert!(!l[settled].pass_due(39 * SEC, None) && l[settled].pass_due(40 * SEC, None));
         // Breaks 2 s after that pass: not before 5 s after it ended.
         assert_eq!(l.hasten_settled_passes(12 * SEC, 5 * SEC), 1);
-        assert!(!l[settled].pass_due(14 * SEC) && l[settled].pass_due(15 * SEC));
+        assert!(!l[settled].pass_due(14 * SEC, None) && l[settled].pass_due(15 * SEC, None));
         // Later: at once; asking again moves nothing.
         assert_eq!(l.hasten_settled_passes(20 * SEC, 5 * SEC), 0);
-        assert!(l[settled].pass_due(20 * SEC));
+        assert!(l[settled].pass_due(20 * SEC, None));
         // Neither a merging region (passed over often anyway) nor one
         // that is not accounted, nor one in the middle of a pass.
         assert!(!l[merging].settled() && !l[sampling].accounted());
@@ -1769,6 +1875,7 @@ mod tests {
         Trimmed(u8),
         Prepare,
         Hasten(u64),
+        ScanMoves(u64),
         Record(u8, Vec<u8>),
         Tick(u64),
         Scan,
@@ -1789,6 +1896,7 @@ mod tests {
             1 => (0u8..6).prop_map(Op::Trimmed),
             1 => Just(Op::Prepare),
             1 => (0u64..60 * SEC).prop_map(Op::Hasten),
+            2 => (0u64..600).prop_map(Op::ScanMoves),
             4 => (0u8..6, prop::collection::vec(0u8..4, 0..300)).prop_map(|(i, s)| Op::Record(i, s)),
             3 => (0u64..200 * SEC).prop_map(Op::Tick),
             1 => Just(Op::Scan),
@@ -1815,7 +1923,12 @@ mod tests {
         /// cursors stay inside their regions.
         #[test]
         fn lifecycles_keep_their_invariants(ops in prop::collection::vec(op(), 1..120)) {
-            let rules = AccountRules { min_merged: 1, min_breaks: 1, ..AccountRules::default() };
+            let rules = AccountRules {
+                min_merged: 1,
+                min_breaks: 1,
+                merging_gap: 250,
+                ..AccountRules::default()
+            };
             let mut l = Lifecycles::new();
             let (mut now, mut scans) = (0u64, 0u64);
             let mut cow: HashMap<RegionId, u64> = HashMap::new();
@@ -1886,6 +1999,12 @@ mod tests {
                         prop_assert_eq!(l.trimmed(RegionId(i.into())), promoted);
                     }
                     Op::Prepare => { l.prepare_passes(scans, now, rules.settle_scans); }
+                    Op::ScanMoves(d) => {
+                        // Unknown now and then, as on a kernel without the
+                        // page counters.
+                        let at = l.scan.map_or(scans * 1000, |p| p + d);
+                        l.set_scan_position((d % 7 != 0).then_some(at));
+                    }
                     Op::Hasten(gap) => {
                         let movable = (l.iter())
                             .filter(|(_, x)| {
@@ -1923,7 +2042,7 @@ mod tests {
                     l.iter().filter(|(_, x)| x.accounted()).map(|(id, _)| id).collect();
                 prop_assert_eq!(&l.accounted, &accounted);
                 let due: Vec<RegionId> =
-                    l.iter().filter(|(_, x)| x.pass_due(now)).map(|(id, _)| id).collect();
+                    l.iter().filter(|(_, x)| x.pass_due(now, l.scan)).map(|(id, _)| id).collect();
                 prop_assert_eq!(l.passes_due(now), due);
                 // hidden ⇔ held or merging, and nothing else is hidden.
                 let expected: BTreeSet<RegionId> =

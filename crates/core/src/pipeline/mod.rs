@@ -11,7 +11,7 @@
 //! | **index** | [`hash`] (progressive partial hash), [`strength`] (how many words it reads), [`index`] (sharded stable/unstable tables) |
 //! | **one wake-up** | [`distill`] (sample → index → ladder, with the budgets above) |
 //! | **sweep** | [`sweep`] (every present page hashed once per epoch: duplicates wherever their twins live) |
-//! | **actuate** | [`write_watch`] (mark a region, around its written zones, or not at all), [`lifecycle`] (a region's modes: sampling, promoted and merging, settled, held, foreign; its COW accounting; which regions the ladder must not see), [`lifespan`] (regions of a process whose large regions die young wait before they are marked), [`recurrence`] (a region mapped again where its process's last one was marked goes to the top at once), [`pacing`] (ksmd's closed loop), [`placement`] (nuKSM: which NUMA node a merged page lives on) |
+//! | **actuate** | [`write_watch`] (mark a region, around its written zones, or not at all), [`lifecycle`] (a region's modes: sampling, promoted and merging, settled, held, foreign; its COW accounting; which regions the ladder must not see), [`lifespan`] (regions of a process whose large regions die young wait before they are marked), [`recurrence`] (a region mapped again where its process's last one was marked goes to the top at once), [`pacing`] (ksmd's closed loop), [`scan_clock`] (where ksmd is in its full scan, which spaces the looks at merging regions), [`placement`] (nuKSM: which NUMA node a merged page lives on) |
 //! | **account** | [`savings`] (per-process figures grouped by cgroup, top N) |
 //! | **beside the loop** | [`scrub`] (Singleton: drop the host's page-cache copy of what a guest holds), [`spacing`] (how long a costly look at the system waits before the next, at a CPU share) |
 //!
@@ -31,6 +31,7 @@ pub mod pacing;
 pub mod placement;
 pub mod recurrence;
 pub mod savings;
+pub mod scan_clock;
 pub mod scrub;
 pub mod spacing;
 pub mod strength;

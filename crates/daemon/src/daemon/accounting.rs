@@ -1,7 +1,8 @@
 //! Accounting (the module header of `daemon.rs`, step 4): the page states
 //! of promoted and foreign regions, read within the wake's budget and
 //! counted by `core::pipeline::lifecycle` (merges, COW breaks, settling,
-//! the demotion rule), the check of the kernel's `cow_ksm` for breaks
+//! the demotion rule; merging regions looked at again once ksmd has moved
+//! a quarter of a full scan on, `core::pipeline::scan_clock`), the check of the kernel's `cow_ksm` for breaks
 //! that happened between the passes of settled regions, and the stretches
 //! a settling pass found unmerged, queued for trimming ("Trimming a
 //! settled region" in `core::pipeline::lifecycle`; `marking` unmarks them).
@@ -16,6 +17,14 @@ use super::*;
 /// a page (measured on the 2-core development machine): the unit of the
 /// accounting boost.
 pub(super) const ACCOUNT_BASE_SHARE: f64 = 0.02;
+/// Thousandths of ksmd's full scan between the passes over a merging
+/// region (`AccountRules::merging_gap`, `core::pipeline::scan_clock`): four
+/// looks a scan. Progress shows (and a region that merged all it could
+/// settles) within a quarter of a scan of ksmd's work, while a region
+/// ksmd has not come back to is not read again for nothing. pagesift's
+/// choice.
+pub(super) const MERGING_PASS_GAP: u64 = 250;
+
 /// Pages inspected per accounting call.
 pub(super) const ACCOUNT_CHUNK: usize = 512;
 /// Largest region that gets its first accounting pass at once when it
@@ -43,13 +52,15 @@ pub const MIN_BREAKS_FOR_DEMOTION: u64 = 16;
 
 /// The rules of accounting passes under `config`
 /// (`core::pipeline::lifecycle`): settled after [`SETTLE_SCANS`] ksmd full
-/// scans; merging regions passed over about once a second, settled ones
+/// scans; merging regions passed over about once a second once ksmd has
+/// moved [`MERGING_PASS_GAP`] of a full scan on, settled ones
 /// every `actuate.recheck_s`; unmarked above V_cow with at least
 /// [`MIN_BREAKS_FOR_DEMOTION`] breaks.
 pub(super) fn account_rules(config: &Config) -> AccountRules {
     AccountRules {
         settle_scans: SETTLE_SCANS,
         merging_every: SEC,
+        merging_gap: MERGING_PASS_GAP,
         settled_every: config.actuate.recheck_s.saturating_mul(SEC),
         v_cow: config.ladder.v_cow,
         min_merged: config.actuate.min_merged_for_demotion,
@@ -68,6 +79,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let dt = now.saturating_sub(self.last_account).min(SEC);
         self.last_account = now;
         let full_scans = self.ksm_now.full_scans;
+        let scan = (self.scan_clock).observe(full_scans, self.ksm_now.pages_visited);
+        self.lives.set_scan_position(scan);
         let merging = self.lives.prepare_passes(full_scans, now, SETTLE_SCANS);
         // While ksmd merges, accounting runs faster (up to 8×, within the
         // governor's top share at ≈2 % per base budget) so that progress

@@ -16,11 +16,14 @@ use super::*;
 /// Longest the short-lived verdicts go unjudged while the regions and the
 /// sampling set stay the same ([`Daemon::short_look_due`]): only time
 /// moves them then, by letting a region outlive its process's early
-/// deaths (it comes back to the ladder up to this late) or a death age
-/// out of the rule's memory. Judging every region at every 20 ms wake-up
-/// took 5.7 % of the daemon's samples with ten guests (docs/daemon-cpu.md,
-/// "At the full size"). pagesift's choice.
-pub(super) const SHORT_LOOK_EVERY: Nanos = 100 * MS;
+/// deaths (it comes back to the ladder up to this late, after living
+/// seconds at least) or a death age out of the rule's memory. Judging
+/// every region at every wake-up took 5.7 % of the daemon's samples with
+/// ten guests, whose QEMUs all had early deaths (docs/daemon-cpu.md, "At
+/// the full size"); the daemon woke about eight times a second there, so
+/// a tenth of a second saved nothing (a quick vm-boot run by hand,
+/// 2026-12-03: 458 of 459 looks came from the timer). pagesift's choice.
+pub(super) const SHORT_LOOK_EVERY: Nanos = SEC;
 
 /// Pages a probe of a region raised on history looks at
 /// (`Daemon::probe_recurring`).
@@ -79,8 +82,11 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let allowed = &self.allowed;
         (self.short_logged).retain(|k| allowed.get(&k.pid) == Some(k));
         for (&id, b) in &mut self.books {
-            if self.lives.mode(id) != Some(Mode::Sampling)
-                || !expected_short(&self.lifespans, &self.config, b, now)
+            // The lifespan test first: it is false for most regions and
+            // asks a map of a few processes, where the mode's lookup
+            // searches every region's.
+            if !expected_short(&self.lifespans, &self.config, b, now)
+                || self.lives.mode(id) != Some(Mode::Sampling)
             {
                 continue;
             }
