@@ -734,6 +734,18 @@ fn scan_cost(
             wait as f64 / 1e7 / window.max(1e-9)
         ));
     }
+    // On a shared virtual machine the hypervisor takes CPU time too, and
+    // more in some runs than in others: this is one reason the same
+    // system's figures differ between runs.
+    if let Some(stolen) = sampler.stolen_ms() {
+        let window = sampler.elapsed();
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        notes.push(format!(
+            "the hypervisor took {:.2} CPU-s from the machine's {cpus} CPUs ({:.1} % of their              time over the {window:.0} s since t = 0)",
+            stolen as f64 / 1e3,
+            stolen as f64 / 10.0 / (window * cpus as f64).max(1e-9)
+        ));
+    }
     if let Some(st) = status {
         let sampled = st["totals"]["sampled_pages"].as_u64().unwrap_or(0);
         let distil = st["daemon"]["cpu_by_phase"]["distil"]

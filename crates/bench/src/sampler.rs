@@ -82,6 +82,8 @@ pub struct Sampler {
     daemon: Option<u32>,
     base_ksmd_ns: u64,
     base_scanned: Option<u64>,
+    /// The hypervisor's steal at t = 0, ms (`None` when not counted).
+    base_stolen_ms: Option<u64>,
     base_cow: u64,
     base_shared_kib: Option<f64>,
     /// The daemon's CPU at t = 0 (its start-up), left out of the window.
@@ -130,6 +132,7 @@ impl Sampler {
             daemon,
             base_ksmd_ns,
             base_scanned,
+            base_stolen_ms: pagesift_linux::host::stolen_ms(),
             base_cow,
             base_shared_kib: None,
             base_daemon_ns: daemon.and_then(|p| procstat::cpu_ns(p).ok()).unwrap_or(0),
@@ -165,6 +168,13 @@ impl Sampler {
     pub fn ksmd_wait_ns(&mut self) -> Option<u64> {
         let (w, base) = self.ksmd_wait.as_mut()?;
         Some(w.ns().ok()?.saturating_sub(*base))
+    }
+
+    /// CPU time the hypervisor took from the machine since t = 0, ms, all
+    /// CPUs together (`None` when the kernel does not count it).
+    pub fn stolen_ms(&self) -> Option<u64> {
+        let now = pagesift_linux::host::stolen_ms()?;
+        Some(now.saturating_sub(self.base_stolen_ms?))
     }
 
     /// ksmd's CPU since t = 0, ns (for a pacer).

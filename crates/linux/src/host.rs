@@ -40,6 +40,15 @@ pub fn thread_cpu_ns() -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
+/// CPU time the hypervisor took from this machine's CPUs since boot, in
+/// ms, all CPUs together (`steal` of `/proc/stat`; `None` when the kernel
+/// does not count it). On a shared virtual machine it is what made timings
+/// noisy: a figure measured while it grew is a figure of a slower machine.
+pub fn stolen_ms() -> Option<u64> {
+    use procfs::CurrentSI;
+    procfs::KernelStats::current().ok()?.total.steal_ms()
+}
+
 /// `MemTotal`, `Cached` and `MemFree` of `/proc/meminfo`, KiB, as the
 /// scrubber's frequency control reads them.
 pub fn memory_kib() -> Result<pagesift_core::pipeline::scrub::MemoryStats, LinuxError> {
@@ -71,5 +80,9 @@ mod tests {
         std::hint::black_box(x);
         assert!(thread_cpu_ns() > a);
         assert!(process_cpu_ns() >= thread_cpu_ns());
+        // Never counts back (None on a kernel without the column).
+        if let Some(a) = stolen_ms() {
+            assert!(stolen_ms().unwrap() >= a);
+        }
     }
 }
