@@ -741,7 +741,8 @@ fn scan_cost(
         let window = sampler.elapsed();
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         notes.push(format!(
-            "the hypervisor took {:.2} CPU-s from the machine's {cpus} CPUs ({:.1} % of their              time over the {window:.0} s since t = 0)",
+            "the hypervisor took {:.2} CPU-s from the machine's {cpus} CPUs ({:.1} % of their time \
+             over the {window:.0} s since t = 0)",
             stolen as f64 / 1e3,
             stolen as f64 / 10.0 / (window * cpus as f64).max(1e-9)
         ));

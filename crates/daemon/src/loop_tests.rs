@@ -132,6 +132,62 @@ fn a_merged_region_with_new_duplicates_climbs_back_and_is_merged_again() {
 /// scans skip it. The half left marked stays merged and settled: it asks
 /// ksmd for nothing. The trimmed half is sampled again, never marked
 /// while it stays distinct, and marked again once duplicates fill it.
+/// A region ksmd is merging is read by accounting about once per ksmd
+/// full scan, not every second, when ksmd's scans take seconds: its pages
+/// change only when ksmd comes round (`core::pipeline::scan_clock`).
+#[test]
+fn a_merging_region_is_read_again_once_ksmd_came_round() {
+    let w = world();
+    // A full scan every fifth pace call (about 5 s) while merging, every
+    // call at the trickle.
+    w.borrow_mut().merge_every = 5;
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    // ksmd's scans before the guest comes: the daemon learns where ksmd
+    // is (a position needs two ends of a scan seen).
+    run(&mut d, &mut now, 30);
+    let region = {
+        let mut m = w.borrow_mut();
+        m.spawn(13, "guest", false);
+        let mut contents = vec![7; 1024];
+        contents.extend(distinct(9000, 1024));
+        m.map(13, &contents, false)
+    };
+    let mut wakes = 0;
+    while d.mode(region) != Some(Mode::Promoted) {
+        run(&mut d, &mut now, 1);
+        wakes += 1;
+        assert!(wakes < 600, "never promoted");
+    }
+    // From the mark to ksmd's second full scan after it: still merging
+    // (a region settles with a pass begun after its third).
+    let (scans0, read0, t0) = {
+        let m = w.borrow();
+        let read = m.states_read.get(&region).copied().unwrap_or(0);
+        (m.full_scans, read, now)
+    };
+    while w.borrow().full_scans < scans0 + 2 {
+        run(&mut d, &mut now, 1);
+        assert!(now - t0 < 60 * SEC, "ksmd never came round");
+    }
+    assert_eq!(
+        d.status(now).totals.merging_regions,
+        1,
+        "still merging: else the test looked too late"
+    );
+    let m = w.borrow();
+    let read = m.states_read[&region] - read0;
+    // By the clock alone it was a pass a second: at least eight here.
+    assert!(
+        now - t0 >= 8 * SEC,
+        "ksmd's scans took {} ms",
+        (now - t0) / 1_000_000
+    );
+    // One pass at the mark, then one per scan, and one in progress.
+    assert!(read <= 4 * 2048, "{read} pages read over two full scans");
+    assert!(read >= 2048, "passed over at least once: {read}");
+}
+
 #[test]
 fn a_settled_region_is_trimmed_of_what_ksmd_left_unmerged() {
     let w = world();

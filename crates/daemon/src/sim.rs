@@ -56,6 +56,14 @@ pub struct World {
     /// seconds, long after a write broke a merged page.
     pub trickle_every: u32,
     trickle_calls: u32,
+    /// Above the trickle, ksmd makes its pass on every `merge_every`-th
+    /// pace call only (0 or 1: every call): a real ksmd's full scan of a
+    /// large mergeable set takes many seconds.
+    pub merge_every: u32,
+    merge_calls: u32,
+    /// Pages whose states were read, per region (accounting's and the
+    /// sweep's reads).
+    pub states_read: HashMap<RegionId, u64>,
     /// `/proc/vmstat` `cow_ksm`, if the test keeps it (adding the merged
     /// pages it writes); `None`: the kernel's figure is unknown.
     pub cow_ksm: Option<u64>,
@@ -414,7 +422,8 @@ impl Target for SimTarget {
         first: u32,
         out: &mut [PageState],
     ) -> Result<(), SourceError> {
-        let w = self.0.borrow();
+        let mut w = self.0.borrow_mut();
+        *w.states_read.entry(id).or_default() += out.len() as u64;
         for (i, o) in out.iter_mut().enumerate() {
             *o = w.mem.state(PageRef {
                 region: id,
@@ -558,7 +567,11 @@ impl KsmControl for SimKsm {
             w.trickle_calls += 1;
         }
         let comes_round = w.trickle_every <= 1 || w.trickle_calls.is_multiple_of(w.trickle_every);
-        if !trickling || (!w.idle_at_trickle && comes_round) {
+        if !trickling {
+            w.merge_calls += 1;
+        }
+        let merge_round = w.merge_every <= 1 || w.merge_calls.is_multiple_of(w.merge_every);
+        if (!trickling && merge_round) || (trickling && !w.idle_at_trickle && comes_round) {
             w.ksmd_pass();
         }
         Ok(Pacing {
