@@ -126,6 +126,17 @@ pub(crate) fn demand_jumped(scan_pages: u64, before: u64) -> bool {
     scan_pages > before.saturating_mul(2).saturating_add(PACE_JUMP_PAGES)
 }
 
+/// The counters `names`, each kept open; `None` if one cannot be (a
+/// kernel without it).
+fn keep_open_all<const N: usize>(ksm: &Ksm, names: [&str; N]) -> Option<[KeptOpen; N]> {
+    let files = names
+        .map(|name| ksm.keep_open(name))
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .ok()?;
+    <[KeptOpen; N]>::try_from(files).ok()
+}
+
 impl SysKsm {
     /// Takes ownership of KSM, waiting at most `wait` for the lock (another
     /// pagesift daemon, or a test, may hold it).
@@ -158,18 +169,8 @@ impl SysKsm {
                 None
             }
         });
-        let counters = COUNTERS
-            .map(|name| guard.ksm().keep_open(name))
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()
-            .ok()
-            .and_then(|v| <[KeptOpen; 3]>::try_from(v).ok());
-        let visited = VISITED
-            .map(|name| guard.ksm().keep_open(name))
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()
-            .ok()
-            .and_then(|v| <[KeptOpen; 2]>::try_from(v).ok());
+        let counters = keep_open_all(guard.ksm(), COUNTERS);
+        let visited = keep_open_all(guard.ksm(), VISITED);
         Ok(SysKsm {
             guard,
             ksmd,

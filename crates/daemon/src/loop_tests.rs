@@ -132,6 +132,16 @@ fn a_merged_region_with_new_duplicates_climbs_back_and_is_merged_again() {
 /// scans skip it. The half left marked stays merged and settled: it asks
 /// ksmd for nothing. The trimmed half is sampled again, never marked
 /// while it stays distinct, and marked again once duplicates fill it.
+/// A process 13 ("guest") with one region: 1024 pages of one content, then
+/// 1024 distinct pages.
+fn half_duplicated_guest(w: &Shared) -> RegionId {
+    let mut m = w.borrow_mut();
+    m.spawn(13, "guest", false);
+    let mut contents = vec![7; 1024];
+    contents.extend(distinct(9000, 1024));
+    m.map(13, &contents, false)
+}
+
 /// A region ksmd is merging is read by accounting about once per ksmd
 /// full scan, not every second, when ksmd's scans take seconds: its pages
 /// change only when ksmd comes round (`core::pipeline::scan_clock`).
@@ -146,13 +156,7 @@ fn a_merging_region_is_read_again_once_ksmd_came_round() {
     // ksmd's scans before the guest comes: the daemon learns where ksmd
     // is (a position needs two ends of a scan seen).
     run(&mut d, &mut now, 30);
-    let region = {
-        let mut m = w.borrow_mut();
-        m.spawn(13, "guest", false);
-        let mut contents = vec![7; 1024];
-        contents.extend(distinct(9000, 1024));
-        m.map(13, &contents, false)
-    };
+    let region = half_duplicated_guest(&w);
     let mut wakes = 0;
     while d.mode(region) != Some(Mode::Promoted) {
         run(&mut d, &mut now, 1);
@@ -191,13 +195,7 @@ fn a_merging_region_is_read_again_once_ksmd_came_round() {
 #[test]
 fn a_settled_region_is_trimmed_of_what_ksmd_left_unmerged() {
     let w = world();
-    let region = {
-        let mut m = w.borrow_mut();
-        m.spawn(13, "guest", false);
-        let mut contents = vec![7; 1024];
-        contents.extend(distinct(9000, 1024));
-        m.map(13, &contents, false)
-    };
+    let region = half_duplicated_guest(&w);
     let mut d = daemon(&w, TRIM, &[]);
     let mut now = 0;
     run(&mut d, &mut now, 300);
