@@ -67,9 +67,10 @@
 //!    regions is inspected (pagemap + kpageflags): regions ksmd is merging
 //!    about once a second, but only once ksmd has moved a quarter of a full
 //!    scan on since the last look (`core::pipeline::scan_clock`), with up
-//!    to 8× the budget while any is, settled ones every `actuate.recheck_s`. Per region, a bit per
-//!    page remembers pages seen merged (KSM page or zero page); such a page
-//!    later present but not merged is a COW break. After a whole pass the
+//!    to 8× the budget while any is, settled ones every
+//!    `actuate.recheck_s`. Per region, a bit per page remembers pages seen
+//!    merged (KSM page or zero page); such a page later present but not
+//!    merged is a COW break. After a whole pass the
 //!    region's COW-broken ratio is compared with V_cow: above it in two
 //!    passes (`core::pipeline::lifecycle::THRASHING_PASSES`; one is a
 //!    burst) within two settled-pass intervals of each other, the region

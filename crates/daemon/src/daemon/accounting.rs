@@ -2,10 +2,11 @@
 //! of promoted and foreign regions, read within the wake's budget and
 //! counted by `core::pipeline::lifecycle` (merges, COW breaks, settling,
 //! the demotion rule; merging regions looked at again once ksmd has moved
-//! a quarter of a full scan on, `core::pipeline::scan_clock`), the check of the kernel's `cow_ksm` for breaks
-//! that happened between the passes of settled regions, and the stretches
-//! a settling pass found unmerged, queued for trimming ("Trimming a
-//! settled region" in `core::pipeline::lifecycle`; `marking` unmarks them).
+//! a quarter of a full scan on, `core::pipeline::scan_clock`), the check
+//! of the kernel's `cow_ksm` for breaks that happened between the passes
+//! of settled regions, and the stretches a settling pass found unmerged,
+//! queued for trimming ("Trimming a settled region" in
+//! `core::pipeline::lifecycle`; `marking` unmarks them).
 //!
 //! Invariants: a pass reads the states of a region's pages (pagemap and
 //! kpageflags), never their content, in chunks of [`ACCOUNT_CHUNK`]
