@@ -156,7 +156,7 @@ mod writes;
 pub use accounting::MIN_BREAKS_FOR_DEMOTION;
 use accounting::{REMERGE_PASS_PAGES, account_rules};
 use addresses::AddressMap;
-use books::{Book, KnownSpans, join_zones};
+use books::{Book, HeldSpans, KnownSpans, join_zones};
 pub use marking::MAX_RUN_MARKS_PER_WAKE;
 pub use phases::PHASES;
 use phases::{Lap, PhaseCpu};
@@ -179,7 +179,7 @@ use crate::target::{Span, Target, View};
 use crate::watchdog::WakeWatch;
 use pagesift_core::pipeline::distill::{Distiller, DistillerConfig, DupRun};
 use pagesift_core::pipeline::governor::{MAX_SLEEP, sleep_for_share};
-use pagesift_core::pipeline::lifecycle::{AccountRules, Lifecycle, Lifecycles};
+use pagesift_core::pipeline::lifecycle::{AccountRules, HeldState, Lifecycle, Lifecycles};
 pub use pagesift_core::pipeline::lifecycle::{MAX_HOLD, Mode, SETTLE_SCANS};
 use pagesift_core::pipeline::lifespan::{LifespanRules, Lifespans};
 use pagesift_core::pipeline::recurrence::{Ending, RecurrenceRules, Recurrences};
@@ -363,6 +363,9 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// refresh that finds them split adopts their marked pieces as
     /// settled and returns their unmarked ones to sampling.
     trimmed_spans: Vec<(ProcKey, u64, u64)>,
+    /// Address ranges of holds in force, whatever ids their pages have
+    /// now (`books::HeldSpans`).
+    held_spans: HeldSpans,
     /// Duplicate runs the last wake followed, for `actuate`.
     runs: Vec<DupRun>,
     /// The ladder's view must be synced (a refresh, a reload); changes of
@@ -482,6 +485,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             pending_unmarks: Vec::new(),
             pending_trims: Vec::new(),
             trimmed_spans: Vec::new(),
+            held_spans: HeldSpans::default(),
             runs: Vec::new(),
             need_sync: true,
             force_refresh: false,

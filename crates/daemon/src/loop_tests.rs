@@ -368,26 +368,10 @@ fn a_thrashing_promoted_region_is_unmarked_and_held_out_of_the_ladder() {
     run(&mut d, &mut now, 300);
     assert_eq!(d.mode(dup), Some(Mode::Promoted));
     assert_eq!(w.borrow().count(dup, PageState::Merged), 1024);
-    // Now half of the pages is rewritten (same content) at a time, the
-    // halves taking turns about once an accounting pass: every merge is
-    // broken, merged again by ksmd and broken again, pass after pass (one
-    // pass of breaks alone is a burst, not thrashing: THRASHING_PASSES).
-    let mut demoted_at = None;
-    'writes: for i in 0..50u32 {
-        {
-            let mut m = w.borrow_mut();
-            for page in (0..1024).filter(|p| p % 2 == i % 2) {
-                m.mem.write(PageRef { region: dup, page }, 9).unwrap();
-            }
-        }
-        for s in run(&mut d, &mut now, 10) {
-            if s.demoted == vec![dup] {
-                demoted_at = Some(i);
-                break 'writes;
-            }
-        }
-    }
-    assert!(demoted_at.is_some(), "never demoted");
+    assert!(
+        thrash_until_demoted(&w, &mut d, &mut now, dup),
+        "never demoted"
+    );
     assert!(matches!(d.mode(dup), Some(Mode::Held { .. })));
     {
         let m = w.borrow();
@@ -409,6 +393,120 @@ fn a_thrashing_promoted_region_is_unmarked_and_held_out_of_the_ladder() {
     assert_eq!(st.totals.held_regions, 1);
     assert_eq!(st.totals.unmarks, 1);
     assert!(st.totals.cow_breaks >= 1024);
+}
+
+/// Rewrites half of `dup`'s pages (content 9, unchanged) at a time, the
+/// halves taking turns about once an accounting pass: every merge is
+/// broken, merged again by ksmd and broken again, pass after pass (one
+/// pass of breaks alone is a burst, not thrashing: THRASHING_PASSES),
+/// until the daemon demotes it, or 50 turns. Whether it was demoted.
+fn thrash_until_demoted(w: &Shared, d: &mut D, now: &mut Nanos, dup: RegionId) -> bool {
+    for i in 0..50u32 {
+        {
+            let mut m = w.borrow_mut();
+            for page in (0..1024).filter(|p| p % 2 == i % 2) {
+                m.mem.write(PageRef { region: dup, page }, 9).unwrap();
+            }
+        }
+        if run(d, now, 10).iter().any(|s| s.demoted == vec![dup]) {
+            return true;
+        }
+    }
+    false
+}
+
+/// A region of 1024 pages of one content, promoted, then rewritten until
+/// it is demoted for thrashing, and a neighbour of `next_pages` distinct
+/// pages right after it; then the kernel joins the two VMAs (same flags
+/// once the region is unmarked), so that they come back as one region
+/// under a new id. Returns the daemon, the world, the joined region and
+/// when the demotion was.
+fn demoted_then_joined(next_pages: usize) -> (Shared, D, RegionId, Nanos, Nanos) {
+    let w = world();
+    let (dup, next, start) = {
+        let mut m = w.borrow_mut();
+        m.spawn(33, "thrash", false);
+        let dup = m.map(33, &[9; 1024], false);
+        let start = m.spans[&dup].start;
+        let next = m.map_at(
+            33,
+            start + 1024 * 4096,
+            &distinct(500_000, next_pages),
+            false,
+        );
+        (dup, next, start)
+    };
+    let mut d = daemon(
+        &w,
+        "[actuate]\nrecheck_s = 1\n[eligible]\nall = true\n",
+        &[],
+    );
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert_eq!(d.mode(dup), Some(Mode::Promoted));
+    assert!(
+        thrash_until_demoted(&w, &mut d, &mut now, dup),
+        "never demoted"
+    );
+    let demoted_at = now;
+    let joined = {
+        let mut m = w.borrow_mut();
+        m.unmap(dup);
+        m.unmap(next);
+        let mut contents = vec![9; 1024];
+        contents.extend(distinct(500_000, next_pages));
+        m.map_at(33, start, &contents, false)
+    };
+    (w, d, joined, now, demoted_at)
+}
+
+/// The joined region lies mostly over the held one, so it is held as
+/// that one was: not sampled, not marked, not broken again before the
+/// hold ends (`Lifecycles::inherit_hold`); then it is marked again.
+#[test]
+fn a_held_region_joined_with_its_neighbour_stays_held() {
+    let (w, mut d, joined, mut now, demoted_at) = demoted_then_joined(256);
+    let before = w.borrow().batches.len();
+    run(&mut d, &mut now, 300);
+    assert!(
+        matches!(d.mode(joined), Some(Mode::Held { .. })),
+        "{:?}",
+        d.mode(joined)
+    );
+    assert_eq!(
+        w.borrow().batches.len(),
+        before,
+        "the joined region was marked during the hold"
+    );
+    // The hold (60 s from the demotion) ends, and it is marked again.
+    while now < demoted_at + 60 * SEC {
+        run(&mut d, &mut now, 10);
+    }
+    run(&mut d, &mut now, 300);
+    assert_eq!(d.mode(joined), Some(Mode::Promoted));
+    assert!(w.borrow().count(joined, PageState::Merged) >= 1024);
+}
+
+/// Joined with a larger neighbour, the region is mostly pages that were
+/// never held, and it is sampled like any other (`HeldSpans`); but until
+/// the hold ends, nothing marks the held pages in it: whatever is marked
+/// of it is marked around them.
+#[test]
+fn held_pages_inside_a_larger_joined_region_are_marked_around() {
+    let (w, mut d, joined, mut now, demoted_at) = demoted_then_joined(2048);
+    let marked_held = |w: &Shared| {
+        (0..1024)
+            .filter(|&p| w.borrow().page_mergeable(joined, p))
+            .count()
+    };
+    while now < demoted_at + 55 * SEC {
+        run(&mut d, &mut now, 10);
+        assert_eq!(marked_held(&w), 0, "held pages marked at {} s", now / SEC);
+    }
+    assert_eq!(
+        d.mode(joined).map(|m| matches!(m, Mode::Held { .. })),
+        Some(false)
+    );
 }
 
 /// Under the defaults (a settled region passed over every 30 s), a region

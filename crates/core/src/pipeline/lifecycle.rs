@@ -37,6 +37,23 @@
 //! | foreign | [`stop_foreign`](Lifecycles::stop_foreign) (its process unmarked it) | sampling |
 //! | promoted | [`trimmed`](Lifecycles::trimmed) (all of it was a trimmed stretch) | sampling |
 //! | sampling | [`adopt_settled`](Lifecycles::adopt_settled) (a marked piece of a trimmed region) | promoted, settled |
+//! | sampling, new | [`inherit_hold`](Lifecycles::inherit_hold) (it lies mostly over held regions) | held until their hold ends |
+//!
+//! ## A hold outlives the region's id
+//! A region is a VMA (or a 64 MiB piece of one), and its id goes with the
+//! VMA's range. Unmarking a thrashing region can make its VMA one with a
+//! neighbour that has the same flags (the kernel joins adjacent anonymous
+//! VMAs), and marking a run next to a held region splits it: either way
+//! the held pages come back under a new id, sampled from scratch, and
+//! were promoted and broken again well within the hold. In `pagesift
+//! bench --full --only short-lived-2000ms --systems pagesift-full`
+//! (2026-12-03, 2-CPU Xeon, the daemon's log read by hand) the
+//! workload's heap was demoted for thrashing, came back 3 s later as a
+//! region joined with its neighbour, had three runs marked in it at once
+//! and was demoted again 16 s later, 711 COW breaks more. So a region new
+//! to the books that lies at least half over held regions of the same
+//! process takes their hold over ([`HeldState`]: the latest end, the most
+//! holds, and whether any was held since a write watch cleared it).
 //!
 //! ## Settling and COW accounting
 //! Promoted and foreign regions are accounted in passes over their pages
@@ -232,6 +249,30 @@ pub enum Mode {
     Foreign,
 }
 
+/// A hold as the region that replaces a held one takes it over
+/// ([`Lifecycles::inherit_hold`]; the module header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldState {
+    /// End of the hold.
+    pub until: Nanos,
+    /// How often the region was held (the next hold doubles from here).
+    pub holds: u32,
+    /// Held since a write watch last found it cold all over.
+    pub since_cleared: bool,
+}
+
+impl HeldState {
+    /// The hold of a region that lies over both: the later end, the more
+    /// holds, held since cleared if either was.
+    pub fn join(self, other: HeldState) -> HeldState {
+        HeldState {
+            until: self.until.max(other.until),
+            holds: self.holds.max(other.holds),
+            since_cleared: self.since_cleared || other.since_cleared,
+        }
+    }
+}
+
 /// Counts of one accounting pass over a region.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PassCounts {
@@ -401,6 +442,18 @@ impl Lifecycle {
     /// How often it was held.
     pub fn holds(&self) -> u32 {
         self.holds
+    }
+
+    /// Its hold, if it is held now.
+    pub fn held_state(&self) -> Option<HeldState> {
+        match self.mode {
+            Mode::Held { until } => Some(HeldState {
+                until,
+                holds: self.holds,
+                since_cleared: self.held_since_cleared(),
+            }),
+            _ => None,
+        }
     }
 
     /// Whether it was held (for its writes, or unmarked for thrashing)
@@ -1048,6 +1101,35 @@ impl Lifecycles {
         if let Some(l) = self.regions.get_mut(&id) {
             l.cleared_holds = l.holds;
         }
+    }
+
+    /// `id`, a sampling region new to the caller, lies mostly over regions
+    /// held as `held` says (their VMAs were joined or split, see the
+    /// module header): it is held until the same end, with as many holds
+    /// (the next one doubles from there). Nothing happens to a region
+    /// not sampling, or when that hold has ended by `now`. Whether it is
+    /// held now.
+    pub fn inherit_hold(&mut self, id: RegionId, held: HeldState, now: Nanos) -> bool {
+        if held.until <= now {
+            return false;
+        }
+        let inherited = self
+            .apply(id, |l| {
+                if l.mode != Mode::Sampling {
+                    return false;
+                }
+                l.holds = l.holds.max(held.holds).max(1);
+                l.cleared_holds = if held.since_cleared {
+                    l.cleared_holds.min(l.holds - 1)
+                } else {
+                    l.holds
+                };
+                l.mode = Mode::Held { until: held.until };
+                true
+            })
+            .unwrap_or(false);
+        self.view_changed |= inherited;
+        inherited
     }
 
     /// Ends `id`'s hold if it is held and its hold ended by `now`: back to
@@ -1851,6 +1933,62 @@ mod tests {
         );
     }
 
+    /// A region that replaces a held one (its VMA joined or split) is
+    /// held to the same end, hidden from the ladder, released then, and
+    /// its next hold doubles from the holds it took over. A region not
+    /// sampling, or a hold already over, takes nothing.
+    #[test]
+    fn a_region_that_replaces_a_held_one_takes_its_hold_over() {
+        let old = RegionId(R.0 + 1);
+        let mut l = one(64);
+        l.track(old, 128, 0);
+        let until = l.hold(old, 0, 60).unwrap();
+        let held = l[old].held_state().unwrap();
+        assert_eq!(
+            held,
+            HeldState {
+                until,
+                holds: 1,
+                since_cleared: true
+            }
+        );
+        assert!(l[R].held_state().is_none());
+        l.forget(old);
+        assert!(!l.inherit_hold(R, held, until), "over at its end");
+        l.take_view_changed();
+        assert!(l.inherit_hold(R, held, 10 * SEC));
+        assert_eq!(l[R].mode(), Mode::Held { until });
+        assert!(l.is_hidden(R) && l.take_view_changed());
+        assert!(l[R].held_since_cleared());
+        assert!(!l.inherit_hold(R, held, 10 * SEC), "held already");
+        assert!(l.release_due(until - 1).is_empty());
+        assert_eq!(l.release_due(until), vec![R]);
+        let next = l.hold(R, until, 60).unwrap();
+        assert_eq!(next - until, hold_time(60, 2));
+        // Joined with one a watch found cold: cold too.
+        let mut l = one(64);
+        let cold = HeldState {
+            until: SEC,
+            holds: 3,
+            since_cleared: false,
+        };
+        let warm = HeldState {
+            until: 2 * SEC,
+            holds: 1,
+            since_cleared: false,
+        };
+        assert!(l.inherit_hold(R, cold.join(warm), 0));
+        assert_eq!(
+            (l[R].mode(), l[R].holds()),
+            (Mode::Held { until: 2 * SEC }, 3)
+        );
+        assert!(!l[R].held_since_cleared());
+        let mut l = one(64);
+        l.mark(R, 0, 0);
+        assert!(!l.inherit_hold(R, warm, 0), "promoted");
+        assert_eq!(l[R].mode(), Mode::Promoted);
+    }
+
     #[test]
     fn forgetting_a_region_drops_it_from_the_hidden_set() {
         let mut l = one(64);
@@ -1867,6 +2005,7 @@ mod tests {
         Mark(u8),
         Remerge(u8),
         Hold(u8, u64),
+        Inherit(u8, u64, u32, bool),
         Release(u8),
         ReleaseDue,
         Foreign(u8),
@@ -1888,6 +2027,8 @@ mod tests {
             3 => (0u8..6).prop_map(Op::Mark),
             1 => (0u8..6).prop_map(Op::Remerge),
             3 => (0u8..6, 0u64..100).prop_map(|(i, b)| Op::Hold(i, b)),
+            2 => (0u8..6, 0u64..200 * SEC, 0u32..8, any::<bool>())
+                .prop_map(|(i, t, n, c)| Op::Inherit(i, t, n, c)),
             2 => (0u8..6).prop_map(Op::Release),
             2 => Just(Op::ReleaseDue),
             1 => (0u8..6).prop_map(Op::Foreign),
@@ -1966,6 +2107,30 @@ mod tests {
                             prop_assert!(until - now >= (base * SEC).min(MAX_HOLD));
                             must_change = true;
                             prop_assert!(l.is_hidden(id));
+                        }
+                    }
+                    Op::Inherit(i, t, n, c) => {
+                        let id = RegionId(i.into());
+                        let was = l.get(id).map(|x| (x.mode(), x.holds()));
+                        let held = HeldState { until: t, holds: n, since_cleared: c };
+                        let done = l.inherit_hold(id, held, now);
+                        prop_assert_eq!(
+                            done,
+                            t > now && matches!(was, Some((Mode::Sampling, _)))
+                        );
+                        if done {
+                            let x = &l[id];
+                            prop_assert_eq!(x.mode(), Mode::Held { until: t });
+                            prop_assert_eq!(x.holds(), was.unwrap().1.max(n).max(1));
+                            if c {
+                                prop_assert!(x.held_since_cleared());
+                            } else {
+                                prop_assert!(!x.held_since_cleared());
+                            }
+                            must_change = true;
+                            prop_assert!(l.is_hidden(id));
+                        } else {
+                            prop_assert_eq!(l.get(id).map(|x| (x.mode(), x.holds())), was);
                         }
                     }
                     Op::Release(i) => { l.release(RegionId(i.into()), now); released_by_op = true; }

@@ -1,7 +1,8 @@
 //! What the loop keeps about each region besides its lifecycle: its
 //! [`Book`] (write watch, the sweep's findings, how it was raised and
-//! marked), and [`KnownSpans`], which dates the pieces a mark splits off a
-//! known region.
+//! marked), [`KnownSpans`], which dates the pieces a mark splits off a
+//! known region, and [`HeldSpans`], which holds the regions that replace
+//! held ones.
 //!
 //! Invariants: a book's zones, duplicate map and watch are offsets into
 //! its current span; they are dropped whenever the span changes length
@@ -66,6 +67,102 @@ impl KnownSpans {
             .filter(|k| span.vma_end <= k.vma.1 && k.range.0 < span.end() && span.start < k.range.1)
             .map(|k| k.first_seen)
             .min()
+    }
+}
+
+/// The address ranges of holds in force, by process, so that the pages
+/// of a held region stay held whatever id they come back under
+/// (`Lifecycles::inherit_hold`, whose module header says why). A range is
+/// remembered from the refresh that finds its region held until its hold
+/// ends, its pages are unmapped, or its process leaves: the unmarks and
+/// marks around a thrashing region can join and split its VMA several
+/// times within one hold (in `pagesift bench --full --only
+/// short-lived-1000ms`, 2026-12-03, the heap of 2062 pages came back as
+/// pieces of 16 to 1789 pages, each judged afresh).
+///
+/// Invariant: sorted by process and start; every entry's hold ends after
+/// the last [`renew`](HeldSpans::renew).
+#[derive(Default)]
+pub(super) struct HeldSpans(Vec<(ProcKey, u64, u64, HeldState)>);
+
+impl HeldSpans {
+    /// Drops the holds over by `now` and those of processes not in
+    /// `allowed`, and adds the regions held now.
+    pub(super) fn renew(
+        &mut self,
+        books: &BTreeMap<RegionId, Book>,
+        lives: &Lifecycles,
+        allowed: &HashMap<u32, ProcKey>,
+        now: Nanos,
+    ) {
+        self.0
+            .retain(|(p, _, _, h)| h.until > now && allowed.get(&p.pid) == Some(p));
+        for (id, l) in lives.iter() {
+            if let (Some(b), Some(h)) = (books.get(&id), l.held_state())
+                && h.until > now
+            {
+                let (p, s, e) = (b.span.proc, b.span.start, b.span.end());
+                match self.0.iter_mut().find(|x| (x.0, x.1, x.2) == (p, s, e)) {
+                    Some(x) => x.3 = x.3.join(h),
+                    None => self.0.push((p, s, e, h)),
+                }
+            }
+        }
+        self.0.sort_unstable_by_key(|&(p, s, ..)| (p, s));
+    }
+
+    /// Forgets the holds over `[start, end)` of `proc`: unmapped.
+    pub(super) fn unmapped(&mut self, proc: ProcKey, start: u64, end: u64) {
+        self.0
+            .retain(|&(p, s, e, _)| p != proc || e <= start || end <= s);
+    }
+
+    /// The holds of `proc` in force at `now` over `[start, end)`.
+    fn over_range(
+        &self,
+        proc: ProcKey,
+        start: u64,
+        end: u64,
+        now: Nanos,
+    ) -> impl Iterator<Item = &(ProcKey, u64, u64, HeldState)> {
+        let from = self.0.partition_point(|&(p, ..)| p < proc);
+        (self.0[from..].iter())
+            .take_while(move |&&(p, s, ..)| p == proc && s < end)
+            .filter(move |&&(_, _, e, h)| start < e && h.until > now)
+    }
+
+    /// The joined hold of the holds that cover at least half of `span`,
+    /// or `None`.
+    pub(super) fn over(&self, span: &Span, now: Nanos) -> Option<HeldState> {
+        let (start, end) = (span.start, span.end());
+        let mut covered = pagesift_core::ranges::RangeSet::new();
+        let mut joined = None::<HeldState>;
+        for &(_, s, e, h) in self.over_range(span.proc, start, end, now) {
+            covered.insert(s.max(start), e.min(end));
+            joined = Some(joined.map_or(h, |j| j.join(h)));
+        }
+        let covered: u64 = covered.iter().map(|(s, e)| e - s).sum();
+        joined.filter(|_| covered * 2 >= end - start)
+    }
+
+    /// The pages of `span` under holds in force at `now`, as sorted,
+    /// disjoint zones `[first, end)` of page offsets.
+    pub(super) fn zones(&self, span: &Span, now: Nanos) -> Vec<(u32, u32)> {
+        let (start, end) = (span.start, span.end());
+        let mut set = pagesift_core::ranges::RangeSet::new();
+        for &(_, s, e, _) in self.over_range(span.proc, start, end, now) {
+            set.insert(
+                (s.max(start) - start) / PAGE,
+                (e.min(end) - start).div_ceil(PAGE),
+            );
+        }
+        set.iter().map(|(s, e)| (s as u32, e as u32)).collect()
+    }
+
+    /// Whether a hold in force at `now` lies over any of `[start, end)`:
+    /// a run there is not marked.
+    pub(super) fn touches(&self, proc: ProcKey, start: u64, end: u64, now: Nanos) -> bool {
+        self.over_range(proc, start, end, now).next().is_some()
     }
 }
 

@@ -208,7 +208,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 );
                 unique.clear();
             }
-            let unique_zones = unique.len();
+            // And pages held under another id (their VMA was joined or
+            // split since the hold, `HeldSpans`): marked, they would be
+            // broken again.
+            let held = self.held_spans.zones(&b.span, now);
+            let (unique_zones, held_zones) = (unique.len(), held.len());
+            unique = join_zones(&unique, &held);
             let exclude = match (exclude, unique.is_empty()) {
                 (exclude, true) => exclude,
                 (written, false) => Some(join_zones(&written.unwrap_or_default(), &unique)),
@@ -271,17 +276,19 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                     pieces,
                     "written or unique in places: marking the rest of the region"
                 );
-            } else if worth == 0 && unique_zones > 0 {
-                // Nothing but stretches without duplicates: sampling's
-                // evidence is older than the sweep's or was luck. Held, so
-                // that it is not judged again at every wake.
+            } else if worth == 0 && (unique_zones > 0 || held_zones > 0) {
+                // Nothing but stretches without duplicates (sampling's
+                // evidence is older than the sweep's or was luck) or held
+                // under another id. Held, so that it is not judged again
+                // at every wake.
                 self.lives.hold(id, now, self.config.actuate.write_hold_s);
                 info!(
                     pid,
                     start = b.span.start,
                     pages = b.span.pages,
                     unique_zones,
-                    "no duplicates outside its unique zones: not promoted, held"
+                    held_zones,
+                    "no duplicates outside its unique or held zones: not promoted, held"
                 );
             }
         }
@@ -499,7 +506,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             let s = (b.span.start + first.saturating_sub(pad) * PAGE) / align * align;
             let e = (b.span.start + (end + pad) * PAGE).div_ceil(align) * align;
             let (s, e) = (s.max(b.span.start), e.min(b.span.end()));
-            if s < e && !self.marks.covers(b.span.proc, s, e) {
+            // A run over pages held under another id: not before the
+            // hold ends (`HeldSpans`), unless a hint names it, as above.
+            if s < e
+                && !self.marks.covers(b.span.proc, s, e)
+                && (hinted || !self.held_spans.touches(b.span.proc, s, e, now))
+            {
                 if hinted {
                     self.hints.marked((e - s) / PAGE);
                 }

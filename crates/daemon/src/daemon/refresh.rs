@@ -222,6 +222,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         // is a piece of a region known before (a mark split its VMA) is as
         // old as that region: see `known_since`.
         let before = KnownSpans::of(self.books.values());
+        (self.held_spans).renew(&self.books, &self.lives, &self.allowed, now);
         let regions = self.target.regions();
         let mut seen = BTreeSet::new();
         for r in regions {
@@ -244,6 +245,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                         .predecessor(span.proc, span.start, span.pages, now)
                 })
                 .flatten();
+            let new = !self.books.contains_key(&r.id);
             let book = self.books.entry(r.id).or_insert_with(|| {
                 let mut b = Book::new(span.clone(), before.known_since(&span).unwrap_or(now));
                 b.recurring = recurring;
@@ -303,6 +305,21 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 }
                 _ => {}
             }
+            // Held pages back under a new id (their VMA was joined with a
+            // neighbour, or split): still held (`HeldSpans`).
+            if new
+                && !mergeable
+                && let Some(h) = self.held_spans.over(&book.span, now)
+                && self.lives.inherit_hold(r.id, h, now)
+            {
+                info!(
+                    pid = book.span.proc.pid,
+                    start = book.span.start,
+                    pages = book.span.pages,
+                    held_s = (h.until - now) as f64 / SEC as f64,
+                    "held as the held regions it lies over were (their VMAs were joined or split)"
+                );
+            }
         }
         let gone: Vec<RegionId> = self
             .books
@@ -323,6 +340,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             if renumbered {
                 continue;
             }
+            self.held_spans
+                .unmapped(b.span.proc, b.span.start, b.span.end());
             // Unmapped: its marks went with it.
             let marked = life.as_ref().is_some_and(|l| l.mode() == Mode::Promoted);
             if marked {
