@@ -80,8 +80,8 @@ impl KnownSpans {
 /// short-lived-1000ms`, 2026-12-03, the heap of 2062 pages came back as
 /// pieces of 16 to 1789 pages, each judged afresh).
 ///
-/// Invariant: sorted by process and start; every entry's hold ends after
-/// the last [`renew`](HeldSpans::renew).
+/// Invariant: sorted by process, start and end, one entry per range;
+/// every entry's hold ends after the last [`renew`](HeldSpans::renew).
 #[derive(Default)]
 pub(super) struct HeldSpans(Vec<(ProcKey, u64, u64, HeldState)>);
 
@@ -101,14 +101,19 @@ impl HeldSpans {
             if let (Some(b), Some(h)) = (books.get(&id), l.held_state())
                 && h.until > now
             {
-                let (p, s, e) = (b.span.proc, b.span.start, b.span.end());
-                match self.0.iter_mut().find(|x| (x.0, x.1, x.2) == (p, s, e)) {
-                    Some(x) => x.3 = x.3.join(h),
-                    None => self.0.push((p, s, e, h)),
-                }
+                (self.0).push((b.span.proc, b.span.start, b.span.end(), h));
             }
         }
-        self.0.sort_unstable_by_key(|&(p, s, ..)| (p, s));
+        // One entry per range: a region still held is found again at
+        // every refresh.
+        self.0.sort_unstable_by_key(|&(p, s, e, _)| (p, s, e));
+        self.0.dedup_by(|later, kept| {
+            let same = (later.0, later.1, later.2) == (kept.0, kept.1, kept.2);
+            if same {
+                kept.3 = kept.3.join(later.3);
+            }
+            same
+        });
     }
 
     /// Forgets the holds over `[start, end)` of `proc`: unmapped.
