@@ -30,6 +30,11 @@ pub enum Tuning {
     /// daemon plus ksmd held to this share of one core: ksmd gets 3/4 of
     /// it, the daemon's sampling 1/4.
     CpuShare(f64),
+    /// The defaults, with the daemon plus ksmd held to this share of one
+    /// core as in [`Tuning::CpuShare`] (COW-broken filtering as
+    /// configured): pagesift at the CPU of a slower ksmd, for the files
+    /// experiment's comparison at equal CPU.
+    Capped(f64),
     /// Host page-cache scrubbing on (`[scrub]`, Singleton), periods for a
     /// run of a minute or two.
     Scrub,
@@ -107,6 +112,7 @@ impl System {
             System::Pagesift { governor, tuning } => match tuning {
                 Tuning::Default => format!("pagesift-{governor}"),
                 Tuning::CpuShare(s) => format!("pagesift-{governor}@{}%", pct(s)),
+                Tuning::Capped(s) => format!("pagesift-{governor}-capped@{}%", pct(s)),
                 Tuning::ShortLived => format!("pagesift-{governor}-short"),
                 Tuning::NoHints => format!("pagesift-{governor}-nohints"),
                 Tuning::Scrub => format!("pagesift-{governor}-scrub"),
@@ -149,11 +155,14 @@ impl System {
             Tuning::Default => "# pagesift bench: the defaults\n".into(),
             Tuning::CpuShare(s) => format!(
                 "# pagesift bench: COW-broken filtering off (UKSM §8.1.2), {p} % of a core\n\
-                 [ladder]\nv_cow = 1.0\n\n[scan]\ncpu_cap = {d}\n\n\
-                 [ksm]\nmerge_share = {k}\ntrickle_share = {k}\n",
+                 [ladder]\nv_cow = 1.0\n\n{cap}",
                 p = pct(s),
-                d = s / 4.0,
-                k = s * 0.75,
+                cap = held_to(s),
+            ),
+            Tuning::Capped(s) => format!(
+                "# pagesift bench: the defaults, {p} % of a core\n{cap}",
+                p = pct(s),
+                cap = held_to(s),
             ),
             // The period's bounds follow the guests' cache turnover, as the
             // paper's 30-60 s followed its guests': a page a guest evicts
@@ -181,13 +190,21 @@ impl System {
 pub const SHORT_LIVED_PROFILE: &str = include_str!("../../../dist/profiles/short-lived.toml");
 
 /// A share of one core as a percentage without trailing zeros.
+/// The config sections that hold the daemon plus ksmd to `share` of one
+/// core: ksmd gets 3/4 of it, merging or trickling, the daemon's sampling
+/// 1/4.
+fn held_to(share: f64) -> String {
+    format!(
+        "[scan]\ncpu_cap = {d}\n\n[ksm]\nmerge_share = {k}\ntrickle_share = {k}\n",
+        d = share / 4.0,
+        k = share * 0.75,
+    )
+}
+
+/// A share as a percentage, to two decimals at most ("2", "0.15").
 fn pct(share: f64) -> String {
-    let p = share * 100.0;
-    if (p - p.round()).abs() < 1e-9 {
-        format!("{}", p.round() as i64)
-    } else {
-        format!("{p:.1}")
-    }
+    let p = format!("{:.2}", share * 100.0);
+    p.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 #[cfg(test)]
@@ -211,6 +228,10 @@ mod tests {
                 governor: Governor::Full,
                 tuning: Tuning::OwnerMarks,
             },
+            System::Pagesift {
+                governor: Governor::Full,
+                tuning: Tuning::Capped(0.0015),
+            },
             System::Ksm {
                 pages_to_scan: 1000,
             },
@@ -227,6 +248,7 @@ mod tests {
                 "pagesift-full@2%",
                 "pagesift-full-short",
                 "pagesift-full-owner-marks",
+                "pagesift-full-capped@0.15%",
                 "ksm-1000",
                 "ksm-advisor",
                 "ksm-paced@10%",
@@ -235,7 +257,7 @@ mod tests {
         );
         assert!(all[0].is_pagesift() && !all[0].workload_mergeable());
         assert!(all[4].is_pagesift() && all[4].workload_mergeable());
-        assert!(all[5].workload_mergeable() && all[5].config_toml().is_none());
+        assert!(all[6].workload_mergeable() && all[6].config_toml().is_none());
     }
 
     #[test]
@@ -243,6 +265,7 @@ mod tests {
         for t in [
             Tuning::Default,
             Tuning::CpuShare(0.1),
+            Tuning::Capped(0.1),
             Tuning::ShortLived,
             Tuning::NoHints,
             Tuning::OwnerMarks,
@@ -253,8 +276,8 @@ mod tests {
             };
             let text = s.config_toml().unwrap();
             let c = pagesift_daemon::config::Config::from_toml(&text, "bench").unwrap();
-            if let Tuning::CpuShare(_) = t {
-                assert_eq!(c.ladder.v_cow, 1.0);
+            if let Tuning::CpuShare(_) | Tuning::Capped(_) = t {
+                assert_eq!(c.ladder.v_cow == 1.0, matches!(t, Tuning::CpuShare(_)));
                 let k = c.ksm.merge_share.unwrap();
                 let d = c.scan.cpu_cap.unwrap();
                 assert!((k + d - 0.1).abs() < 1e-12);
