@@ -359,19 +359,7 @@ fn a_thrashing_promoted_region_is_unmarked_and_held_out_of_the_ladder() {
         m.spawn(30, "thrash", false);
         m.map(30, &[9; 1024], false)
     };
-    let mut d = daemon(
-        &w,
-        "[actuate]\nrecheck_s = 1\n[eligible]\nall = true\n",
-        &[],
-    );
-    let mut now = 0;
-    run(&mut d, &mut now, 300);
-    assert_eq!(d.mode(dup), Some(Mode::Promoted));
-    assert_eq!(w.borrow().count(dup, PageState::Merged), 1024);
-    assert!(
-        thrash_until_demoted(&w, &mut d, &mut now, dup),
-        "never demoted"
-    );
+    let (mut d, mut now) = promoted_then_demoted(&w, dup);
     assert!(matches!(d.mode(dup), Some(Mode::Held { .. })));
     {
         let m = w.borrow();
@@ -393,6 +381,23 @@ fn a_thrashing_promoted_region_is_unmarked_and_held_out_of_the_ladder() {
     assert_eq!(st.totals.held_regions, 1);
     assert_eq!(st.totals.unmarks, 1);
     assert!(st.totals.cow_breaks >= 1024);
+}
+
+/// A daemon over `w` (regions passed over every second once settled)
+/// that promotes `dup` (1024 pages of content 9) and merges it, then,
+/// with its pages rewritten, demotes it ([`thrash_until_demoted`]).
+/// Returns the daemon and the time of the demotion.
+fn promoted_then_demoted(w: &Shared, dup: RegionId) -> (D, Nanos) {
+    let mut d = daemon(w, "[actuate]\nrecheck_s = 1\n[eligible]\nall = true\n", &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300);
+    assert_eq!(d.mode(dup), Some(Mode::Promoted));
+    assert_eq!(w.borrow().count(dup, PageState::Merged), 1024);
+    assert!(
+        thrash_until_demoted(w, &mut d, &mut now, dup),
+        "never demoted"
+    );
+    (d, now)
 }
 
 /// Rewrites half of `dup`'s pages (content 9, unchanged) at a time, the
@@ -436,18 +441,7 @@ fn demoted_then_joined(next_pages: usize) -> (Shared, D, RegionId, Nanos, Nanos)
         );
         (dup, next, start)
     };
-    let mut d = daemon(
-        &w,
-        "[actuate]\nrecheck_s = 1\n[eligible]\nall = true\n",
-        &[],
-    );
-    let mut now = 0;
-    run(&mut d, &mut now, 300);
-    assert_eq!(d.mode(dup), Some(Mode::Promoted));
-    assert!(
-        thrash_until_demoted(&w, &mut d, &mut now, dup),
-        "never demoted"
-    );
+    let (d, now) = promoted_then_demoted(&w, dup);
     let demoted_at = now;
     let joined = {
         let mut m = w.borrow_mut();
