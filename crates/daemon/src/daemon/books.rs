@@ -97,8 +97,11 @@ impl HeldSpans {
     ) {
         self.0
             .retain(|(p, _, _, h)| h.until > now && allowed.get(&p.pid) == Some(p));
-        for (id, l) in lives.iter() {
-            if let (Some(b), Some(h)) = (books.get(&id), l.held_state())
+        for (id, h) in lives
+            .iter()
+            .filter_map(|(id, l)| Some((id, l.held_state()?)))
+        {
+            if let Some(b) = books.get(&id)
                 && h.until > now
             {
                 (self.0).push((b.span.proc, b.span.start, b.span.end(), h));
@@ -139,15 +142,13 @@ impl HeldSpans {
     /// The joined hold of the holds that cover at least half of `span`,
     /// or `None`.
     pub(super) fn over(&self, span: &Span, now: Nanos) -> Option<HeldState> {
-        let (start, end) = (span.start, span.end());
-        let mut covered = pagesift_core::ranges::RangeSet::new();
-        let mut joined = None::<HeldState>;
-        for &(_, s, e, h) in self.over_range(span.proc, start, end, now) {
-            covered.insert(s.max(start), e.min(end));
-            joined = Some(joined.map_or(h, |j| j.join(h)));
+        let covered: u32 = self.zones(span, now).iter().map(|(s, e)| e - s).sum();
+        if covered * 2 < span.pages {
+            return None;
         }
-        let covered: u64 = covered.iter().map(|(s, e)| e - s).sum();
-        joined.filter(|_| covered * 2 >= end - start)
+        (self.over_range(span.proc, span.start, span.end(), now))
+            .map(|&(.., h)| h)
+            .reduce(HeldState::join)
     }
 
     /// The pages of `span` under holds in force at `now`, as sorted,

@@ -213,7 +213,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             // broken again.
             let held = self.held_spans.zones(&b.span, now);
             let (unique_zones, held_zones) = (unique.len(), held.len());
-            unique = join_zones(&unique, &held);
+            if !held.is_empty() {
+                unique = join_zones(&unique, &held);
+            }
             let exclude = match (exclude, unique.is_empty()) {
                 (exclude, true) => exclude,
                 (written, false) => Some(join_zones(&written.unwrap_or_default(), &unique)),
