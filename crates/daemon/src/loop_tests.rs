@@ -1544,12 +1544,17 @@ fn the_sweep_raises_regions_whose_duplicates_sit_at_other_offsets_and_they_merge
     };
     let mut d = daemon(
         &w,
-        "[eligible]\nall = true\n[scan]\nsweep_every_s = 1\nsweep_min_age_s = 0.0\n",
+        "[eligible]\nall = true\n[scan]\nsweep_every_s = 1\nsweep_min_age_s = 0.0\nsweep_share = 0.3\n",
         &[],
     );
     let mut now = 0;
     // The sweep's slices are sized by its CPU time measured on this
     // machine: under a loaded test run the first epoch takes more wakes.
+    // A debug build hashes a page in about 8 µs, so at the default 3 %
+    // the epoch would take most of a second of the simulated clock, and
+    // sampling, which finds A's and B's twins too, could mark A whole
+    // before the sweep's zones exist: the share is raised so that the
+    // sweep is what this test watches.
     for _ in 0..2000 {
         run(&mut d, &mut now, 1);
         if d.status(now).daemon.sweep.epochs >= 1 {
