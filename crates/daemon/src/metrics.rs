@@ -274,6 +274,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Hint events lost in the kernel because the ring buffer was full",
     ),
     (
+        "hints_not_file_data",
+        "Calls of a page or more on no file data (pipes, sockets, procfs, sysfs, ...) left unhinted",
+    ),
+    (
         "hints_dropped_stale",
         "Hints dropped as older than the maximum age or the last round",
     ),
@@ -496,6 +500,7 @@ impl Metrics {
             ("hints_received", s.hints.received as f64),
             ("hints_pushed", s.hints.pushed as f64),
             ("hints_dropped_ring", s.hints.dropped_ring as f64),
+            ("hints_not_file_data", s.hints.not_file_data as f64),
             ("hints_dropped_stale", s.hints.dropped_stale as f64),
             ("hints_dropped_unmapped", s.hints.dropped_unmapped as f64),
             ("hints_overwritten", s.hints.overwritten as f64),

@@ -295,6 +295,11 @@ pub struct HintsStatus {
     pub held_writes: u64,
     /// Events the kernel dropped because the ring was full.
     pub dropped_ring: u64,
+    /// Calls of a page or more on something other than file data (pipes,
+    /// sockets, procfs and sysfs files, ...) that the program left
+    /// unhinted.
+    #[serde(default)]
+    pub not_file_data: u64,
     /// Hints dropped as stale (older than the maximum age, or than the
     /// ladder's pass over the bottom level).
     pub dropped_stale: u64,
@@ -773,14 +778,15 @@ pub fn render(s: &Status) -> String {
     let _ = match h.state.as_str() {
         "on" => writeln!(
             o,
-            "\nI/O hints: on ({}): {} syscall events, {} pages hinted, {} stacked for sampling, {} found duplicated, {} pages marked from them; {} events lost to a full ring",
+            "\nI/O hints: on ({}): {} syscall events, {} pages hinted, {} stacked for sampling, {} found duplicated, {} pages marked from them; {} events lost to a full ring; {} calls on no file data left out",
             h.hook.as_deref().unwrap_or("?"),
             h.events,
             h.received,
             h.pushed,
             h.duplicates,
             h.pages_marked,
-            h.dropped_ring
+            h.dropped_ring,
+            h.not_file_data
         ),
         "off" => writeln!(o, "\nI/O hints: off ([hints] enabled = false)"),
         "unavailable" => writeln!(

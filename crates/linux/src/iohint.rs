@@ -37,11 +37,26 @@
 //! wake-up.) A reservation that fails because the ring is full is counted
 //! ([`HintCounters::ring_full`]), never silent.
 //!
+//! Only I/O of file data is hinted: the descriptor (the call's first
+//! argument, looked up in the process's file table after the call) must
+//! name a regular file or a block device, and a regular file must not be
+//! on a filesystem whose files the kernel makes up at each read (procfs,
+//! sysfs, cgroupfs, debugfs and the like; the list is in the program).
+//! XLH hints I/O to the background store (§4.3.2); the buffer of a read of
+//! `/proc/PID/pagemap`, a pipe or a socket holds data no other process or
+//! guest holds, and hinting it costs the daemon a read and a hash of each
+//! page for nothing. Such calls are counted
+//! ([`HintCounters::not_file_data`]). The program reads the kernel's
+//! `task_struct`, `files_struct`, `fdtable`, `file`, `inode` and
+//! `super_block` through CO-RE relocations, which aya resolves against the
+//! kernel's BTF at load.
+//!
 //! ## Invariants
 //! - A hint covers only whole pages inside the bytes the syscall moved.
+//! - A hint comes only from a call on a descriptor of file data (above).
 //! - Only processes in the `tgids` map produce hints.
 //! - The program never writes user or kernel memory; it only reads the
-//!   saved registers and the iovec array.
+//!   saved registers, the iovec array and the descriptor's file.
 //!
 //! ## When it cannot run
 //! [`HintSource::open`] checks, in order, the capabilities (`CAP_BPF` and
@@ -156,6 +171,11 @@ pub struct HintCounters {
     pub iovecs_beyond: u64,
     /// Calls that moved data but covered no whole page.
     pub no_whole_page: u64,
+    /// Calls that moved a page or more from or to something other than
+    /// file data (a pipe, a socket, a character device, a file of procfs,
+    /// sysfs or another filesystem whose files the kernel makes up at each
+    /// read): not hinted.
+    pub not_file_data: u64,
 }
 
 /// Why hints cannot be had; the message names what is missing.
@@ -375,6 +395,7 @@ impl HintSource {
             ring_full: slot(1),
             iovecs_beyond: slot(2),
             no_whole_page: slot(3),
+            not_file_data: slot(4),
         }
     }
 }

@@ -261,3 +261,62 @@ fn without_btf_the_error_names_it() {
         "{msg}"
     );
 }
+
+/// Only I/O of file data is hinted: a read of a sysfs file (the kernel's
+/// BTF, made up at each read) gives no hint and is counted, while the same
+/// reads of a regular file on disk and of one on tmpfs are hinted page for
+/// page.
+#[test]
+fn reads_of_kernel_made_files_are_not_hinted_and_are_counted() {
+    require_root();
+    let sysfs = Path::new("/sys/kernel/btf/vmlinux");
+    let len = std::fs::metadata(sysfs).expect("kernel BTF").len();
+    assert!(len >= 64 * PAGE, "{len}");
+    let disk = tempfile::tempdir().unwrap();
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let on_disk = make_file(disk.path(), "f", 256 * 1024);
+    let on_tmpfs = make_file(shm.path(), "f", 256 * 1024);
+    let mut source = HintSource::open(&HintSourceConfig::default()).expect("hint source");
+    let start = |file: &Path| {
+        Workload::start(&[
+            "--die-with-parent",
+            "read-files",
+            "--files",
+            &file.display().to_string(),
+            "--syscall",
+            "read",
+        ])
+    };
+    let mut readers: Vec<Workload> = [sysfs, &on_disk, &on_tmpfs]
+        .iter()
+        .map(|f| start(f))
+        .collect();
+    source.watch(readers.iter().map(|w| w.pid()));
+    let before = source.counters();
+    let mut placed = Vec::new();
+    for w in &mut readers {
+        let reply = w.ask("read");
+        let f = &reply["read"][0];
+        placed.push((f["addr"].as_u64().unwrap(), f["bytes"].as_u64().unwrap()));
+    }
+    let mut hints = Vec::new();
+    source.drain(|h| hints.push(h));
+    let after = source.counters();
+    assert_eq!(placed[0].1, len, "the sysfs file was not read whole");
+    assert!(
+        hinted_pages(&hints, readers[0].pid()).is_empty(),
+        "a read of a sysfs file was hinted"
+    );
+    // 64 KiB a call: every call of the sysfs reader that moved a page.
+    let calls = len / (CHUNK_KIB * 1024);
+    assert!(
+        after.not_file_data - before.not_file_data >= calls,
+        "{before:?} -> {after:?}, {calls} calls"
+    );
+    for (w, &(addr, bytes)) in readers.iter().zip(&placed).skip(1) {
+        let mut want = BTreeMap::new();
+        expected(addr, bytes, false, &mut want);
+        assert_eq!(want.len(), 64);
+        assert_eq!(hinted_pages(&hints, w.pid()), want, "pid {}", w.pid());
+    }
+}

@@ -95,6 +95,11 @@ pub trait HintTap: Send {
     fn drain(&mut self, f: &mut dyn FnMut(HintedRange)) -> u64;
     /// Events the kernel dropped because the ring was full, so far.
     fn ring_dropped(&self) -> u64;
+    /// Calls on something other than file data that the program left
+    /// unhinted, so far.
+    fn not_file_data(&self) -> u64 {
+        0
+    }
     /// A descriptor that turns readable when hints arrive after a drain,
     /// for the loop's sleep to wake on; `None` if there is none.
     fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
@@ -129,6 +134,9 @@ impl HintTap for pagesift_linux::iohint::HintSource {
     }
     fn ring_dropped(&self) -> u64 {
         self.counters().ring_full
+    }
+    fn not_file_data(&self) -> u64 {
+        self.counters().not_file_data
     }
     fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         Some(pagesift_linux::iohint::HintSource::wake_fd(self))
@@ -321,6 +329,7 @@ impl HintFeed {
             mergeable: c.mergeable,
             held_writes: c.held_writes,
             dropped_ring: self.tap.as_ref().map_or(0, |t| t.ring_dropped()),
+            not_file_data: self.tap.as_ref().map_or(0, |t| t.not_file_data()),
             dropped_stale: st.expired,
             dropped_unmapped: st.unmapped,
             overwritten: st.overwritten,
