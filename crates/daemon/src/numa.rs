@@ -364,6 +364,9 @@ struct Decision {
     unanimous: bool,
     /// A sharer's copy was never seen unmerged.
     memo_missing: bool,
+    /// Some copies were on the active LRU list and some not (the fair
+    /// policy's first rule decides then).
+    activity_split: bool,
 }
 
 /// One sharer's copy before the merge.
@@ -427,6 +430,13 @@ pub struct NumaStatus {
     /// process's home node stood in for the copy's node).
     #[serde(default)]
     pub without_memo: u64,
+    /// Of those, decided among copies of which some were on the active
+    /// LRU list and some not: the fair policy keeps an active copy's node
+    /// then, so these are not spread evenly. (Kept to tell, when the
+    /// split between nodes is uneven, whether activity did it: the
+    /// daemon's own remote reads mark the pages they read accessed.)
+    #[serde(default)]
+    pub activity_split: u64,
 }
 
 /// The human view of the placement status (a section of `pagesift
@@ -469,10 +479,11 @@ pub fn render(n: &NumaStatus) -> String {
     if !n.decided_per_node.is_empty() {
         let _ = writeln!(
             o,
-            "  decided: {}; {} with every copy on one node, {} with a copy never seen unmerged",
+            "  decided: {}; {} with every copy on one node, {} with a copy never seen unmerged, {} with only some copies active",
             per_node(&n.decided_per_node),
             n.unanimous,
-            n.without_memo
+            n.without_memo,
+            n.activity_split
         );
     }
     for p in &n.processes {
@@ -767,6 +778,8 @@ impl NumaPlacement {
                 target,
                 unanimous: copies.iter().all(|c| c.node == copies[0].node),
                 memo_missing,
+                activity_split: copies.iter().any(|c| c.active == Some(true))
+                    && !copies.iter().all(|c| c.active == Some(true)),
             };
             if target == current {
                 moved_frames.push(decision);
@@ -835,6 +848,7 @@ impl NumaPlacement {
             s.decided_per_node[d.target as usize] += 1;
             s.unanimous += u64::from(d.unanimous);
             s.without_memo += u64::from(d.memo_missing);
+            s.activity_split += u64::from(d.activity_split);
             if self.decided.len() + d.keys.len() <= DECIDED_LIMIT {
                 for key in d.keys {
                     self.decided.insert(key, d.sharers);
@@ -1062,13 +1076,16 @@ mod tests {
         assert_eq!(local_share(&fake, 10, 0), 0.5);
         assert_eq!(local_share(&fake, 11, 1), 0.5);
         assert_eq!(p.status().unanimous, 0);
+        assert_eq!(p.status().activity_split, 0);
     }
 
     #[test]
     fn the_active_copy_wins() {
         // Process 10's copies are active for the first half of the pages.
         let fake = world(|pid, i| pid == 10 && i < PAGES / 2);
-        run(&NumaSection::default(), &fake, 3);
+        let p = run(&NumaSection::default(), &fake, 3);
+        // The status tells how many were decided by activity.
+        assert_eq!(p.status().activity_split, PAGES / 2);
         let w = fake.0.lock().unwrap();
         for i in 0..PAGES / 2 {
             assert_eq!(w.node_of((10, i * 4096)), 0, "page {i}");
