@@ -189,7 +189,6 @@ impl System {
 /// short-lived memory.
 pub const SHORT_LIVED_PROFILE: &str = include_str!("../../../dist/profiles/short-lived.toml");
 
-/// A share of one core as a percentage without trailing zeros.
 /// The config sections that hold the daemon plus ksmd to `share` of one
 /// core: ksmd gets 3/4 of it, merging or trickling, the daemon's sampling
 /// 1/4.

@@ -275,7 +275,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     (
         "hints_not_file_data",
-        "Calls of a page or more on no file data (pipes, sockets, procfs, sysfs, ...) left unhinted",
+        "Calls covering a whole page on no file data (pipes, sockets, procfs, sysfs, ...) left unhinted",
     ),
     (
         "hints_dropped_stale",

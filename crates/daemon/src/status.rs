@@ -295,7 +295,7 @@ pub struct HintsStatus {
     pub held_writes: u64,
     /// Events the kernel dropped because the ring was full.
     pub dropped_ring: u64,
-    /// Calls of a page or more on something other than file data (pipes,
+    /// Calls covering a whole page on something other than file data (pipes,
     /// sockets, procfs and sysfs files, ...) that the program left
     /// unhinted.
     #[serde(default)]

@@ -177,7 +177,7 @@ static __always_inline __u64 whole_pages(__u64 start, __u64 len, __u64 *first)
    2026-12-03, none a duplicate). The descriptor is looked up after the
    call: if another thread closed or replaced it meanwhile the answer is
    about that file, an error of a hint either way, never a fault. Its
-   cost falls on watched calls that moved a page or more: by hand on
+   cost falls on watched calls that cover a whole page: by hand on
    2026-12-03 (2-CPU Intel Xeon, `pagesift hint-overhead --mib 64`, four
    alternating runs of each build) a watched 4 KiB pread64 of a cached
    file paid +78 to +230 ns a call before the check (median of the runs'
@@ -239,11 +239,6 @@ static __always_inline int hint(__u64 *ctx, int kind)
     if (bpf_probe_read_kernel(&regs, sizeof(regs),
                               (char *)ctx[0] + __builtin_offsetof(struct regs_x86, dx)))
         return 0;
-    /* Every hinted call takes its descriptor first (di). */
-    if (!file_data(regs.di)) {
-        count(C_NOT_FILE_DATA);
-        return 0;
-    }
 
     int vector = kind == K_READV || kind == K_PREADV || kind == K_PREADV2 ||
                  kind == K_WRITEV || kind == K_PWRITEV || kind == K_PWRITEV2;
@@ -252,6 +247,13 @@ static __always_inline int hint(__u64 *ctx, int kind)
         __u64 pages = whole_pages(regs.si, (__u64)ret, &first);
         if (!pages) {
             count(C_NO_WHOLE_PAGE);
+            return 0;
+        }
+        /* The descriptor (di) is looked up only for a call that would be
+           hinted: a read of a page into a buffer that is not page-aligned
+           covers no whole page and skips it. */
+        if (!file_data(regs.di)) {
+            count(C_NOT_FILE_DATA);
             return 0;
         }
         struct event *e = bpf_ringbuf_reserve(&hints, sizeof(*e) + sizeof(struct seg), 0);
@@ -301,6 +303,11 @@ static __always_inline int hint(__u64 *ctx, int kind)
     if (!any) {
         bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
         count(C_NO_WHOLE_PAGE);
+        return 0;
+    }
+    if (!file_data(regs.di)) {
+        bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
+        count(C_NOT_FILE_DATA);
         return 0;
     }
     e->tgid = tgid;

@@ -171,8 +171,8 @@ pub struct HintCounters {
     pub iovecs_beyond: u64,
     /// Calls that moved data but covered no whole page.
     pub no_whole_page: u64,
-    /// Calls that moved a page or more from or to something other than
-    /// file data (a pipe, a socket, a character device, a file of procfs,
+    /// Calls whose buffer held a whole page, from or to something other
+    /// than file data (a pipe, a socket, a character device, a file of procfs,
     /// sysfs or another filesystem whose files the kernel makes up at each
     /// read): not hinted.
     pub not_file_data: u64,
