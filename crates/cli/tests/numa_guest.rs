@@ -5,7 +5,9 @@
 //! KSM alone would leave (nearly) all merged pages on one node; fair
 //! placement must move merged pages so that each process finds 50 ± 10 %
 //! of them on its own node, and both processes' memory checksums must be
-//! unchanged.
+//! unchanged. The processes never touch their pages after filling them,
+//! so no merged page may be placed by activity (the LRU marks pagesift's
+//! own reads leave are set aside).
 //!
 //! Needs root and the 6.12 guest kernel that `scripts/setup` unpacks;
 //! without it the test passes with a "skipped" line, unless
@@ -59,13 +61,22 @@ fn fair_placement_gives_each_process_its_share_in_a_two_node_guest() {
     for line in log.lines().filter(|l| l.starts_with("numa-")) {
         eprintln!("{}", line.chars().take(400).collect::<String>());
     }
-    if let Some(status) = log
+    let status: serde_json::Value = log
         .lines()
         .find_map(|l| l.strip_prefix("numa-status fair "))
-    {
-        let v: serde_json::Value = serde_json::from_str(status).unwrap_or_default();
-        eprintln!("placement status: {}", v["numa"]);
-    }
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default();
+    eprintln!("placement status: {}", status["numa"]);
+    // The workloads never touch their pages after filling them, and
+    // nothing reclaims in the guest: any copy on the active list got there
+    // through pagesift's own reads, which must not decide placement (in a
+    // suite run before they were set aside, about 1 400 merged pages went
+    // to node 0 that way and its process found 68 % of them local).
+    assert_eq!(
+        status["numa"]["activity_split"].as_u64(),
+        Some(0),
+        "placement followed activity that only pagesift's reads could cause\n{log}"
+    );
     assert_eq!(results.len(), 1, "{log}");
     let r = &results[0];
     assert_eq!(r.processes.len(), 2, "{log}");

@@ -31,6 +31,12 @@ impl RangeSet {
         self.ranges.is_empty()
     }
 
+    /// How many disjoint ranges the set holds (its memory is about
+    /// proportional to this).
+    pub fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
     /// Removes every range.
     pub fn clear(&mut self) {
         self.ranges.clear();

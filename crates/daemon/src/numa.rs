@@ -16,7 +16,15 @@
 //!   the active LRU list (`KPF_ACTIVE`), in a bounded memo keyed by
 //!   (pid, address). That is the copy's activity *before* the merge: once
 //!   merged, one copy is gone and the survivor's flags say nothing about
-//!   the other sharers' use;
+//!   the other sharers' use. A copy pagesift itself has read
+//!   ([`pagesift_linux::read_record`], turned on with placement) counts as
+//!   inactive whatever its flag: a remote read marks the page used, and two
+//!   activate it, so the sampler's and the sweep's reads (which reach some
+//!   sharers' copies more often than others', e.g. the copy the index
+//!   verifies against) would otherwise decide for the process pagesift
+//!   happened to read twice. Anonymous pages are activated by their own
+//!   process's use only when reclaim scans them, so this loses little;
+//!   the status counts such decisions (`activity_discounted`);
 //! - a merged (KSM) page records the mapping under its frame number.
 //!
 //! A process's home node is the node its CPU affinity confines it to, else
@@ -150,6 +158,8 @@ pub struct PageFact {
     pub ksm: bool,
     /// On the active LRU list.
     pub active: bool,
+    /// pagesift has read it (then its activity may be pagesift's).
+    pub read_by_us: bool,
     /// Its node, if `move_pages` could say.
     pub node: Option<Node>,
 }
@@ -172,6 +182,9 @@ pub trait NumaHost {
     fn cpu_node(&self, _pid: u32) -> Option<Node> {
         None
     }
+    /// Drops what is kept about processes that are gone (`eligible` says
+    /// which pids are still watched).
+    fn forget_gone(&mut self, _eligible: &HashMap<u32, ProcKey>) {}
     /// Moves pages of `pid` to `node`; per page, `Ok` if it is there now,
     /// else why not.
     fn move_to(
@@ -231,6 +244,7 @@ impl NumaHost for LinuxNumaHost {
                     pfn,
                     ksm: false,
                     active: false,
+                    read_by_us: false,
                     node: None,
                 })
             })
@@ -243,6 +257,7 @@ impl NumaHost for LinuxNumaHost {
         for ((f, fl), n) in out.iter_mut().zip(&flags).zip(&nodes) {
             f.ksm = fl.ksm();
             f.active = fl.active();
+            f.read_by_us = pagesift_linux::read_record::was_read(pid, f.addr);
             // Zero pages have no node; huge pages are not placed here.
             f.node = n.node().filter(|_| !fl.thp() && !fl.zero_page());
         }
@@ -254,6 +269,14 @@ impl NumaHost for LinuxNumaHost {
         let mut out = vec![0; pfns.len()];
         self.counts.read_many(pfns, &mut out)?;
         Ok(out)
+    }
+
+    fn forget_gone(&mut self, eligible: &HashMap<u32, ProcKey>) {
+        // A process that left the eligible set but lives keeps its marks:
+        // the LRU flags pagesift's reads set stay with its pages.
+        pagesift_linux::read_record::retain(|pid| {
+            eligible.contains_key(&pid) || std::path::Path::new(&format!("/proc/{pid}")).exists()
+        });
     }
 
     fn nice(&self, pid: u32) -> Option<i32> {
@@ -367,13 +390,18 @@ struct Decision {
     /// Some copies were on the active LRU list and some not (the fair
     /// policy's first rule decides then).
     activity_split: bool,
+    /// A copy was active but pagesift had read it: taken as inactive.
+    activity_discounted: bool,
 }
 
 /// One sharer's copy before the merge.
 #[derive(Clone, Copy, Debug)]
 struct CopyMemo {
     node: Node,
+    /// On the active list, and not read by pagesift.
     active: bool,
+    /// On the active list, but read by pagesift: not counted as active.
+    discounted: bool,
 }
 
 /// Placement per process, in the status.
@@ -437,6 +465,11 @@ pub struct NumaStatus {
     /// daemon's own remote reads mark the pages they read accessed.)
     #[serde(default)]
     pub activity_split: u64,
+    /// Of those decided, with a copy on the active list that pagesift had
+    /// read, whose activity was therefore not counted (it may be
+    /// pagesift's own).
+    #[serde(default)]
+    pub activity_discounted: u64,
 }
 
 /// The human view of the placement status (a section of `pagesift
@@ -479,11 +512,12 @@ pub fn render(n: &NumaStatus) -> String {
     if !n.decided_per_node.is_empty() {
         let _ = writeln!(
             o,
-            "  decided: {}; {} with every copy on one node, {} with a copy never seen unmerged, {} with only some copies active",
+            "  decided: {}; {} with every copy on one node, {} with a copy never seen unmerged, {} with only some copies active, {} with an active copy pagesift had read (activity not counted)",
             per_node(&n.decided_per_node),
             n.unanimous,
             n.without_memo,
-            n.activity_split
+            n.activity_split,
+            n.activity_discounted
         );
     }
     for p in &n.processes {
@@ -539,7 +573,12 @@ impl NumaPlacement {
             return None;
         }
         match LinuxNumaHost::open() {
-            Ok(h) => NumaPlacement::new(section, Box::new(h)),
+            Ok(h) => {
+                // From now on the daemon's remote reads are recorded, so
+                // that the activity they cause is not taken for use.
+                pagesift_linux::read_record::enable();
+                NumaPlacement::new(section, Box::new(h))
+            }
             Err(e) => {
                 warn!(error = %e, "NUMA placement is off");
                 None
@@ -659,7 +698,8 @@ impl NumaPlacement {
                         (pid, f.addr),
                         CopyMemo {
                             node,
-                            active: f.active,
+                            active: f.active && !f.read_by_us,
+                            discounted: f.active && f.read_by_us,
                         },
                     );
                 }
@@ -698,6 +738,7 @@ impl NumaPlacement {
         }
         self.homes.retain(|pid, _| eligible.contains_key(pid));
         self.bound.retain(|pid| eligible.contains_key(pid));
+        self.host.forget_gone(eligible);
         self.memo.retain(|(pid, _), _| eligible.contains_key(pid));
         self.decided
             .retain(|(pid, _), _| eligible.contains_key(pid));
@@ -735,9 +776,11 @@ impl NumaPlacement {
             }
             let mut copies = Vec::with_capacity(sharers.len());
             let mut memo_missing = false;
+            let mut activity_discounted = false;
             for (pid, addr, _) in sharers {
                 let memo = self.memo.get(&(*pid, *addr)).copied();
                 memo_missing |= memo.is_none();
+                activity_discounted |= memo.is_some_and(|m| m.discounted);
                 // A bound process's copy stands for the process: its node is
                 // the home, wherever the frame happened to be (ksmd itself
                 // reallocates a copy on its own node when a merge it began
@@ -780,6 +823,7 @@ impl NumaPlacement {
                 memo_missing,
                 activity_split: copies.iter().any(|c| c.active == Some(true))
                     && !copies.iter().all(|c| c.active == Some(true)),
+                activity_discounted,
             };
             if target == current {
                 moved_frames.push(decision);
@@ -849,6 +893,7 @@ impl NumaPlacement {
             s.unanimous += u64::from(d.unanimous);
             s.without_memo += u64::from(d.memo_missing);
             s.activity_split += u64::from(d.activity_split);
+            s.activity_discounted += u64::from(d.activity_discounted);
             if self.decided.len() + d.keys.len() <= DECIDED_LIMIT {
                 for key in d.keys {
                     self.decided.insert(key, d.sharers);
@@ -893,6 +938,8 @@ mod tests {
     struct World {
         map: BTreeMap<(u32, u64), u64>,
         frames: HashMap<u64, (Node, bool, bool)>, // node, active, ksm
+        /// Pages pagesift has read, by (pid, addr).
+        read_by_us: HashSet<(u32, u64)>,
         nice: HashMap<u32, i32>,
         /// pid -> the node its CPU affinity confines it to.
         bound: HashMap<u32, Node>,
@@ -936,6 +983,7 @@ mod tests {
                         pfn,
                         ksm,
                         active,
+                        read_by_us: w.read_by_us.contains(&(pid, addr)),
                         node: Some(node),
                     }
                 })
@@ -1094,6 +1142,30 @@ mod tests {
             .filter(|i| w.node_of((10, i * 4096)) == 0)
             .count();
         assert_eq!(rest as u64, PAGES / 4, "the equal half is spread evenly");
+    }
+
+    #[test]
+    fn activity_that_pagesift_may_have_caused_decides_nothing() {
+        // Process 10's copies of the first half are active, but pagesift
+        // read them (two remote reads activate a page): fair must spread
+        // them like the inactive rest, and say why.
+        let fake = world(|pid, i| pid == 10 && i < PAGES / 2);
+        fake.0
+            .lock()
+            .unwrap()
+            .read_by_us
+            .extend((0..PAGES / 2).map(|i| (10, i * 4096)));
+        let p = run(&NumaSection::default(), &fake, 3);
+        assert_eq!(p.status().activity_split, 0);
+        assert_eq!(p.status().activity_discounted, PAGES / 2);
+        assert_eq!(local_share(&fake, 10, 0), 0.5);
+        assert_eq!(local_share(&fake, 11, 1), 0.5);
+        // Within the half pagesift read, too: round robin, not node 0.
+        let w = fake.0.lock().unwrap();
+        let first_half_on_0 = (0..PAGES / 2)
+            .filter(|i| w.node_of((10, i * 4096)) == 0)
+            .count();
+        assert_eq!(first_half_on_0 as u64, PAGES / 4);
     }
 
     #[test]

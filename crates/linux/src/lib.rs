@@ -36,7 +36,8 @@
 //!    `/proc/PID/mem` instead: `process_vm_readv` pins pages, and pinning a
 //!    shared anonymous page makes the kernel copy it in the target (measured
 //!    here, see [`read`]). [`LinuxSource`] re-checks presence and
-//!    exclusivity right before each read.
+//!    exclusivity right before each read. Every read marks its pages used
+//!    in the LRU; [`read_record`] remembers which, for NUMA placement.
 //! 4. **Present it to the core** ([`source`]). [`LinuxSource`] maps VMAs to
 //!    stable [`RegionId`](pagesift_core::RegionId)s and implements the trait.
 //!
@@ -100,6 +101,7 @@ pub mod procstat;
 #[cfg(target_arch = "x86_64")]
 pub mod ptrace;
 pub mod read;
+pub mod read_record;
 pub mod readahead;
 pub mod renewal;
 pub mod secure;

@@ -36,6 +36,10 @@
 //! file and pagemap pin the target's `mm` when opened, so a reused pid
 //! cannot be read by mistake through them.
 //!
+//! Both paths mark what they read used in the kernel's LRU; when
+//! [`crate::read_record`] is on, every read is noted there first, so that
+//! that activity is not taken for the process's own.
+//!
 //! [`PageBuffer`] holds page-aligned pages viewable as
 //! [`PageWords`], for callers that want reads to
 //! land on page boundaries (the kernel's copy is fastest then).
@@ -262,6 +266,7 @@ impl RemoteReader {
         out: &mut [PageWords],
     ) -> Result<usize, LinuxError> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        crate::read_record::note(self.pid, start, start + bytes.len() as u64);
         let mut done = 0;
         while done < bytes.len() {
             self.calls += 1;
@@ -288,6 +293,12 @@ impl RemoteReader {
 
     /// One `process_vm_readv` of `self.remote` into `out`; whole pages read.
     fn call(&mut self, out: &mut [PageWords]) -> Result<usize, LinuxError> {
+        if crate::read_record::enabled() {
+            for r in &self.remote {
+                let start = r.base as u64;
+                crate::read_record::note(self.pid, start, start + r.len as u64);
+            }
+        }
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
         let mut local = [IoSliceMut::new(bytes)];
         let pid = Pid::from_raw(self.pid as i32);

@@ -1531,3 +1531,63 @@ fn a_region_mapped_anew_at_the_same_address_is_found_renewed() {
     let mut cycling = cycling;
     assert!(cycling.alive(), "the cycling workload died");
 }
+
+/// With `read_record` on, a reader's reads on both paths are recorded for
+/// exactly the pages read, and they are the pages the kernel's LRU now
+/// believes used (the reason for the record: NUMA placement must not take
+/// that activity for the process's).
+#[test]
+fn the_read_record_names_exactly_the_pages_whose_lru_marks_our_reads_set() {
+    require_root();
+    use pagesift_linux::read_record;
+    let mut w = Workload::start(&["random", "--mib", "1"]);
+    let pid = w.pid();
+    let (start, pages) = w.region();
+    let sum = w.checksum();
+    let page = pagesift_linux::PAGE_SIZE;
+    read_record::enable();
+    // Per page, its steps up the LRU's ladder of use: 1 referenced, 2
+    // active (a read moves a page one step).
+    let steps = |pid: u32| -> Vec<u8> {
+        let entries = pagemap_entries(pid, start, pages);
+        let pfns: Vec<u64> = entries.iter().map(|e| e.pfn().expect("present")).collect();
+        let mut flags = vec![pagesift_linux::kpageflags::KpfFlags(0); pfns.len()];
+        KPageFlags::open()
+            .unwrap()
+            .read_many(&pfns, &mut flags)
+            .unwrap();
+        flags
+            .iter()
+            .map(|f| u8::from(f.referenced()) + 2 * u8::from(f.active()))
+            .collect()
+    };
+    let before = steps(pid);
+    assert!(
+        before.iter().all(|&s| s < 2),
+        "a page written once and left alone is not active: {before:?}"
+    );
+    let mut r = RemoteReader::new(pid).unwrap();
+    let mut buf = vec![[0u32; WORDS_PER_PAGE]; 32];
+    // Pinned: every other page of the first 32; unpinned: pages 64..96.
+    let pinned: Vec<u64> = (0..16).map(|i| start + 2 * i * page).collect();
+    assert_eq!(r.read_pages(&pinned, &mut buf).unwrap(), 16);
+    assert_eq!(
+        r.read_range_unpinned(start + 64 * page, &mut buf).unwrap(),
+        32
+    );
+    let read = |i: u64| (i < 32 && i.is_multiple_of(2)) || (64..96).contains(&i);
+    let after = steps(pid);
+    for i in 0..pages {
+        let addr = start + i * page;
+        assert_eq!(read_record::was_read(pid, addr), read(i), "page {i}");
+        // A referenced page a read activates loses `PG_referenced` at
+        // once but joins the active list only when its CPU's batch drains
+        // (`folio_activate`): 1 -> 0 for a while. Either way it changed.
+        let (b, a) = (before[i as usize], after[i as usize]);
+        assert_eq!(a != b, read(i), "LRU steps of page {i}: {b} -> {a}");
+    }
+    read_record::retain(|p| p != pid);
+    assert!(!read_record::was_read(pid, start), "forgotten when gone");
+    assert!(w.alive());
+    assert_eq!(w.checksum(), sum, "reading changed the target's memory");
+}
