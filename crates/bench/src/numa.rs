@@ -167,6 +167,17 @@ pub fn goals(results: &[ScenarioResult]) -> Vec<(String, Option<bool>, String)> 
             "no merged pages".into(),
         )),
     }
+    // The workloads never touch their pages after filling them and
+    // nothing reclaims in the guest: an active copy is pagesift's doing.
+    let goal = "fair: no merged page is placed by activity (the processes never touch their pages; pagesift's own reads must not count)";
+    match find("fair").and_then(|f| f.activity) {
+        Some((split, aside)) => out.push((
+            goal.into(),
+            Some(split == 0),
+            format!("{split} decided by activity, {aside} with an active copy set aside"),
+        )),
+        None => out.push((goal.into(), None, "no status".into())),
+    }
     for (name, n0, n1, paper) in PRIORITY_PAIRS {
         let goal = format!(
             "priority {name} (nice {n0}:{n1}): node 0's process finds {:.0} ± 5 % local (Table III; nuShare gives {})",
@@ -236,9 +247,9 @@ pub fn markdown(plan: &NumaPlan, results: &[ScenarioResult], guest_line: &str) -
     );
     let _ = writeln!(
         s,
-        "| scenario | nice (node 0 : node 1) | merged pages, node 0's process | local, node 0's process | local, node 1's process | merged frames on node 0 / node 1 | pages_sharing (saved) | pages moved by pagesift | moves that failed (errno×count, busy×count: retried) | checksums |"
+        "| scenario | nice (node 0 : node 1) | merged pages, node 0's process | local, node 0's process | local, node 1's process | merged frames on node 0 / node 1 | pages_sharing (saved) | pages moved by pagesift | moves that failed (errno×count, busy×count: retried) | decided by activity / active copy read by pagesift, set aside | checksums |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
     for r in results {
         let sc = plan.scenarios.iter().find(|x| x.name == r.name);
         let nice = sc.map_or("?".into(), |x| format!("{} : {}", x.nice.0, x.nice.1));
@@ -253,7 +264,7 @@ pub fn markdown(plan: &NumaPlan, results: &[ScenarioResult], guest_line: &str) -
         });
         let _ = writeln!(
             s,
-            "| {} | {nice} | {} | {} | {} | {frames} | {} | {} | {} | {} |",
+            "| {} | {nice} | {} | {} | {} | {frames} | {} | {} | {} | {} | {} |",
             r.name,
             p0.map_or(0, |p| p.merged()),
             p0.map_or("?".into(), |p| pct(p.local_share())),
@@ -267,6 +278,8 @@ pub fn markdown(plan: &NumaPlan, results: &[ScenarioResult], guest_line: &str) -
                 } else {
                     format!("{n} ({e})")
                 }),
+            r.activity
+                .map_or("–".into(), |(split, aside)| format!("{split} / {aside}")),
             if r.processes.iter().all(|p| p.checksum_ok) {
                 "unchanged"
             } else {

@@ -152,6 +152,10 @@ pub struct ScenarioResult {
     pub migrations: Option<u64>,
     /// Moves the kernel refused, and their errnos (`errno×count`).
     pub failures: Option<(u64, String)>,
+    /// Merged pages decided by activity (some copies active, some not),
+    /// and those with an active copy pagesift had read, whose activity was
+    /// set aside (its status), if it ran.
+    pub activity: Option<(u64, u64)>,
 }
 
 /// The 6.12 kernel `scripts/setup` unpacked.
@@ -499,6 +503,12 @@ pub fn parse(log: &str) -> Vec<ScenarioResult> {
                 let json = line.splitn(3, ' ').nth(2).unwrap_or("");
                 if let Ok(v) = serde_json::from_str::<serde_json::Value>(json) {
                     entry.migrations = v["numa"]["migrations"].as_u64();
+                    entry.activity = v["numa"]["activity_split"].as_u64().map(|split| {
+                        (
+                            split,
+                            v["numa"]["activity_discounted"].as_u64().unwrap_or(0),
+                        )
+                    });
                     if let Some(f) = v["numa"]["migration_failures"].as_u64() {
                         let errnos = v["numa"]["failure_errnos"]
                             .as_object()
@@ -574,7 +584,7 @@ mod tests {
         let log = "junk\n\
             numa-census fair 0 {\"pid\":71,\"merged_per_node\":[2048,2048],\"unmerged_per_node\":[10,0]}\n\
             numa-census fair 1 {\"pid\":80,\"merged_per_node\":[2040,2056],\"unmerged_per_node\":[0,9]}\n\
-            numa-status fair {\"numa\":{\"migrations\":2050}}\n\
+            numa-status fair {\"numa\":{\"migrations\":2050,\"activity_split\":3,\"activity_discounted\":190}}\n\
             numa-saving fair pages_sharing=4096 pages_shared=4096\n\
             numa-checksum fair 0=ok 1=changed\n\
             numa-census ksm 0 {\"pid\":90,\"merged_per_node\":[0,4096]}\n";
@@ -584,6 +594,7 @@ mod tests {
         assert_eq!(f.name, "fair");
         assert_eq!(f.pages_sharing, 4096);
         assert_eq!(f.migrations, Some(2050));
+        assert_eq!(f.activity, Some((3, 190)));
         assert_eq!(f.processes[0].local_share(), 0.5);
         assert!((f.processes[1].local_share() - 2056.0 / 4096.0).abs() < 1e-9);
         assert!(f.processes[0].checksum_ok && !f.processes[1].checksum_ok);
