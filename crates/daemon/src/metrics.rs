@@ -256,6 +256,14 @@ const COUNTERS: &[(&str, &str)] = &[
         "numa_migrations",
         "Merged pages moved to the node NUMA placement chose",
     ),
+    (
+        "numa_decided_by_activity",
+        "Merged pages NUMA placement decided among copies of which only some were active",
+    ),
+    (
+        "numa_activity_set_aside",
+        "Merged pages decided with an active copy pagesift had read, its activity not counted",
+    ),
     ("daemon_cpu_seconds", "pagesift CPU time"),
     (
         "hint_events",
@@ -545,6 +553,8 @@ impl Metrics {
         }
         if let Some(n) = &s.numa {
             self.advance("numa_migrations", n.migrations as f64);
+            self.advance("numa_decided_by_activity", n.activity_split as f64);
+            self.advance("numa_activity_set_aside", n.activity_discounted as f64);
             for (node, pages) in n.merged_per_node.iter().enumerate() {
                 let labels = vec![("node".to_string(), node.to_string())];
                 self.numa_node_pages
@@ -749,6 +759,31 @@ mod tests {
         assert_eq!(value(&text, "pagesift_merged_pages"), 2000.0);
         assert_eq!(value(&text, "pagesift_cow_breaks_total"), 9.0);
         drop(server);
+    }
+
+    #[test]
+    fn numa_placement_shows_what_activity_decided_and_what_was_set_aside() {
+        let mut m = Metrics::new();
+        let mut s = status(10, 0);
+        s.numa = Some(crate::numa::NumaStatus {
+            migrations: 40,
+            activity_split: 3,
+            activity_discounted: 192,
+            merged_per_node: vec![2048, 2048],
+            ..Default::default()
+        });
+        m.update(&s);
+        let text = m.encode();
+        assert_eq!(value(&text, "pagesift_numa_migrations_total"), 40.0);
+        assert_eq!(value(&text, "pagesift_numa_decided_by_activity_total"), 3.0);
+        assert_eq!(
+            value(&text, "pagesift_numa_activity_set_aside_total"),
+            192.0
+        );
+        assert_eq!(
+            value(&text, "pagesift_numa_node_merged_pages{node=\"1\"}"),
+            2048.0
+        );
     }
 
     #[test]
