@@ -325,3 +325,75 @@ fn reads_of_kernel_made_files_are_not_hinted_and_are_counted() {
         assert_eq!(hinted_pages(&hints, w.pid()), want, "pid {}", w.pid());
     }
 }
+
+/// Unmounts its path when dropped, also when the test fails.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Containers read their files through overlayfs: those reads are file data
+/// and must be hinted like reads of the ext4 file underneath (the program
+/// tells file data by the filesystem's magic, and overlayfs is not one of
+/// the kernel-made ones it leaves out).
+#[test]
+fn reads_through_overlayfs_are_hinted() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let [lower, upper, work, merged] = ["lower", "upper", "work", "merged"].map(|d| {
+        let p = dir.path().join(d);
+        std::fs::create_dir(&p).unwrap();
+        p
+    });
+    make_file(&lower, "f", 256 * 1024);
+    let options = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.display(),
+        upper.display(),
+        work.display()
+    );
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &options])
+        .arg(&merged)
+        .status()
+        .expect("mount");
+    assert!(ok.success(), "mounting overlayfs failed");
+    let _mounted = Mounted(merged.clone());
+    let file = merged.join("f");
+    assert_eq!(
+        rustix::fs::statfs(&file).unwrap().f_type as u64,
+        0x794c_7630,
+        "the file is on overlayfs"
+    );
+    let mut source = HintSource::open(&HintSourceConfig::default()).expect("hint source");
+    let mut w = Workload::start(&[
+        "--die-with-parent",
+        "read-files",
+        "--files",
+        &file.display().to_string(),
+        "--syscall",
+        "pread64",
+        "--chunk-kib",
+        &CHUNK_KIB.to_string(),
+    ]);
+    source.watch([w.pid()]);
+    let before = source.counters();
+    let reply = w.ask("read");
+    let f = &reply["read"][0];
+    let (addr, bytes) = (f["addr"].as_u64().unwrap(), f["bytes"].as_u64().unwrap());
+    let mut hints = Vec::new();
+    source.drain(|h| hints.push(h));
+    let after = source.counters();
+    let mut want = BTreeMap::new();
+    expected(addr, bytes, false, &mut want);
+    assert_eq!(want.len(), 64);
+    assert_eq!(hinted_pages(&hints, w.pid()), want);
+    assert_eq!(
+        after.not_file_data, before.not_file_data,
+        "{before:?} -> {after:?}"
+    );
+    w.kill();
+}
