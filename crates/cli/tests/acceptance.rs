@@ -100,6 +100,17 @@ fn static_mixed_at_full_size_is_merged_within_10_s_and_the_random_half_never_mar
         std::fs::read_to_string("/proc/loadavg").unwrap().trim()
     );
     assert!(at <= 10.0, "99 % merged only after {at:.1} s:\n{st}");
+    // Where the daemon's CPU went, per thread: the loop, and the tracer
+    // that injected the marks; together no more than the whole process.
+    let threads = st["daemon"]["cpu_by_thread"].as_object().unwrap();
+    for name in ["main", "pagesift-tracer"] {
+        assert!(threads.contains_key(name), "{name} missing: {threads:?}");
+    }
+    let sum: f64 = threads.values().filter_map(|v| v.as_f64()).sum();
+    assert!(
+        threads["main"].as_f64().unwrap() > 0.0 && sum <= daemon_cpu + 0.5,
+        "{threads:?} against {daemon_cpu} CPU-s"
+    );
     // The kernel agrees, and the random process has no KSM page and no
     // mergeable VMA; the daemon never injected into it.
     assert!(merging_pages(dup.pid()) >= want - 256);

@@ -44,6 +44,8 @@ pub struct Metrics {
     /// CPU seconds per wake-up phase, with the totals last copied in.
     phase_cpu: Family<Labels, C>,
     phase_cpu_last: std::collections::BTreeMap<String, f64>,
+    thread_cpu: Family<Labels, C>,
+    thread_cpu_last: std::collections::BTreeMap<String, f64>,
     /// [`CGROUP_GAUGES`], in that order.
     cgroup_savings: Vec<Family<Labels, G>>,
     /// [`PROCESS_GAUGES`], in that order.
@@ -391,6 +393,12 @@ impl Metrics {
             "pagesift main-thread CPU time per phase of its wake-up",
             phase_cpu.clone(),
         );
+        let thread_cpu = Family::<Labels, C>::default();
+        registry.register(
+            "daemon_thread_cpu_seconds",
+            "pagesift CPU time per live thread, by name (main: the wake-up loop)",
+            thread_cpu.clone(),
+        );
         let family = |registry: &mut Registry, (name, help): (&str, &str)| {
             let f = Family::<Labels, G>::default();
             registry.register(name, help, f.clone());
@@ -407,6 +415,8 @@ impl Metrics {
         Metrics {
             phase_cpu,
             phase_cpu_last: std::collections::BTreeMap::new(),
+            thread_cpu,
+            thread_cpu_last: std::collections::BTreeMap::new(),
             cgroup_savings,
             process_savings,
             numa_node_pages,
@@ -522,6 +532,17 @@ impl Metrics {
             if total > *last {
                 self.phase_cpu
                     .get_or_create(&vec![("phase".to_string(), phase.clone())])
+                    .inc_by(total - *last);
+                *last = total;
+            }
+        }
+        // A thread's total can fall (a thread of that name exited and its
+        // time left the sum): the counter then waits until it is passed.
+        for (thread, &total) in &d.cpu_by_thread {
+            let last = self.thread_cpu_last.entry(thread.clone()).or_insert(0.0);
+            if total > *last {
+                self.thread_cpu
+                    .get_or_create(&vec![("thread".to_string(), thread.clone())])
                     .inc_by(total - *last);
                 *last = total;
             }
@@ -759,6 +780,32 @@ mod tests {
         assert_eq!(value(&text, "pagesift_merged_pages"), 2000.0);
         assert_eq!(value(&text, "pagesift_cow_breaks_total"), 9.0);
         drop(server);
+    }
+
+    #[test]
+    fn thread_cpu_is_a_counter_per_thread_name() {
+        let mut m = Metrics::new();
+        let mut s = status(10, 0);
+        s.daemon.cpu_by_thread = [
+            ("main".to_string(), 2.5),
+            ("pagesift-tracer".to_string(), 0.5),
+        ]
+        .into_iter()
+        .collect();
+        m.update(&s);
+        s.daemon
+            .cpu_by_thread
+            .insert("pagesift-tracer".into(), 0.75);
+        m.update(&s);
+        let text = m.encode();
+        let v = |t: &str| {
+            value(
+                &text,
+                &format!("pagesift_daemon_thread_cpu_seconds_total{{thread=\"{t}\"}}"),
+            )
+        };
+        assert_eq!(v("main"), 2.5);
+        assert_eq!(v("pagesift-tracer"), 0.75);
     }
 
     #[test]

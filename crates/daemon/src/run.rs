@@ -355,6 +355,7 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         daemon_cpu_s = snap.daemon.cpu_seconds,
         ksmd_cpu_s = snap.ksm.cpu_seconds,
         cpu_by_phase = ?snap.daemon.cpu_by_phase,
+        cpu_by_thread = ?snap.daemon.cpu_by_thread,
         "summary"
     );
     let restored = daemon.shutdown(unmerge_on_exit);

@@ -202,6 +202,12 @@ pub struct DaemonStatus {
     /// operator sees what the daemon's CPU goes to.
     #[serde(default)]
     pub cpu_by_phase: std::collections::BTreeMap<String, f64>,
+    /// CPU seconds since start per live thread, by name (`main` is the
+    /// wake-up loop, whose phases are above; `pagesift-tracer` injects
+    /// marks into targets; `status` and `metrics` serve). Threads of one
+    /// name are summed; a thread that has exited is not listed.
+    #[serde(default)]
+    pub cpu_by_thread: std::collections::BTreeMap<String, f64>,
     /// The sample index (`core::pipeline::index`): what it holds and the
     /// memory it takes, the daemon's largest allocation.
     #[serde(default)]
@@ -696,6 +702,15 @@ pub fn render(s: &Status) -> String {
             .map(|(name, s)| format!("{name} {s:.2}"))
             .collect();
         let _ = writeln!(o, "daemon CPU-s by phase: {}", list.join(", "));
+    }
+    if !d.cpu_by_thread.is_empty() {
+        let mut threads: Vec<(&String, &f64)> = d.cpu_by_thread.iter().collect();
+        threads.sort_by(|a, b| b.1.total_cmp(a.1));
+        let list: Vec<String> = threads
+            .iter()
+            .map(|(name, s)| format!("{name} {s:.2}"))
+            .collect();
+        let _ = writeln!(o, "daemon CPU-s by thread: {}", list.join(", "));
     }
     let w = &d.sweep;
     let _ = writeln!(

@@ -171,6 +171,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             config: self.config_path.as_ref().map(|p| p.display().to_string()),
             sweep: self.sweeper.stats,
             cpu_by_phase: self.phase_cpu.seconds(),
+            cpu_by_thread: cpu_by_thread(),
             index: {
                 let ix = self.distiller.index();
                 IndexStatus {
@@ -266,4 +267,20 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             .collect();
         breakdown(&processes, self.config.savings.limits())
     }
+}
+
+/// The daemon's live threads' CPU seconds by name (the main thread as
+/// `main`), empty if `/proc/self/task` cannot be read.
+fn cpu_by_thread() -> BTreeMap<String, f64> {
+    let me = std::process::id();
+    let mut out = BTreeMap::new();
+    for t in pagesift_linux::host::own_threads_cpu().unwrap_or_default() {
+        let name = if t.tid == me {
+            "main".to_string()
+        } else {
+            t.name
+        };
+        *out.entry(name).or_insert(0.0) += t.cpu_ns as f64 / 1e9;
+    }
+    out
 }
