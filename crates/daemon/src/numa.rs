@@ -18,7 +18,8 @@
 //!   merged, one copy is gone and the survivor's flags say nothing about
 //!   the other sharers' use. A copy pagesift itself has read
 //!   ([`pagesift_linux::read_record`], turned on with placement) counts as
-//!   inactive whatever its flag: a remote read marks the page used, and two
+//!   inactive whatever its flag, unless an earlier pass saw it active
+//!   before pagesift read it: a remote read marks the page used, and two
 //!   activate it, so the sampler's and the sweep's reads (which reach some
 //!   sharers' copies more often than others', e.g. the copy the index
 //!   verifies against) would otherwise decide for the process pagesift
@@ -693,13 +694,19 @@ impl NumaPlacement {
                     .or_default()
                     .entry(node)
                     .or_default() += 1;
-                if self.memo.len() < MEMO_LIMIT || self.memo.contains_key(&(pid, f.addr)) {
+                let before = self.memo.get(&(pid, f.addr));
+                if self.memo.len() < MEMO_LIMIT || before.is_some() {
+                    // Activity seen before pagesift read the copy is the
+                    // process's, and still counts while the page stays
+                    // active; activity that first showed after a read of
+                    // ours may be ours.
+                    let active = f.active && (!f.read_by_us || before.is_some_and(|m| m.active));
                     self.memo.insert(
                         (pid, f.addr),
                         CopyMemo {
                             node,
-                            active: f.active && !f.read_by_us,
-                            discounted: f.active && f.read_by_us,
+                            active,
+                            discounted: f.active && !active,
                         },
                     );
                 }
@@ -1166,6 +1173,35 @@ mod tests {
             .filter(|i| w.node_of((10, i * 4096)) == 0)
             .count();
         assert_eq!(first_half_on_0 as u64, PAGES / 4);
+    }
+
+    #[test]
+    fn activity_seen_before_pagesift_read_the_copy_still_counts() {
+        // Process 10's first-half copies are active when a pass first sees
+        // them, unread; then pagesift reads all of 10's copies.
+        let fake = world(|pid, i| pid == 10 && i < PAGES / 2);
+        let mut p = NumaPlacement::new(&NumaSection::default(), Box::new(fake.clone())).unwrap();
+        p.wake(0, &eligible(), ranges);
+        {
+            let mut w = fake.0.lock().unwrap();
+            w.read_by_us.extend((0..PAGES).map(|i| (10, i * 4096)));
+        }
+        p.wake(1_000_000_000, &eligible(), ranges);
+        {
+            let mut w = fake.0.lock().unwrap();
+            for i in 0..PAGES {
+                w.merge((11, i * 4096), (10, i * 4096));
+            }
+        }
+        for k in 2..5 {
+            p.wake(k * 1_000_000_000, &eligible(), ranges);
+        }
+        assert_eq!(p.status().activity_split, PAGES / 2);
+        assert_eq!(p.status().activity_discounted, 0);
+        let w = fake.0.lock().unwrap();
+        for i in 0..PAGES / 2 {
+            assert_eq!(w.node_of((10, i * 4096)), 0, "page {i}");
+        }
     }
 
     #[test]
