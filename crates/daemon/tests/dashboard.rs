@@ -163,6 +163,11 @@ fn exported() -> BTreeMap<String, BTreeSet<String>> {
                 top_processes: 2,
             },
         ),
+        daemon: pagesift_daemon::status::DaemonStatus {
+            cpu_by_phase: [("sweep".to_string(), 1.0)].into_iter().collect(),
+            cpu_by_thread: [("main".to_string(), 1.0)].into_iter().collect(),
+            ..Default::default()
+        },
         ..Status::default()
     };
     m.update(&status);
