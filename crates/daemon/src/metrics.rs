@@ -527,26 +527,20 @@ impl Metrics {
         ] {
             self.advance(name, v);
         }
-        for (phase, &total) in &d.cpu_by_phase {
-            let last = self.phase_cpu_last.entry(phase.clone()).or_insert(0.0);
-            if total > *last {
-                self.phase_cpu
-                    .get_or_create(&vec![("phase".to_string(), phase.clone())])
-                    .inc_by(total - *last);
-                *last = total;
-            }
-        }
         // A thread's total can fall (a thread of that name exited and its
-        // time left the sum): the counter then waits until it is passed.
-        for (thread, &total) in &d.cpu_by_thread {
-            let last = self.thread_cpu_last.entry(thread.clone()).or_insert(0.0);
-            if total > *last {
-                self.thread_cpu
-                    .get_or_create(&vec![("thread".to_string(), thread.clone())])
-                    .inc_by(total - *last);
-                *last = total;
-            }
-        }
+        // time left the sum): its counter then waits until it is passed.
+        advance_each(
+            &self.phase_cpu,
+            &mut self.phase_cpu_last,
+            "phase",
+            &d.cpu_by_phase,
+        );
+        advance_each(
+            &self.thread_cpu,
+            &mut self.thread_cpu_last,
+            "thread",
+            &d.cpu_by_thread,
+        );
         for l in &s.levels {
             let labels = vec![("level".to_string(), l.level.to_string())];
             self.level_regions
@@ -699,6 +693,26 @@ impl Drop for MetricsServer {
         self.server.unblock();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+    }
+}
+
+/// Moves each labelled counter of `family` up to its total in `totals`
+/// (`label` = key), remembering the totals in `last`; a total below the
+/// last one moves nothing.
+fn advance_each(
+    family: &Family<Labels, C>,
+    last: &mut std::collections::BTreeMap<String, f64>,
+    label: &str,
+    totals: &std::collections::BTreeMap<String, f64>,
+) {
+    for (key, &total) in totals {
+        let seen = last.entry(key.clone()).or_insert(0.0);
+        if total > *seen {
+            family
+                .get_or_create(&vec![(label.to_string(), key.clone())])
+                .inc_by(total - *seen);
+            *seen = total;
         }
     }
 }

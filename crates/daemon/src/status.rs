@@ -548,6 +548,14 @@ fn mib_signed(bytes: i64) -> f64 {
 
 /// The savings per cgroup and per process: one line each, then `other`
 /// for what the limits summed.
+/// `name seconds` pairs, the largest first.
+fn largest_first(cpu: &std::collections::BTreeMap<String, f64>) -> String {
+    let mut v: Vec<(&String, &f64)> = cpu.iter().collect();
+    v.sort_by(|a, b| b.1.total_cmp(a.1));
+    let list: Vec<String> = v.iter().map(|(name, s)| format!("{name} {s:.2}")).collect();
+    list.join(", ")
+}
+
 fn render_savings(b: &Breakdown) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();
@@ -694,23 +702,10 @@ pub fn render(s: &Status) -> String {
         d.index.unstable,
         d.index.heap_bytes as f64 / (1 << 20) as f64
     );
-    if !d.cpu_by_phase.is_empty() {
-        let mut phases: Vec<(&String, &f64)> = d.cpu_by_phase.iter().collect();
-        phases.sort_by(|a, b| b.1.total_cmp(a.1));
-        let list: Vec<String> = phases
-            .iter()
-            .map(|(name, s)| format!("{name} {s:.2}"))
-            .collect();
-        let _ = writeln!(o, "daemon CPU-s by phase: {}", list.join(", "));
-    }
-    if !d.cpu_by_thread.is_empty() {
-        let mut threads: Vec<(&String, &f64)> = d.cpu_by_thread.iter().collect();
-        threads.sort_by(|a, b| b.1.total_cmp(a.1));
-        let list: Vec<String> = threads
-            .iter()
-            .map(|(name, s)| format!("{name} {s:.2}"))
-            .collect();
-        let _ = writeln!(o, "daemon CPU-s by thread: {}", list.join(", "));
+    for (what, cpu) in [("phase", &d.cpu_by_phase), ("thread", &d.cpu_by_thread)] {
+        if !cpu.is_empty() {
+            let _ = writeln!(o, "daemon CPU-s by {what}: {}", largest_first(cpu));
+        }
     }
     let w = &d.sweep;
     let _ = writeln!(
@@ -995,6 +990,19 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("(4 processes)"), "{t}");
+        // Where the daemon's CPU went, the largest first.
+        let mut s = sample();
+        s.daemon.cpu_by_thread = [
+            ("main".to_string(), 2.0),
+            ("pagesift-tracer".to_string(), 0.5),
+        ]
+        .into_iter()
+        .collect();
+        let t = render(&s);
+        assert!(
+            t.contains("daemon CPU-s by thread: main 2.00, pagesift-tracer 0.50"),
+            "{t}"
+        );
     }
 
     #[test]
