@@ -546,8 +546,6 @@ fn mib_signed(bytes: i64) -> f64 {
     bytes as f64 / (1 << 20) as f64
 }
 
-/// The savings per cgroup and per process: one line each, then `other`
-/// for what the limits summed.
 /// `name seconds` pairs, the largest first.
 fn largest_first(cpu: &std::collections::BTreeMap<String, f64>) -> String {
     let mut v: Vec<(&String, &f64)> = cpu.iter().collect();
@@ -556,6 +554,8 @@ fn largest_first(cpu: &std::collections::BTreeMap<String, f64>) -> String {
     list.join(", ")
 }
 
+/// The savings per cgroup and per process: one line each, then `other`
+/// for what the limits summed.
 fn render_savings(b: &Breakdown) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();

@@ -55,9 +55,9 @@ pub struct ThreadCpu {
 /// This process's live threads and the CPU time each has used (one
 /// `/proc/self/task/TID/` read per thread). A thread that has exited is
 /// not listed: its time counts only in [`process_cpu_ns`]. Why: the
-/// per-phase clock covers the main thread only, and the daemon's other
-/// threads (the tracer that injects marks, the status and metrics
-/// servers) were a fifth of its CPU in a vm-boot run, unaccounted.
+/// per-phase clock covers the main thread's wake-ups only, and about a
+/// fifth of the daemon's CPU in a vm-boot run fell outside them (other
+/// threads, such as the tracer that injects marks, and start-up).
 pub fn own_threads_cpu() -> Result<Vec<ThreadCpu>, LinuxError> {
     let err =
         |e: procfs::ProcError| LinuxError::io("reading /proc/self/task", std::io::Error::other(e));

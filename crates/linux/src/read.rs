@@ -293,12 +293,10 @@ impl RemoteReader {
 
     /// One `process_vm_readv` of `self.remote` into `out`; whole pages read.
     fn call(&mut self, out: &mut [PageWords]) -> Result<usize, LinuxError> {
-        if crate::read_record::enabled() {
-            for r in &self.remote {
-                let start = r.base as u64;
-                crate::read_record::note(self.pid, start, start + r.len as u64);
-            }
-        }
+        crate::read_record::note_all(
+            self.pid,
+            (self.remote.iter()).map(|r| (r.base as u64, (r.base + r.len) as u64)),
+        );
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
         let mut local = [IoSliceMut::new(bytes)];
         let pid = Pid::from_raw(self.pid as i32);

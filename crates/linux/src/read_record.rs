@@ -76,26 +76,30 @@ pub fn enabled() -> bool {
 
 /// Notes that `[start, end)` of `pid` is about to be read.
 pub fn note(pid: u32, start: u64, end: u64) {
-    if !enabled() || start >= end {
+    note_all(pid, [(start, end)]);
+}
+
+/// Notes that each `[start, end)` of `ranges` of `pid` is about to be read
+/// (one call's iovecs: the lock is taken once).
+pub fn note_all(pid: u32, ranges: impl IntoIterator<Item = (u64, u64)>) {
+    if !enabled() {
         return;
     }
     with(|r| {
-        let total = r.ranges;
         let reads = r.by_pid.entry(pid).or_default();
-        if reads.whole {
-            return;
-        }
-        let before = reads.ranges.len();
-        reads.ranges.insert(start, end);
-        // Inserting can merge ranges as well as add one.
-        let total = total + reads.ranges.len() - before;
-        if total > RANGE_LIMIT {
-            reads.whole = true;
-            let freed = reads.ranges.len();
-            reads.ranges.clear();
-            r.ranges = total - freed;
-        } else {
-            r.ranges = total;
+        for (start, end) in ranges {
+            if reads.whole {
+                return;
+            }
+            let before = reads.ranges.len();
+            reads.ranges.insert(start, end);
+            // Inserting can merge ranges as well as add one.
+            r.ranges = r.ranges + reads.ranges.len() - before;
+            if r.ranges > RANGE_LIMIT {
+                reads.whole = true;
+                r.ranges -= reads.ranges.len();
+                reads.ranges.clear();
+            }
         }
     });
 }
