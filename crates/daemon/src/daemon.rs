@@ -125,7 +125,11 @@
 //!    of UKSM's bottom level, the daemon's own bottom-level sampling using
 //!    the other half).
 //! 6. **Sleep** T_s, stretched so that the daemon stays under its CPU cap
-//!    (UKSM's `uksm_sleep_real` in `uksm.c`, capped at 1 s). While only the
+//!    (UKSM's `uksm_sleep_real` in `uksm.c`, capped at 1 s). I/O hints
+//!    arriving cut a sleep short, but never below what the cap asks for
+//!    after the wake-up's CPU (`WakeSummary::cap_sleep`): a process that
+//!    reads all the time would otherwise wake the loop ten times a second
+//!    whatever its cap. While only the
 //!    bottom level holds regions and nothing waits for ksmd, T_s is 1 s
 //!    ([`IDLE_SLEEP`]) and the distiller's budgets grow with it: the same
 //!    samples per second in a tenth of the wake-ups.
@@ -294,6 +298,10 @@ pub struct WakeSummary {
     pub ksm_share: f64,
     /// How long to sleep before the next wake-up.
     pub sleep: Nanos,
+    /// The shortest sleep after this wake-up that keeps it within the CPU
+    /// cap (at most `sleep`): hints arriving may cut `sleep` short, but
+    /// not below this (module header, step 6).
+    pub cap_sleep: Nanos,
 }
 
 /// The daemon's state; [`Daemon::wake`] runs one wake-up.
@@ -690,10 +698,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let active = host::thread_cpu_ns().saturating_sub(cpu0);
         let base = self.next_sleep(&summary);
         self.distiller.set_sleep(base);
-        let sleep = sleep_for_share(active as f64, self.config.cpu_cap())
-            .max(base)
-            .min(MAX_SLEEP);
+        let capped = sleep_for_share(active as f64, self.config.cpu_cap());
+        let sleep = capped.max(base).min(MAX_SLEEP);
         summary.sleep = sleep;
+        summary.cap_sleep = capped.min(sleep);
         self.counters.wakes += 1;
         summary
     }

@@ -1027,7 +1027,23 @@ fn the_daemon_stays_under_its_cpu_cap_by_sleeping_longer() {
             s.sleep,
             active
         );
+        // Hints arriving may cut the sleep short, but not below what the
+        // cap asks for: the wake-up says how far.
+        assert!(
+            s.cap_sleep <= s.sleep
+                && (s.cap_sleep as f64 >= (active as f64 * 0.9) * 999.0 || s.cap_sleep == s.sleep),
+            "may wake {} ns after {} ns of work (sleep {})",
+            s.cap_sleep,
+            active,
+            s.sleep
+        );
     }
+    // Under the governor's cap (95 %) a wake-up's work asks for no sleep
+    // longer than T_s: hints may wake the loop after T_s, as before.
+    let mut d = daemon(&w, "[eligible]\nall = true\n", &[]);
+    now += WAKE;
+    let s = d.wake(now);
+    assert!(s.cap_sleep <= d.config().sleep(), "{s:?}");
 }
 
 /// Two poor processes sharing one run of 48 pages (a library loaded in

@@ -326,9 +326,11 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
             wake_at = wake_at.min(d);
         }
         // Hints arriving cut the sleep short, but never below the loop's
-        // base sleep after this wake-up began: a process that reads all the
-        // time must not turn the loop into a spin.
-        let earliest = woke + Duration::from_nanos(daemon.config().sleep());
+        // base sleep after this wake-up began, nor below what its CPU cap
+        // asks for after this wake-up's work: a process that reads all the
+        // time must not turn the loop into a spin, nor take it over its cap.
+        let earliest = (woke + Duration::from_nanos(daemon.config().sleep()))
+            .max(Instant::now() + Duration::from_nanos(summary.cap_sleep));
         let asleep = Instant::now();
         let planned = wake_at;
         let mut hints = daemon.hint_wake_fd();

@@ -80,7 +80,16 @@
 //! the wake-up's total budget is a sequence of picks; a hint slot samples
 //! the newest live hint, a linear slot (or a hint slot with no hint left)
 //! goes to the levels, which then split the linear picks in proportion to
-//! their budgets. A hinted page is always looked up, whatever its region's
+//! their budgets. The hint slots' pages are looked up a batch at a time:
+//! picks are made until [`SAMPLE_BATCH`] hinted pages are chosen (or the
+//! budget or the stack runs out), and the source reports their states and
+//! reads them in one [`MemorySource::sample_pages`] call, as for the
+//! levels' walk. A file read hints hundreds of adjacent pages at once; one
+//! page at a time, each look-up cost a pagemap read and a remote read of
+//! its own. A batch can read pages that a run
+//! followed from an earlier hint of the same batch then covers: those are
+//! skipped after the read, as before it for runs of earlier batches.
+//! A hinted page is always looked up, whatever its region's
 //! level ("when processing a hint, the page is always looked-up", §4.3.4),
 //! is never recorded on the ladder (hints are no uniform sample of their
 //! region), and when it is a verified duplicate its run is followed at
@@ -605,16 +614,46 @@ impl Distiller {
                 spent = total;
                 break;
             }
-            match interleave.next(stack, now) {
-                Next::Hint(h) => {
-                    let read_before = report.run_pages_read;
-                    self.sample_hint(src, h.page, now, total - spent - 1, &mut report);
-                    spent += 1 + (report.run_pages_read - read_before);
+            // The next picks, until a batch of hints to look up is full
+            // (module header, "Hints": looked up a batch at a time).
+            self.batch.pages.clear();
+            while spent < total && self.batch.pages.len() < SAMPLE_BATCH && !stack.is_empty() {
+                spent += 1;
+                match interleave.next(stack, now) {
+                    Next::Hint(h) if self.in_recent_run(h.page) => report.hints_in_runs += 1,
+                    Next::Hint(h) => self.batch.pages.push(h.page),
+                    Next::Linear => linear += 1,
                 }
-                Next::Linear => {
-                    linear += 1;
-                    spent += 1;
+            }
+            let n = self.batch.pages.len();
+            if n == 0 {
+                continue;
+            }
+            let Batch {
+                pages,
+                words,
+                states,
+                read,
+            } = &mut self.batch;
+            src.sample_pages(pages, words, states, read);
+            for i in 0..n {
+                let page = self.batch.pages[i];
+                // A run followed from an earlier hint of this batch may
+                // hold this one: read for nothing, but not followed twice.
+                if self.in_recent_run(page) {
+                    report.hints_in_runs += 1;
+                    continue;
                 }
+                let state = std::mem::replace(&mut self.batch.states[i], Ok(PageState::NotPresent));
+                let read = self.batch.read[i];
+                if read {
+                    self.scratch.page.copy_from_slice(&self.batch.words[i]);
+                    self.scratch.fingerprint = fingerprint(&self.scratch.page);
+                }
+                let read_before = report.run_pages_read;
+                let left = total.saturating_sub(spent);
+                self.look_up_hint(src, page, state, read, now, left, &mut report);
+                spent += report.run_pages_read - read_before;
             }
         }
         // The levels share the linear picks in proportion to their budgets.
@@ -1139,22 +1178,31 @@ impl Distiller {
 
     /// Looks a hinted page up and follows its run if it is a duplicate
     /// (module header, "Hints"), reading at most `budget` more pages.
-    fn sample_hint(
+    /// Whether `page` lies in a run its region reported lately (a hint
+    /// there is skipped: the run was followed already).
+    fn in_recent_run(&self, page: PageRef) -> bool {
+        self.regions
+            .get(&page.region)
+            .is_some_and(|t| t.runs.iter().any(|&(a, b, _)| (a..b).contains(&page.page)))
+    }
+
+    /// Looks one hinted page up: `state` is its state and, if `read`, its
+    /// words and fingerprint are in `scratch` (the hint batch read them).
+    /// A verified duplicate's run is followed at once, within `budget`
+    /// pages read.
+    #[allow(clippy::too_many_arguments)]
+    fn look_up_hint(
         &mut self,
         src: &mut impl MemorySource,
         page: PageRef,
+        state: Result<PageState, SourceError>,
+        read: bool,
         now: Nanos,
         budget: u64,
         report: &mut WakeReport,
     ) {
-        if let Some(t) = self.regions.get(&page.region)
-            && t.runs.iter().any(|&(a, b, _)| (a..b).contains(&page.page))
-        {
-            report.hints_in_runs += 1;
-            return;
-        }
         report.hints_sampled += 1;
-        match src.page_state(page) {
+        match state {
             Ok(PageState::Present) => {}
             Err(SourceError::Gone(id)) => {
                 if self.regions.contains_key(&id) && !report.gone.contains(&id) {
@@ -1165,7 +1213,7 @@ impl Distiller {
             // Not present, merged or zero: nothing to find.
             _ => return,
         }
-        let Some(hash) = self.read_and_hash(src, page) else {
+        let Some(hash) = self.hash_read(read) else {
             return;
         };
         self.controller.on_hashed(1);
@@ -1193,12 +1241,6 @@ impl Distiller {
         run.hinted = true;
         self.remember_run(&run, now);
         report.runs.push(run);
-    }
-
-    fn read_and_hash(&mut self, src: &mut impl MemorySource, page: PageRef) -> Option<u32> {
-        src.read_page(page, &mut self.scratch.page).ok()?;
-        self.scratch.fingerprint = fingerprint(&self.scratch.page);
-        self.hash_read(true)
     }
 
     /// The hash of the words in `scratch.page`, if they were `read`.
@@ -1270,6 +1312,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     const MS: Nanos = 1_000_000;
+    const SEC: Nanos = 1_000_000_000;
 
     fn distiller() -> Distiller {
         Distiller::new(DistillerConfig::default())
@@ -1915,6 +1958,117 @@ mod tests {
             read: &mut [bool],
         ) {
             self.src.sample_pages(pages, out, states, read)
+        }
+    }
+
+    /// A source that counts how it is asked: page by page, or in batches.
+    struct Counting<'a> {
+        src: &'a mut InMemorySource,
+        single_calls: u64,
+        batch_calls: u64,
+        batch_pages: u64,
+    }
+
+    impl MemorySource for Counting<'_> {
+        fn regions(&self) -> Vec<crate::source::RegionInfo> {
+            self.src.regions()
+        }
+        fn page_state(&mut self, page: PageRef) -> Result<PageState, SourceError> {
+            self.single_calls += 1;
+            self.src.page_state(page)
+        }
+        fn read_page(&mut self, page: PageRef, out: &mut PageWords) -> Result<(), SourceError> {
+            self.single_calls += 1;
+            self.src.read_page(page, out)
+        }
+        fn sample_pages(
+            &mut self,
+            pages: &[PageRef],
+            out: &mut [PageWords],
+            states: &mut [Result<PageState, SourceError>],
+            read: &mut [bool],
+        ) {
+            self.batch_calls += 1;
+            self.batch_pages += pages.len() as u64;
+            self.src.sample_pages(pages, out, states, read)
+        }
+    }
+
+    /// Hinted pages are looked up a batch at a time: a file read hints
+    /// hundreds of pages at once, and a call per page cost the source a
+    /// pagemap read and a remote read each. The batches still find every
+    /// duplicate: 4 readers of the same 256 pages, all hinted, every copy
+    /// in runs.
+    #[test]
+    fn hinted_pages_are_looked_up_a_batch_at_a_time() {
+        use crate::pipeline::hints::{DEFAULT_MAX_AGE, HintStack, Interleave};
+        let mut src = InMemorySource::new();
+        let file: Vec<u64> = (5000..5256).collect();
+        let readers: Vec<RegionId> = (0..4)
+            .map(|r| {
+                let mut contents: Vec<u64> = (0..1024).map(|i| 100_000 * (r + 1) + i).collect();
+                contents[512..768].copy_from_slice(&file);
+                src.map(r as u32 + 1, &contents)
+            })
+            .collect();
+        let mut d = distiller();
+        d.sync_regions(&src, 0);
+        let mut stack = HintStack::new(4096, DEFAULT_MAX_AGE);
+        for &r in &readers {
+            for page in 512..768 {
+                stack.push(hint_at(r, page));
+            }
+        }
+        // Hints only, so that every pick of the budget is a hint.
+        let mut il = Interleave::new(1, 0);
+        let mut counting = Counting {
+            src: &mut src,
+            single_calls: 0,
+            batch_calls: 0,
+            batch_pages: 0,
+        };
+        let mut now = 0;
+        let mut runs = Vec::new();
+        let mut looked_up = 0;
+        while !stack.is_empty() && now < 100 * SEC {
+            now += 100 * MS;
+            let r = d.wake_with_hints(&mut counting, now, &mut stack, &mut il);
+            looked_up += r.hints_sampled;
+            runs.extend(r.runs);
+        }
+        assert_eq!(counting.single_calls, 0, "page-by-page calls");
+        assert!(looked_up > 0);
+        // Each batch call of hints holds up to SAMPLE_BATCH hinted pages
+        // (run follows and the levels' walk add batches of their own).
+        assert!(
+            counting.batch_pages >= looked_up && counting.batch_calls * 8 <= counting.batch_pages,
+            "{} pages in {} calls, {looked_up} hints looked up",
+            counting.batch_pages,
+            counting.batch_calls
+        );
+        // Every reader but the first looked up has its whole copy in runs.
+        let mut covered = vec![std::collections::BTreeSet::new(); 4];
+        for run in runs.iter().filter(|r| r.hinted) {
+            let i = readers.iter().position(|&x| x == run.region).unwrap();
+            covered[i].extend(run.first..run.end());
+            if let Some(t) = run.twin {
+                let j = readers.iter().position(|&x| x == t.region).unwrap();
+                covered[j].extend(t.page..t.page + run.pages);
+            }
+        }
+        for (i, c) in covered.iter().enumerate() {
+            assert_eq!(c.len(), 256, "reader {i}: {} of 256 pages in runs", c.len());
+        }
+        for run in runs.iter().filter(|r| r.hinted) {
+            let twin = run.twin.expect("no zero pages here");
+            for k in 0..run.pages {
+                let at = |region, page| src.content(PageRef { region, page });
+                assert_eq!(
+                    at(run.region, run.first + k),
+                    at(twin.region, twin.page + k),
+                    "{run:?} differs at {k}"
+                );
+            }
         }
     }
 
