@@ -188,6 +188,9 @@ pub struct ScanSection {
     pub round_time_ms: Option<u64>,
     /// Most CPU the daemon's sampling may use, as a fraction of one core.
     /// Unset: the governor's cap (95, 50, 20, 1 %; `core::pipeline::governor`).
+    /// Kept by sleeping longer after a wake-up, at most 1 s: a cap below
+    /// what one wake-up a second costs is out of reach (status:
+    /// `daemon.cap_unmet`).
     pub cpu_cap: Option<f64>,
     /// VMAs larger than this (MiB) are tracked as sub-regions of this size,
     /// aligned to multiples of it, so that a VM's guest RAM or a big heap is

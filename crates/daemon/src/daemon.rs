@@ -436,6 +436,11 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     hints: hinting::HintFeed,
     /// Host page-cache scrubbing (`[scrub]`), when enabled.
     scrub: Option<crate::scrub::Scrubber>,
+    /// Consecutive wake-ups after which the cap asked for a sleep longer
+    /// than [`MAX_SLEEP`] (status: `cap_unmet`), and whether that was
+    /// logged.
+    cap_clipped: u32,
+    cap_warned: bool,
     /// Placement of merged pages on a NUMA host (`None`: one node, or off).
     numa: Option<crate::numa::NumaPlacement>,
     /// Where marks are written down before they are made (the crash
@@ -528,6 +533,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             states: Vec::new(),
             sweeper,
             sweep_runs: Vec::new(),
+            cap_clipped: 0,
+            cap_warned: false,
             numa,
             journal: None,
         };
@@ -702,8 +709,34 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let sleep = capped.max(base).min(MAX_SLEEP);
         summary.sleep = sleep;
         summary.cap_sleep = capped.min(sleep);
+        self.note_cap(capped, active);
         self.counters.wakes += 1;
         summary
+    }
+
+    /// Counts the wake-ups whose work the cap could keep only with a
+    /// sleep longer than [`MAX_SLEEP`]: under a cap that low the daemon
+    /// uses more than its cap (UKSM caps its sleep there too, and a longer
+    /// one would leave hints and new processes waiting). After
+    /// [`crate::status::CAP_UNMET_WAKES`] in a row, status says so and the
+    /// log says it once, with the wake-up's cost.
+    fn note_cap(&mut self, capped: Nanos, active: u64) {
+        if capped <= MAX_SLEEP {
+            self.cap_clipped = 0;
+            return;
+        }
+        self.cap_clipped = self.cap_clipped.saturating_add(1);
+        if self.cap_clipped >= crate::status::CAP_UNMET_WAKES && !self.cap_warned {
+            self.cap_warned = true;
+            let cap = self.config.cpu_cap();
+            warn!(
+                cap_percent = cap * 100.0,
+                wake_ms = active as f64 / 1e6,
+                uses_percent = active as f64 / (active + MAX_SLEEP) as f64 * 100.0,
+                "the CPU cap is out of reach: a wake-up costs more than one wake-up a second \
+                 can keep under it, so the daemon uses more than its cap (scan.cpu_cap)"
+            );
+        }
     }
 
     /// Host page-cache scrubbing of the eligible guests (`crate::scrub`).

@@ -1046,6 +1046,51 @@ fn the_daemon_stays_under_its_cpu_cap_by_sleeping_longer() {
     assert!(s.cap_sleep <= d.config().sleep(), "{s:?}");
 }
 
+/// A cap no wake-up a second can keep (0.001 % of a core: 10 µs of work
+/// a second) is reported out of reach, in status and its text, after
+/// `CAP_UNMET_WAKES` wake-ups; the governor's cap is not.
+#[test]
+fn a_cap_out_of_reach_is_reported() {
+    let w = world();
+    {
+        let mut m = w.borrow_mut();
+        m.spawn(110, "big", false);
+        m.map(110, &distinct(1, 1 << 14), false);
+    }
+    let mut d = daemon(
+        &w,
+        "[scan]\ncpu_cap = 0.00001\n[eligible]\nall = true\n",
+        &[],
+    );
+    let mut now = 0;
+    for i in 0..crate::status::CAP_UNMET_WAKES {
+        assert!(!d.status(now).daemon.cap_unmet, "after {i} wake-ups");
+        now += WAKE;
+        let s = d.wake(now);
+        assert_eq!(s.sleep, 1_000_000_000, "{s:?}");
+    }
+    let st = d.status(now);
+    assert!(
+        st.daemon.cap_unmet && st.daemon.cpu_cap == 0.00001,
+        "{:?}",
+        st.daemon
+    );
+    let text = crate::status::render(&st);
+    assert!(text.contains("cap 0.001 %, out of reach"), "{text}");
+
+    let mut d = daemon(&w, "[eligible]\nall = true\n", &[]);
+    for _ in 0..2 * crate::status::CAP_UNMET_WAKES {
+        now += WAKE;
+        d.wake(now);
+    }
+    let st = d.status(now);
+    assert!(
+        !st.daemon.cap_unmet && st.daemon.cpu_cap == 0.95,
+        "{:?}",
+        st.daemon
+    );
+}
+
 /// Two poor processes sharing one run of 48 pages (a library loaded in
 /// both, say), and a random one.
 fn run_world() -> (Shared, RegionId, RegionId, RegionId) {

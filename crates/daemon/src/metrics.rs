@@ -193,6 +193,14 @@ const GAUGES: &[(&str, &str)] = &[
         "daemon_cpu_share",
         "pagesift CPU over the last seconds, fraction of one core",
     ),
+    (
+        "daemon_cpu_cap",
+        "pagesift's CPU cap in force, fraction of one core",
+    ),
+    (
+        "daemon_cpu_cap_unmet",
+        "1 while the CPU cap is out of reach (a wake-up a second costs more)",
+    ),
     ("hash_strength", "Words hashed per sampled page"),
     (
         "index_stable_pages",
@@ -481,6 +489,8 @@ impl Metrics {
             ("ksmd_target_share", k.target_share),
             ("ksmd_wait_share", k.wait_share),
             ("daemon_cpu_share", d.cpu_share),
+            ("daemon_cpu_cap", d.cpu_cap),
+            ("daemon_cpu_cap_unmet", f64::from(u8::from(d.cap_unmet))),
             ("hash_strength", d.strength as f64),
             ("index_stable_pages", d.index.stable as f64),
             ("index_unstable_pages", d.index.unstable as f64),

@@ -69,6 +69,12 @@ pub struct LevelStatus {
     pub regions: Vec<RegionStatus>,
 }
 
+/// Consecutive wake-ups whose work the cap could not keep within one
+/// wake-up a second before [`DaemonStatus::cap_unmet`] says so: ten
+/// seconds at least, so a one-off costly wake-up (a refresh of many
+/// maps) does not.
+pub const CAP_UNMET_WAKES: u32 = 10;
+
 /// Regions listed per level at most (the counts cover all).
 pub const MAX_LISTED: usize = 200;
 
@@ -186,6 +192,15 @@ pub struct DaemonStatus {
     pub uptime_s: f64,
     /// CPU share over the last seconds (all threads).
     pub cpu_share: f64,
+    /// The CPU cap in force (`scan.cpu_cap`, or the governor's), as a
+    /// fraction of one core.
+    #[serde(default)]
+    pub cpu_cap: f64,
+    /// Whether the cap is out of reach: the last [`CAP_UNMET_WAKES`]
+    /// wake-ups each cost more than one wake-up a second (the longest
+    /// sleep, UKSM's) can keep under the cap, so the daemon uses more.
+    #[serde(default)]
+    pub cap_unmet: bool,
     /// CPU seconds since start.
     pub cpu_seconds: f64,
     /// Per-page sampling cost the budgets assume, ns.
@@ -673,9 +688,17 @@ pub fn render(s: &Status) -> String {
     }
     let _ = writeln!(
         o,
-        "CPU: daemon {:.2} % ({:.1} s), ksmd {:.2} % ({:.1} s) of one core; ksmd target {:.2} %, pages_to_scan {}, sleep {} ms, waited for a CPU {:.1} % of the time",
+        "CPU: daemon {:.2} % ({:.1} s; cap {}), ksmd {:.2} % ({:.1} s) of one core; ksmd target {:.2} %, pages_to_scan {}, sleep {} ms, waited for a CPU {:.1} % of the time",
         d.cpu_share * 100.0,
         d.cpu_seconds,
+        if d.cap_unmet {
+            format!(
+                "{:.3} %, out of reach: a wake-up a second costs more",
+                d.cpu_cap * 100.0
+            )
+        } else {
+            format!("{:.3} %", d.cpu_cap * 100.0)
+        },
         k.cpu_share * 100.0,
         k.cpu_seconds,
         k.target_share * 100.0,

@@ -165,6 +165,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             pid: std::process::id(),
             uptime_s: now.saturating_sub(self.started) as f64 / SEC as f64,
             cpu_share: share(1),
+            cpu_cap: self.config.cpu_cap(),
+            cap_unmet: self.cap_clipped >= crate::status::CAP_UNMET_WAKES,
             cpu_seconds: cpu.saturating_sub(self.cpu_start_ns) as f64 / 1e9,
             per_page_ns: self.distiller.per_page_ns(),
             strength: self.distiller.controller().strength(),
