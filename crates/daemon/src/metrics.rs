@@ -296,6 +296,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Calls covering a whole page on no file data (pipes, sockets, procfs, sysfs, ...) left unhinted",
     ),
     (
+        "hints_repeated",
+        "Calls that filled the same pages as their process's last call (a reused buffer) left unhinted",
+    ),
+    (
         "hints_dropped_stale",
         "Hints dropped as older than the maximum age or the last round",
     ),
@@ -529,6 +533,7 @@ impl Metrics {
             ("hints_pushed", s.hints.pushed as f64),
             ("hints_dropped_ring", s.hints.dropped_ring as f64),
             ("hints_not_file_data", s.hints.not_file_data as f64),
+            ("hints_repeated", s.hints.repeated as f64),
             ("hints_dropped_stale", s.hints.dropped_stale as f64),
             ("hints_dropped_unmapped", s.hints.dropped_unmapped as f64),
             ("hints_overwritten", s.hints.overwritten as f64),

@@ -321,6 +321,10 @@ pub struct HintsStatus {
     /// unhinted.
     #[serde(default)]
     pub not_file_data: u64,
+    /// Calls that filled the same pages as their process's last call (a
+    /// buffer reused call after call) that the program left unhinted.
+    #[serde(default)]
+    pub repeated: u64,
     /// Hints dropped as stale (older than the maximum age, or than the
     /// ladder's pass over the bottom level).
     pub dropped_stale: u64,
@@ -811,7 +815,7 @@ pub fn render(s: &Status) -> String {
     let _ = match h.state.as_str() {
         "on" => writeln!(
             o,
-            "\nI/O hints: on ({}): {} syscall events, {} pages hinted, {} stacked for sampling, {} found duplicated, {} pages marked from them; {} events lost to a full ring; {} calls on no file data left out",
+            "\nI/O hints: on ({}): {} syscall events, {} pages hinted, {} stacked for sampling, {} found duplicated, {} pages marked from them; {} events lost to a full ring; {} calls on no file data and {} repeats of a reused buffer left out",
             h.hook.as_deref().unwrap_or("?"),
             h.events,
             h.received,
@@ -819,7 +823,8 @@ pub fn render(s: &Status) -> String {
             h.duplicates,
             h.pages_marked,
             h.dropped_ring,
-            h.not_file_data
+            h.not_file_data,
+            h.repeated
         ),
         "off" => writeln!(o, "\nI/O hints: off ([hints] enabled = false)"),
         "unavailable" => writeln!(

@@ -49,7 +49,7 @@ enum kind { K_READ, K_PREAD64, K_READV, K_PREADV, K_PREADV2,
 
 /* Counter slots (iohint.rs Counter). */
 enum counter { C_EVENTS, C_RING_FULL, C_IOV_BEYOND, C_NO_WHOLE_PAGE, C_NOT_FILE_DATA,
-               C_COUNTERS };
+               C_REPEATED, C_COUNTERS };
 
 /* struct pt_regs of x86-64, up to orig_ax (only dx, si and di are read). */
 struct regs_x86 {
@@ -125,6 +125,26 @@ struct {
     __type(key, __u32);
     __type(value, __u64);
 } counters SEC(".maps");
+
+/* The last single-buffer hint of each direction (0: reads, 1: writes) on
+   this CPU: a call that hints exactly the same pages of the same process
+   again is a buffer reused call after call (cat, sha256sum, cp read a
+   file through one buffer), whose pages hold the file only until the next
+   call. Its first hint names those pages already; the daemon reads them
+   when it looks the hint up, so the repeats add nothing but their cost. */
+struct last_hint {
+    __u32 tgid;
+    __u32 pad;
+    __u64 first;
+    __u64 pages;
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 2);
+    __type(key, __u32);
+    __type(value, struct last_hint);
+} last SEC(".maps");
 
 struct {
     __uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -249,6 +269,14 @@ static __always_inline int hint(__u64 *ctx, int kind)
             count(C_NO_WHOLE_PAGE);
             return 0;
         }
+        /* The same pages as this CPU's last hint of this direction, from
+           the same process: a reused buffer (see `last`). */
+        __u32 dir = kind >= K_WRITE;
+        struct last_hint *l = bpf_map_lookup_elem(&last, &dir);
+        if (l && l->tgid == tgid && l->first == first && l->pages == pages) {
+            count(C_REPEATED);
+            return 0;
+        }
         /* The descriptor (di) is looked up only for a call that would be
            hinted: a read of a page into a buffer that is not page-aligned
            covers no whole page and skips it. */
@@ -268,6 +296,11 @@ static __always_inline int hint(__u64 *ctx, int kind)
         e->seg[0].start = first;
         e->seg[0].pages = pages;
         bpf_ringbuf_submit(e, 0); /* adaptive wake-up, see the header */
+        if (l) {
+            l->tgid = tgid;
+            l->first = first;
+            l->pages = pages;
+        }
         count(C_EVENTS);
         return 0;
     }

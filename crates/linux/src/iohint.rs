@@ -51,6 +51,15 @@
 //! `super_block` through CO-RE relocations, which aya resolves against the
 //! kernel's BTF at load.
 //!
+//! A single-buffer call that hints exactly the pages of the last hint of
+//! its direction (read or write) on its CPU, from the same process, is not
+//! hinted again: that is a buffer reused call after call (`cat`,
+//! `sha256sum` and `cp` stream a file through one buffer), whose pages
+//! hold the file's data only until the next call. The first hint names
+//! the pages already, and the daemon reads what they hold when it looks
+//! the hint up; the repeats would cost the reader a ring-buffer record and
+//! the daemon a look-up each. They are counted ([`HintCounters::repeated`]).
+//!
 //! ## Invariants
 //! - A hint covers only whole pages inside the bytes the syscall moved.
 //! - A hint comes only from a call on a descriptor of file data (above).
@@ -176,6 +185,11 @@ pub struct HintCounters {
     /// sysfs or another filesystem whose files the kernel makes up at each
     /// read): not hinted.
     pub not_file_data: u64,
+    /// Single-buffer calls that hinted exactly the pages of the last hint
+    /// of the same direction on their CPU, from the same process: a
+    /// buffer reused call after call, whose first hint names those pages
+    /// already. Not hinted again.
+    pub repeated: u64,
 }
 
 /// Why hints cannot be had; the message names what is missing.
@@ -396,6 +410,7 @@ impl HintSource {
             iovecs_beyond: slot(2),
             no_whole_page: slot(3),
             not_file_data: slot(4),
+            repeated: slot(5),
         }
     }
 }

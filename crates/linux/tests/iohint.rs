@@ -397,3 +397,62 @@ fn reads_through_overlayfs_are_hinted() {
     );
     w.kill();
 }
+
+/// `cat` streams a file through one page-aligned buffer: every read fills
+/// the same pages. The first read of each CPU the process runs on is
+/// hinted; the repeats are counted, not hinted (the pages hold the file
+/// only until the next read, and the first hint names them already). A
+/// reader of fresh buffers is hinted call by call whatever came before it
+/// (`hints_are_exactly_the_whole_pages_each_read_filled`).
+#[test]
+fn a_buffer_reused_call_after_call_is_hinted_once_per_cpu() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let file = make_file(dir.path(), "streamed", 16 << 20);
+    // Warm the page cache, so that cat's reads are whole.
+    std::fs::read(&file).unwrap();
+    let mut source = HintSource::open(&HintSourceConfig::default()).expect("hint source");
+    // The shell waits for a line, then becomes cat (exec keeps its pid),
+    // so the pid is watched before the first read.
+    let mut sh = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "read go; exec cat '{}' > /dev/null",
+            file.display()
+        ))
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("sh");
+    let pid = sh.id();
+    source.watch([pid]);
+    let before = source.counters();
+    {
+        use std::io::Write;
+        let mut stdin = sh.stdin.take().unwrap();
+        stdin.write_all(b"go\n").unwrap();
+    }
+    let status = sh.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let mut hints = Vec::new();
+    source.drain(|h| hints.push(h));
+    let after = source.counters();
+    let mine: Vec<&IoHint> = hints.iter().filter(|h| h.tgid == pid).collect();
+    assert!(!mine.is_empty(), "cat's reads gave no hint");
+    let ranges: std::collections::BTreeSet<(u64, u64)> =
+        mine.iter().map(|h| (h.start, h.pages)).collect();
+    assert_eq!(ranges.len(), 1, "cat read into one buffer: {ranges:?}");
+    let (_, pages) = *ranges.iter().next().unwrap();
+    let reads = (16u64 << 20) / (pages * PAGE);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    assert!(
+        mine.len() as u64 <= cpus + 2,
+        "{} hints for {reads} reads of one buffer on {cpus} CPUs",
+        mine.len()
+    );
+    let repeated = after.repeated - before.repeated;
+    assert!(
+        repeated + mine.len() as u64 >= reads,
+        "{repeated} repeats and {} hints for {reads} reads",
+        mine.len()
+    );
+}

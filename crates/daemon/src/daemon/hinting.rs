@@ -100,6 +100,11 @@ pub trait HintTap: Send {
     fn not_file_data(&self) -> u64 {
         0
     }
+    /// Calls that hinted the same pages as the last call of their process
+    /// (a reused buffer) that the program left unhinted, so far.
+    fn repeated(&self) -> u64 {
+        0
+    }
     /// A descriptor that turns readable when hints arrive after a drain,
     /// for the loop's sleep to wake on; `None` if there is none.
     fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
@@ -137,6 +142,9 @@ impl HintTap for pagesift_linux::iohint::HintSource {
     }
     fn not_file_data(&self) -> u64 {
         self.counters().not_file_data
+    }
+    fn repeated(&self) -> u64 {
+        self.counters().repeated
     }
     fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         Some(pagesift_linux::iohint::HintSource::wake_fd(self))
@@ -330,6 +338,7 @@ impl HintFeed {
             held_writes: c.held_writes,
             dropped_ring: self.tap.as_ref().map_or(0, |t| t.ring_dropped()),
             not_file_data: self.tap.as_ref().map_or(0, |t| t.not_file_data()),
+            repeated: self.tap.as_ref().map_or(0, |t| t.repeated()),
             dropped_stale: st.expired,
             dropped_unmapped: st.unmapped,
             overwritten: st.overwritten,
