@@ -642,13 +642,7 @@ impl Distiller {
             if n == 0 {
                 continue;
             }
-            let Batch {
-                pages,
-                words,
-                states,
-                read,
-            } = &mut self.batch;
-            src.sample_pages(pages, words, states, read);
+            self.sample_batch(src);
             let found_before = report.hint_duplicates;
             for i in 0..n {
                 let page = self.batch.pages[i];
@@ -658,12 +652,7 @@ impl Distiller {
                     report.hints_in_runs += 1;
                     continue;
                 }
-                let state = std::mem::replace(&mut self.batch.states[i], Ok(PageState::NotPresent));
-                let read = self.batch.read[i];
-                if read {
-                    self.scratch.page.copy_from_slice(&self.batch.words[i]);
-                    self.scratch.fingerprint = fingerprint(&self.scratch.page);
-                }
+                let (state, read) = self.take_sampled(i);
                 let read_before = report.run_pages_read;
                 let left = total.saturating_sub(spent);
                 self.look_up_hint(src, page, state, read, now, left, &mut report);
@@ -767,23 +756,11 @@ impl Distiller {
                 if n == 0 {
                     break;
                 }
-                let Batch {
-                    pages,
-                    words,
-                    states,
-                    read,
-                } = &mut self.batch;
-                src.sample_pages(pages, words, states, read);
+                self.sample_batch(src);
                 for i in 0..n {
                     report.sampled[level] += 1;
                     let page = self.batch.pages[i];
-                    let state =
-                        std::mem::replace(&mut self.batch.states[i], Ok(PageState::NotPresent));
-                    let read = self.batch.read[i];
-                    if read {
-                        self.scratch.page.copy_from_slice(&self.batch.words[i]);
-                        self.scratch.fingerprint = fingerprint(&self.scratch.page);
-                    }
+                    let (state, read) = self.take_sampled(i);
                     // Pages of this batch still to come keep their share.
                     let ahead = (n - 1 - i) as u64;
                     let left = budget[level].saturating_sub(report.sampled[level] + ahead);
@@ -1197,6 +1174,30 @@ impl Distiller {
 
     /// Looks a hinted page up and follows its run if it is a duplicate
     /// (module header, "Hints"), reading at most `budget` more pages.
+    /// Asks the source for the states and words of `batch.pages` in one
+    /// call.
+    fn sample_batch(&mut self, src: &mut impl MemorySource) {
+        let Batch {
+            pages,
+            words,
+            states,
+            read,
+        } = &mut self.batch;
+        src.sample_pages(pages, words, states, read);
+    }
+
+    /// The state of the batch's page `i`, and whether it was read; if so
+    /// its words and fingerprint are put in `scratch`.
+    fn take_sampled(&mut self, i: usize) -> (Result<PageState, SourceError>, bool) {
+        let state = std::mem::replace(&mut self.batch.states[i], Ok(PageState::NotPresent));
+        let read = self.batch.read[i];
+        if read {
+            self.scratch.page.copy_from_slice(&self.batch.words[i]);
+            self.scratch.fingerprint = fingerprint(&self.scratch.page);
+        }
+        (state, read)
+    }
+
     /// Whether `page` lies in a run its region reported lately (a hint
     /// there is skipped: the run was followed already).
     fn in_recent_run(&self, page: PageRef) -> bool {
