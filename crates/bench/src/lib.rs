@@ -23,6 +23,7 @@
 //!    `results.json`; at the end, optionally, the generated section of
 //!    docs/benchmarks.md.
 
+pub mod cgroups;
 pub mod cycles;
 pub mod experiment;
 pub mod files;

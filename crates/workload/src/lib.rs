@@ -49,6 +49,11 @@
 //!   with where each file landed and the checksum; `checksum` covers the
 //!   private memory and, once read, the buffers.
 //!
+//! - `random-reads`: reads random blocks of a file through the page cache
+//!   for `--seconds` and prints how many (Singleton §4's random reads; the
+//!   page-cache experiment runs it inside its guests). It maps nothing of
+//!   its own and answers no commands.
+//!
 //! `--hole-every`, `--zero-every` and `--untouched-mib` leave pages
 //! non-present or mapped to the zero page, so that tests can check a scan
 //! never faults anything in.
@@ -57,6 +62,7 @@ mod content;
 mod files;
 mod layout;
 mod memory;
+mod random_reads;
 
 use clap::{Args, Parser, Subcommand};
 use content::{PAGE, PageMaker};
@@ -197,6 +203,22 @@ enum Workload {
         private_mib: u64,
         #[command(flatten)]
         common: Common,
+    },
+    /// Reads random blocks of a file through the page cache for a while,
+    /// then prints one JSON line: reads, bytes, seconds.
+    RandomReads {
+        /// The file.
+        #[arg(long)]
+        file: std::path::PathBuf,
+        /// Bytes per read, in KiB.
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+        block_kib: u64,
+        /// How long to read.
+        #[arg(long)]
+        seconds: f64,
+        /// Seeds the order of the blocks.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
     },
 }
 
@@ -368,7 +390,7 @@ fn run(w: Workload) -> Result<(), String> {
         | Workload::ShortLived { common, .. }
         | Workload::ForkFamily { common, .. }
         | Workload::Vmas { common, .. } => common.apply()?,
-        Workload::ReadFiles { .. } => {}
+        Workload::ReadFiles { .. } | Workload::RandomReads { .. } => {}
     }
     match w {
         Workload::StaticDup {
@@ -432,6 +454,21 @@ fn run(w: Workload) -> Result<(), String> {
             common,
             t0,
         ),
+        Workload::RandomReads {
+            file,
+            block_kib,
+            seconds,
+            seed,
+        } => {
+            let r = random_reads::run(&file, block_kib * 1024, seconds, seed)?;
+            print_line(&serde_json::json!({
+                "workload": "random-reads",
+                "reads": r.reads,
+                "bytes": r.bytes,
+                "seconds": r.seconds,
+            }));
+            Ok(())
+        }
     }
 }
 

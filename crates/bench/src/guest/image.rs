@@ -95,6 +95,55 @@ mount -t ext2 -o ro /dev/vda /disk || fail "mounting /dev/vda (ext2) on /disk"
     };
 }
 
+/// `bin` stripped into `dir` (a tenth of the size, and TCG unpacks the
+/// initramfs slowly; copied as it is where `strip` fails) and the payload
+/// that runs it in a guest: the shared libraries `ldd` names (the loader
+/// included) and the stripped copy, each at its host path. An `/init`
+/// copies `/payload/.` to `/` and makes the files executable (the
+/// initramfs stores payload files 0644). Returns the copy's path.
+pub fn program_payload(bin: &Path, dir: &Path) -> Result<(PathBuf, Vec<PayloadFile>), GuestError> {
+    let name = bin.file_name().unwrap_or_else(|| "program".as_ref());
+    let stripped = dir.join(name);
+    let ok = Command::new("strip")
+        .arg("-o")
+        .arg(&stripped)
+        .arg(bin)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        fs::copy(bin, &stripped)
+            .map_err(|e| GuestError::io(format!("copying {}", bin.display()), e))?;
+    }
+    let mut payload = Vec::new();
+    for p in shared_libraries(bin)?.into_iter().chain([stripped.clone()]) {
+        let bytes = fs::metadata(&p)
+            .map_err(|e| GuestError::io(format!("reading {}", p.display()), e))?
+            .len();
+        payload.push(PayloadFile { source: p, bytes });
+    }
+    Ok((stripped, payload))
+}
+
+/// The shared libraries `ldd` names for `bin` (the loader included).
+fn shared_libraries(bin: &Path) -> Result<Vec<PathBuf>, GuestError> {
+    let out = Command::new("ldd")
+        .arg(bin)
+        .output()
+        .map_err(|e| GuestError::io(format!("running ldd {}", bin.display()), e))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut libs = Vec::new();
+    for line in text.lines() {
+        let path = match line.split_once("=>") {
+            Some((_, right)) => right.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            libs.push(PathBuf::from(p));
+        }
+    }
+    Ok(libs)
+}
+
 /// A disk guest's `/init` made of the common start (pseudo file systems,
 /// modules, `/dev/vda` mounted read-only on `/disk`) and `body`, a shell
 /// script that must print [`super::READY_MARKER`] and never exit. Its ready
@@ -165,6 +214,10 @@ pub struct ImageOptions {
     /// With a disk: this `/init` instead of [`DISK_INIT_SCRIPT`] (see
     /// [`disk_init_with`]).
     pub init: Option<String>,
+    /// With a disk: host files the initramfs carries as well, under
+    /// `payload/` at their host paths (a program and its libraries, see
+    /// [`program_payload`]), for an `/init` that runs them.
+    pub initramfs_files: Vec<PayloadFile>,
 }
 
 impl Default for ImageOptions {
@@ -175,6 +228,7 @@ impl Default for ImageOptions {
             payload_on: PayloadOn::Disk,
             files: None,
             init: None,
+            initramfs_files: Vec::new(),
         }
     }
 }
@@ -259,7 +313,7 @@ impl GuestImage {
             PayloadOn::Disk => (
                 Content {
                     init: opts.init.as_deref().unwrap_or(DISK_INIT_SCRIPT),
-                    payload: &[],
+                    payload: &opts.initramfs_files,
                     modules: KernelModules::collect(
                         &tools.kernel_release,
                         DISK_MODULES,

@@ -35,7 +35,7 @@
 //! `numa-status`); [`run`] parses them. TCG emulates no remote-access
 //! latency: the experiment measures placement, not speed.
 
-use super::image::{Content, PayloadFile, write_initramfs};
+use super::image::{Content, program_payload, write_initramfs};
 use super::{FAILED_MARKER, GuestError, HostTools};
 use crate::guest::disk::KernelModules;
 use std::collections::BTreeMap;
@@ -182,26 +182,6 @@ pub fn guest_kernel() -> Result<PathBuf, GuestError> {
     Ok(kernel)
 }
 
-/// The shared libraries `ldd` names for `bin` (the loader included).
-fn shared_libraries(bin: &Path) -> Result<Vec<PathBuf>, GuestError> {
-    let out = Command::new("ldd")
-        .arg(bin)
-        .output()
-        .map_err(|e| GuestError::io(format!("running ldd {}", bin.display()), e))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut libs = Vec::new();
-    for line in text.lines() {
-        let path = match line.split_once("=>") {
-            Some((_, right)) => right.split_whitespace().next(),
-            None => line.split_whitespace().next(),
-        };
-        if let Some(p) = path.filter(|p| p.starts_with('/')) {
-            libs.push(PathBuf::from(p));
-        }
-    }
-    Ok(libs)
-}
-
 /// `/init` for `plan`, with pagesift at `pagesift` in the guest.
 pub fn init_script(plan: &NumaPlan, pagesift: &str) -> String {
     let mut s = String::from(concat!(init_prelude!(), include_str!("numa_init.sh")));
@@ -238,28 +218,7 @@ pub fn build_image(
     let tools = HostTools::find()?;
     fs::create_dir_all(dir)
         .map_err(|e| GuestError::io(format!("creating {}", dir.display()), e))?;
-    // Stripped: a tenth of the size, and TCG unpacks the initramfs slowly.
-    let stripped = dir.join("pagesift");
-    let ok = Command::new("strip")
-        .arg("-o")
-        .arg(&stripped)
-        .arg(pagesift_bin)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        fs::copy(pagesift_bin, &stripped)
-            .map_err(|e| GuestError::io(format!("copying {}", pagesift_bin.display()), e))?;
-    }
-    let mut payload = Vec::new();
-    for p in shared_libraries(pagesift_bin)?
-        .into_iter()
-        .chain([stripped.clone()])
-    {
-        let bytes = fs::metadata(&p)
-            .map_err(|e| GuestError::io(format!("reading {}", p.display()), e))?
-            .len();
-        payload.push(PayloadFile { source: p, bytes });
-    }
+    let (stripped, payload) = program_payload(pagesift_bin, dir)?;
     let applets = Command::new(&tools.busybox)
         .arg("--list-full")
         .output()
