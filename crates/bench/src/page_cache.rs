@@ -34,7 +34,8 @@
 //!
 //! Until 2026-12-04 the guests read with a shell loop of busybox `dd`, one
 //! process per block: under TCG the process start-ups, not the reads,
-//! set the throughput (4-9 MiB/s, whatever the caches held), so the
+//! set the throughput (4.1-8.7 MiB/s for every system in the bench's
+//! `--repeat 3` run of 2026-12-03, Intel Xeon), so the
 //! throughput goals judged CPU left over, not caching. One process
 //! reading is what Singleton §4's random-read benchmark is. The machine's
 //! two cores are shared with other work: the figures are noisy, the
@@ -54,6 +55,8 @@ use crate::{BenchError, Context};
 use pagesift_core::pipeline::governor::Governor;
 use pagesift_linux::ksm::{Ksm, KsmVmstat, Ksmd, Run};
 use pagesift_linux::page_cache::ImageCache;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
@@ -99,9 +102,10 @@ impl PageCachePlan {
             fadvise_every_s: 5.0,
             // Singleton §3.2: its SAS disk (§4.1) managed 185 seeks a second
             // under direct I/O (the host cache bypassed). This machine's
-            // virtual disk answered 8 500-15 600 random 64 KiB reads a
-            // second on 2026-12-04 (the report prints the rate it measures
-            // before the runs),
+            // virtual disk answered 5 300-9 700 random 64 KiB reads a
+            // second in the bench's five page-cache runs of 2026-12-04
+            // (AMD EPYC; the report prints the rate it measures before
+            // the runs),
             // so without a limit a read the host cache misses costs about
             // what a hit does, and no caching policy can show in the
             // guests' throughput.
@@ -204,13 +208,12 @@ pub fn random_read_rate(path: &Path, block: u64, window: Duration) -> Option<f64
     let mut raw = vec![0u8; block as usize + 4096];
     let at = raw.as_ptr().align_offset(4096);
     let buf = &mut raw[at..at + block as usize];
-    let (mut x, mut n) = (0x9e37_79b9_7f4a_7c15_u64, 0u64);
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let mut n = 0u64;
     let t0 = Instant::now();
     while t0.elapsed() < window && blocks > 0 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        file.read_exact_at(buf, (x % blocks) * block).ok()?;
+        file.read_exact_at(buf, rng.random_range(0..blocks) * block)
+            .ok()?;
         n += 1;
     }
     (n > 0).then(|| n as f64 / t0.elapsed().as_secs_f64())
