@@ -503,13 +503,27 @@ mod tests {
         );
     }
 
-    /// A shell that waits for a line on stdin, then execs `then`.
+    /// A shell that says "ready" on stdout, waits for a line on stdin, then
+    /// execs `then`. It returns once "ready" has been read: the shell is
+    /// then running its own code, so its exec is complete. `spawn` alone
+    /// returns at the vfork release, before the kernel has set the new
+    /// image's code and stack addresses, and on a loaded machine (CI runs
+    /// tests in parallel on two cores) the child can sit there, runnable
+    /// but not running, for longer than any fixed wait.
     fn exec_after_a_line(then: &str) -> std::process::Child {
-        std::process::Command::new("sh")
-            .args(["-c", &format!("read l; exec {then}")])
+        use std::io::BufRead;
+        let mut c = std::process::Command::new("sh")
+            .args(["-c", &format!("echo ready; read l; exec {then}")])
             .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
             .spawn()
-            .unwrap()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(c.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+        c
     }
 
     /// Polls until `pid`'s identity is not `old` (at most 5 s).
@@ -530,18 +544,7 @@ mod tests {
         for then in ["sleep 30", "sh -c 'read m'"] {
             let mut c = exec_after_a_line(then);
             let pid = c.id();
-            // spawn returns once the child's exec has replaced its mm (the
-            // vfork release), before the new image's code and stack
-            // addresses are set: wait for the identity to settle.
-            let mut before = identity(pid).expect("the shell lives");
-            for _ in 0..100 {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-                let now = identity(pid).expect("the shell lives");
-                if now == before {
-                    break;
-                }
-                before = now;
-            }
+            let before = identity(pid).expect("the shell lives");
             std::thread::sleep(std::time::Duration::from_millis(50));
             assert_eq!(identity(pid), Some(before), "stable while nothing happens");
             let info = process_info(pid, &ProcessFilter::all()).ok().unwrap();

@@ -56,6 +56,15 @@ fn proc_state(pid: u32) -> char {
     s[s.rfind(')').unwrap() + 2..].chars().next().unwrap()
 }
 
+/// Whether `pid` is blocked in nanosleep or clock_nanosleep: the first
+/// field of `/proc/PID/syscall` is the number of the call it sits in.
+fn in_sleep_syscall(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/syscall"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<i64>().ok())
+        .is_some_and(|nr| nr == libc::SYS_nanosleep || nr == libc::SYS_clock_nanosleep)
+}
+
 fn tracer_pid(pid: u32) -> u32 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     s.lines()
@@ -1143,20 +1152,29 @@ fn an_exec_after_the_identity_check_gets_nothing_injected() {
     t.finish();
 
     // A real exec: identity taken from the shell, then it execs sleep.
+    // The shell's "ready" says its own exec is complete (a state check
+    // alone can catch the child between the vfork release and the end of
+    // its exec, on a loaded machine), and
+    // sleep is known to be running its image once it sits in its sleep
+    // syscall.
     let mut sh = std::process::Command::new("/bin/sh")
-        .args(["-c", "read x; exec /bin/sleep 30"])
+        .args(["-c", "echo ready; read x; exec /bin/sleep 30"])
         .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let pid = sh.id();
-    wait_for("the shell to read", Duration::from_secs(5), || {
-        proc_state(pid) == 'S'
-    });
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(sh.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
     let (_, before) = discover::identity(pid).expect("identity");
     use std::io::Write;
     writeln!(sh.stdin.as_mut().unwrap()).unwrap();
-    wait_for("the exec", Duration::from_secs(5), || {
-        discover::identity(pid).is_some_and(|(_, img)| img != before)
+    wait_for("sleep to sleep", Duration::from_secs(5), || {
+        in_sleep_syscall(pid)
     });
     assert_eq!(
         inj.run_as(pid, before, &[Syscall::Getpid]).unwrap(),
