@@ -321,7 +321,7 @@ fn is_our_kind_of_userfaultfd(pid: u32, fd: i32) -> bool {
 /// Takes away what `rec` lists, in the processes that are still the same.
 #[cfg(target_arch = "x86_64")]
 pub fn recover(rec: &Record, injector: &mut pagesift_linux::inject::Injector) -> Recovered {
-    use pagesift_linux::inject::{Advice, Fd, Outcome, Syscall};
+    use pagesift_linux::inject::{Advice, Outcome, Syscall};
     let mut out = Recovered::default();
     for m in &rec.marks {
         if pagesift_linux::discover::identity(m.pid) != Some((m.start_time, m.image)) {
@@ -361,16 +361,7 @@ pub fn recover(rec: &Record, injector: &mut pagesift_linux::inject::Injector) ->
             // Closed since (by us before the crash, or by the process).
             continue;
         }
-        let mut calls: Vec<Syscall> = u
-            .ranges
-            .iter()
-            .map(|&(s, e)| Syscall::UffdUnregister {
-                fd: Fd::Number(u.fd),
-                addr: s,
-                len: e - s,
-            })
-            .collect();
-        calls.push(Syscall::Close(Fd::NumberIfOk(u.fd, 0)));
+        let calls = pagesift_linux::uffd::close_calls(u.fd, &u.ranges);
         match injector.run(u.pid, &calls) {
             Ok(Outcome::Done(i)) if i.results.last().is_some_and(|&r| r == 0) => out.closed += 1,
             Ok(Outcome::Done(i)) => out.failed.push(format!(

@@ -537,6 +537,7 @@ impl Target for LinuxTarget {
 
     #[cfg(target_arch = "x86_64")]
     fn sync_write_tracking(&mut self, wanted: &[(u32, u64, u64)]) -> usize {
+        use pagesift_linux::inject::Outcome;
         use pagesift_linux::uffd::TrackOutcome;
         let wt = self.src.write_tracker();
         // Stop first: a range leaves tracking before anything marks it.
@@ -552,14 +553,28 @@ impl Target for LinuxTarget {
                 .copied()
                 .filter(|&(s, e)| !wanted.contains(&(pid, s, e)))
                 .collect();
-            if !gone.is_empty() {
-                tracing::debug!(pid, ranges = ?gone, "write tracking: unregister");
+            // A descriptor known with no range left (its close did not run
+            // when it was opened) is closed too, unless the process has
+            // ranges to track.
+            let leftover = gone.is_empty()
+                && wt.ranges(pid).is_empty()
+                && wt.target_fd(pid).is_some()
+                && !wanted.iter().any(|w| w.0 == pid);
+            if gone.is_empty() && !leftover {
+                continue;
             }
-            if !gone.is_empty()
-                && let Err(e) = wt.untrack(&mut self.injector, pid, &gone)
-            {
-                tracing::debug!(pid, error = %e, "could not stop write tracking");
-                wt.forget(pid);
+            tracing::debug!(pid, ranges = ?gone, "write tracking: unregister");
+            // What did not run stays tracked (`WriteTracker::untrack`) and
+            // is tried again at the next sync: forgotten, it stayed in the
+            // target.
+            match wt.untrack(&mut self.injector, pid, &gone) {
+                Ok(Outcome::Skipped(why)) => {
+                    tracing::debug!(pid, reason = %why, "could not stop write tracking yet");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(pid, error = %e, "could not stop write tracking yet");
+                }
             }
         }
         let mut new: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
@@ -571,11 +586,23 @@ impl Target for LinuxTarget {
         for (pid, ranges) in new {
             tracing::debug!(pid, ranges = ?ranges, "write tracking: register");
             match wt.track(&mut self.injector, pid, &ranges) {
-                Ok(TrackOutcome::Tracking(got)) => {
-                    if got.len() < ranges.len() {
+                Ok(TrackOutcome::Tracking {
+                    registered,
+                    unmapped,
+                }) => {
+                    if registered.len() + unmapped.len() < ranges.len() {
                         // Some range refused (e.g. it uses userfaultfd
-                        // itself): do not ask again every wake.
+                        // itself): do not ask again every wake. A range
+                        // unmapped meanwhile is no refusal: taken for one,
+                        // a process whose regions come and go lost write
+                        // tracking for good, and its heap buffer, rewritten
+                        // with the same bytes, was then marked unwatched
+                        // and thrashed (`pagesift bench --full --only
+                        // short-lived`, 2026-12-04, by hand).
                         self.untrackable.insert(pid);
+                    }
+                    if !unmapped.is_empty() {
+                        tracing::debug!(pid, ranges = ?unmapped, "write tracking: unmapped before registered");
                     }
                 }
                 Ok(TrackOutcome::Gone) => {}

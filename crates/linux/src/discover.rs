@@ -224,6 +224,27 @@ pub fn identity(pid: u32) -> Option<(u64, u64)> {
     Some((stat.starttime, image_id(pid, &stat)))
 }
 
+/// Whether `[start, end)` of `pid` lies wholly inside its VMAs now, read
+/// from `/proc/PID/maps` (false if they cannot be read: the process is
+/// gone). What tells a range unmapped between a decision and a syscall
+/// made for it from a range the process refuses.
+pub fn range_mapped(pid: u32, start: u64, end: u64) -> bool {
+    let Ok(maps) = Process::new(pid as i32).and_then(|p| p.maps()) else {
+        return false;
+    };
+    let mut at = start;
+    for m in maps.iter() {
+        let (s, e) = m.address;
+        if s <= at && at < e {
+            at = e;
+        }
+        if at >= end {
+            return true;
+        }
+    }
+    false
+}
+
 /// Lists the processes `filter` selects, never pagesift's own. A pid named
 /// in `filter.pids` that does not exist is an error
 /// ([`LinuxError::NoSuchProcess`]), as is naming pagesift's own pid; a

@@ -45,6 +45,7 @@
 //! it.
 //! A child forked by the target does not inherit it (no `EVENT_FORK`).
 
+use crate::discover;
 use crate::error::LinuxError;
 use crate::inject::{Fd, InjectError, Injector, Outcome, Syscall, uffd_abi};
 use crate::sys::{self, PageRegion};
@@ -54,13 +55,26 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 /// `EBUSY`: the range is registered with another userfaultfd.
 const EBUSY: i64 = 16;
+/// `EINVAL` and `ENOMEM`: what `UFFDIO_REGISTER` answers for a range that
+/// is not (wholly) mapped, among other refusals.
+const EINVAL: i64 = 22;
+const ENOMEM: i64 = 12;
 
 /// What [`WriteTracker::track`] did for one process.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TrackOutcome {
-    /// These ranges are now tracked (newly registered ones).
-    Tracking(Vec<(u64, u64)>),
-    /// Nothing was registered; why (the process was not harmed).
+    /// `registered`: these ranges are now tracked (newly registered ones).
+    /// `unmapped`: ranges the process unmapped, in whole or in part,
+    /// before they could be registered. Not a refusal: memory that
+    /// changes while the daemon decides (a short-lived region) loses its
+    /// registration, not the process's write tracking.
+    Tracking {
+        registered: Vec<(u64, u64)>,
+        unmapped: Vec<(u64, u64)>,
+    },
+    /// Nothing was registered, and a range was refused for a reason of
+    /// the process (it uses userfaultfd itself, or the kernel said no to
+    /// a mapped range); why (the process was not harmed).
     Skipped(String),
     /// The process exited.
     Gone,
@@ -146,7 +160,10 @@ impl WriteTracker {
             .filter(|&(s, e)| e > s && !self.covers(pid, s, e))
             .collect();
         if ranges.is_empty() {
-            return Ok(TrackOutcome::Tracking(vec![]));
+            return Ok(TrackOutcome::Tracking {
+                registered: vec![],
+                unmapped: vec![],
+            });
         }
         if let Some(t) = self.procs.get(&pid)
             && !Self::still_ours(pid, t)
@@ -208,13 +225,23 @@ impl WriteTracker {
             .filter(|(_, res)| **res >= 0)
             .map(|(range, _)| *range)
             .collect();
-        let why_not = r[first..]
-            .iter()
-            .find(|&&res| res < 0)
-            .map(|&res| match -res {
-                EBUSY => "the range already uses userfaultfd".to_string(),
-                _ => format!("UFFDIO_REGISTER: {}", errno_text(res)),
-            });
+        // A failed range that is no longer mapped was unmapped after it
+        // was chosen: the maps say so (read only when a register failed).
+        let (mut unmapped, mut refused) = (Vec::new(), Vec::new());
+        for (&range, &res) in ranges.iter().zip(&r[first..]) {
+            if res >= 0 {
+                continue;
+            }
+            if matches!(-res, EINVAL | ENOMEM) && !discover::range_mapped(pid, range.0, range.1) {
+                unmapped.push(range);
+            } else {
+                refused.push(res);
+            }
+        }
+        let why_not = refused.first().map(|&res| match -res {
+            EBUSY => "the range already uses userfaultfd".to_string(),
+            _ => format!("UFFDIO_REGISTER: {}", errno_text(res)),
+        });
         if existing.is_none() {
             let api_failed = r[1] < 0;
             let dup = if api_failed || registered.is_empty() {
@@ -237,9 +264,31 @@ impl WriteTracker {
                         );
                     }
                     let _ = inj.run(pid, &[Syscall::Close(Fd::Number(target_fd))]);
+                    // A close that did not run (the attach was skipped)
+                    // leaves the descriptor known, to be closed later like
+                    // any other (`untrack`, the crash ledger), not lost.
+                    if fd_is_userfaultfd(pid, target_fd)
+                        && let Ok(dup) = dup_fd(pid, target_fd)
+                    {
+                        self.procs.insert(
+                            pid,
+                            Tracked {
+                                fd: target_fd,
+                                dup,
+                                pagemap,
+                                ranges: registered.clone(),
+                            },
+                        );
+                    }
                 }
                 let why = if api_failed {
                     format!("UFFDIO_API: {}", errno_text(r[1]))
+                } else if registered.is_empty() && refused.is_empty() {
+                    // Every range had gone: nothing refused.
+                    return Ok(TrackOutcome::Tracking {
+                        registered,
+                        unmapped,
+                    });
                 } else {
                     why_not.unwrap_or_else(|| "pidfd_getfd failed".into())
                 };
@@ -255,9 +304,13 @@ impl WriteTracker {
                 },
             );
         } else if registered.is_empty() {
-            return Ok(TrackOutcome::Skipped(
-                why_not.unwrap_or_else(|| "nothing registered".into()),
-            ));
+            return Ok(match why_not {
+                Some(why) => TrackOutcome::Skipped(why),
+                None => TrackOutcome::Tracking {
+                    registered,
+                    unmapped,
+                },
+            });
         }
         // Arm: the first scan reports every page as written and protects it.
         for &(s, e) in &registered {
@@ -265,7 +318,10 @@ impl WriteTracker {
         }
         let t = self.procs.get_mut(&pid).expect("inserted above");
         t.ranges.extend_from_slice(&registered);
-        Ok(TrackOutcome::Tracking(registered))
+        Ok(TrackOutcome::Tracking {
+            registered,
+            unmapped,
+        })
     }
 
     /// The runs of pages of `[start, end)` of `pid` written since they were
@@ -319,27 +375,25 @@ impl WriteTracker {
     /// Stops tracking `ranges` of `pid` (exactly as tracked): one attach
     /// that unregisters them and, when none is left, closes the target's
     /// userfaultfd. A process that is gone or whose descriptor is no longer
-    /// ours is forgotten without an attach.
+    /// ours is forgotten without an attach. An attach that does not run
+    /// (skipped, or an error) changes nothing here: the ranges stay
+    /// tracked and the descriptor known, so that the next call, the next
+    /// daemon's crash ledger or [`untrack_all`](Self::untrack_all) at exit
+    /// takes them out; forgotten first, they stayed in the target for
+    /// good (seen once by hand, 2026-12-04: a userfaultfd left in a
+    /// short-lived workload after the daemon had exited).
     pub fn untrack(
         &mut self,
         inj: &mut Injector,
         pid: u32,
         ranges: &[(u64, u64)],
     ) -> Result<Outcome, InjectError> {
-        let Some(t) = self.procs.get_mut(&pid) else {
+        let Some(t) = self.procs.get(&pid) else {
             return Ok(Outcome::Gone(crate::inject::Gone {
                 attached: false,
                 completed: vec![],
             }));
         };
-        let drop_ranges: Vec<(u64, u64)> = t
-            .ranges
-            .iter()
-            .copied()
-            .filter(|r| ranges.contains(r))
-            .collect();
-        t.ranges.retain(|r| !ranges.contains(r));
-        let last = t.ranges.is_empty();
         if !Self::still_ours(pid, t) {
             self.procs.remove(&pid);
             return Ok(Outcome::Gone(crate::inject::Gone {
@@ -347,28 +401,48 @@ impl WriteTracker {
                 completed: vec![],
             }));
         }
-        let fd = t.fd;
-        let mut calls: Vec<Syscall> = drop_ranges
+        let drop_ranges: Vec<(u64, u64)> = t
+            .ranges
             .iter()
-            .map(|&(s, e)| Syscall::UffdUnregister {
-                fd: Fd::Number(fd),
-                addr: s,
-                len: e - s,
-            })
+            .copied()
+            .filter(|r| ranges.contains(r))
             .collect();
-        if last {
-            // Close only if an unregister proved it a userfaultfd (and the
-            // kcmp check above said it is ours).
-            calls.push(match calls.len() {
-                0 => Syscall::Close(Fd::Number(fd)),
-                n => Syscall::Close(Fd::NumberIfOk(fd, n - 1)),
-            });
-            self.procs.remove(&pid);
-        }
+        let last = t.ranges.len() == drop_ranges.len();
+        let fd = t.fd;
+        // The last range out closes the descriptor too, once proved a
+        // userfaultfd in the attach itself (the kcmp check above was made
+        // before the target stopped).
+        let calls: Vec<Syscall> = if last {
+            close_calls(fd, &drop_ranges)
+        } else {
+            drop_ranges
+                .iter()
+                .map(|&(s, e)| Syscall::UffdUnregister {
+                    fd: Fd::Number(fd),
+                    addr: s,
+                    len: e - s,
+                })
+                .collect()
+        };
         if calls.is_empty() {
             return Ok(Outcome::Done(crate::inject::Injection::default()));
         }
-        inj.run(pid, &calls)
+        let out = inj.run(pid, &calls)?;
+        match &out {
+            Outcome::Done(_) if last => {
+                self.procs.remove(&pid);
+            }
+            Outcome::Done(_) => {
+                if let Some(t) = self.procs.get_mut(&pid) {
+                    t.ranges.retain(|r| !drop_ranges.contains(r));
+                }
+            }
+            Outcome::Gone(_) => {
+                self.procs.remove(&pid);
+            }
+            Outcome::Skipped(_) => {}
+        }
+        Ok(out)
     }
 
     /// Stops tracking everything of `pid`.
@@ -381,14 +455,15 @@ impl WriteTracker {
         self.untrack(inj, pid, &ranges)
     }
 
-    /// Stops tracking everything (at exit). Errors are per process and
-    /// ignored: a process that cannot be attached keeps an idle async
-    /// registration until it exits, which cannot block it.
+    /// Stops tracking everything. Errors are per process and ignored: a
+    /// process that cannot be attached now stays listed (its registration
+    /// and descriptor, for the crash ledger, whose next reader takes them
+    /// out) and keeps an idle async registration meanwhile, which cannot
+    /// block it.
     pub fn untrack_all(&mut self, inj: &mut Injector) {
         let pids: Vec<u32> = self.procs.keys().copied().collect();
         for pid in pids {
             let _ = self.untrack_process(inj, pid);
-            self.procs.remove(&pid);
         }
     }
 
@@ -411,6 +486,37 @@ fn dup_fd(pid: u32, fd: i32) -> std::io::Result<OwnedFd> {
 pub fn fd_is_userfaultfd(pid: u32, fd: i32) -> bool {
     std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
         .is_ok_and(|l| l.as_os_str() == "anon_inode:[userfaultfd]")
+}
+
+/// A range for [`close_calls`]' proof when no range is given: page-aligned
+/// user space above any `mmap_min_addr`, mapped or not.
+const PROOF_RANGE: (u64, u64) = (1 << 30, crate::PAGE_SIZE);
+
+/// The calls that end write tracking in a target: unregister `ranges` of
+/// descriptor `fd`, prove `fd` a userfaultfd with `UFFDIO_WAKE` (which
+/// succeeds whether or not the ranges are still mapped, and wakes nobody:
+/// see [`Syscall::UffdWake`]), and close it only then. The close used to
+/// wait for the last unregister instead, which fails (EINVAL) for a range
+/// the process has unmapped since: the descriptor then stayed open in the
+/// target after pagesift had forgotten it (seen by hand, 2026-12-04, in a
+/// short-lived workload after the daemon exited).
+pub fn close_calls(fd: i32, ranges: &[(u64, u64)]) -> Vec<Syscall> {
+    let mut calls: Vec<Syscall> = ranges
+        .iter()
+        .map(|&(s, e)| Syscall::UffdUnregister {
+            fd: Fd::Number(fd),
+            addr: s,
+            len: e - s,
+        })
+        .collect();
+    let (addr, len) = ranges.first().map_or(PROOF_RANGE, |&(s, e)| (s, e - s));
+    calls.push(Syscall::UffdWake {
+        fd: Fd::Number(fd),
+        addr,
+        len,
+    });
+    calls.push(Syscall::Close(Fd::NumberIfOk(fd, calls.len() - 1)));
+    calls
 }
 
 /// How many userfaultfd descriptors `pid` has open.

@@ -9,8 +9,9 @@
 //! mode, which is the harder case for `UFFD_USER_MODE_ONLY`) while its
 //! content, and so the target's checksum, stays the same. Root is needed.
 
+use pagesift_linux::discover;
 use pagesift_linux::inject::{InjectConfig, Injector, Outcome};
-use pagesift_linux::uffd::{TrackOutcome, WriteTracker, count_userfaultfds};
+use pagesift_linux::uffd::{TrackOutcome, WriteTracker, close_calls, count_userfaultfds};
 use pagesift_testkit::Target;
 use std::io::{IoSlice, IoSliceMut};
 use std::time::{Duration, Instant};
@@ -45,7 +46,13 @@ fn rewrite_page(pid: u32, addr: u64) {
 
 fn tracking(o: TrackOutcome) -> Vec<(u64, u64)> {
     match o {
-        TrackOutcome::Tracking(r) => r,
+        TrackOutcome::Tracking {
+            registered,
+            unmapped,
+        } => {
+            assert_eq!(unmapped, vec![], "nothing was unmapped");
+            registered
+        }
         other => panic!("expected tracking, got {other:?}"),
     }
 }
@@ -154,6 +161,132 @@ fn a_range_with_another_userfaultfd_is_skipped() {
     );
     first.untrack_process(&mut inj, pid).unwrap();
     assert_eq!(count_userfaultfds(pid), 0);
+    t.finish();
+}
+
+/// A range unmapped between the daemon's choice and the registration
+/// (here one the target never mapped) is reported unmapped, not refused:
+/// the range beside it is registered, writes there are seen, and a call
+/// with only such a range leaves no userfaultfd in the target.
+#[test]
+fn a_range_that_is_not_mapped_is_reported_unmapped_not_refused() {
+    let _g = serial();
+    let t = Target::start("sleep", &["--ms", "20"]);
+    let (pid, addr, len) = (t.pid(), t.addr(), t.len());
+    let end = addr + len;
+    let hole = (0x1000_0000, 0x1000_0000 + 4 * PAGE);
+    assert!(
+        !discover::range_mapped(pid, hole.0, hole.1),
+        "256 MiB is a hole"
+    );
+    assert!(discover::range_mapped(pid, addr, end));
+    let mut inj = Injector::new(InjectConfig::default());
+    let mut wt = WriteTracker::new();
+    let only_hole = TrackOutcome::Tracking {
+        registered: vec![],
+        unmapped: vec![hole],
+    };
+    // The hole alone: nothing tracked, nothing refused, the fd opened for
+    // it closed again.
+    assert_eq!(wt.track(&mut inj, pid, &[hole]).unwrap(), only_hole);
+    assert_eq!(wt.tracked_ranges(), 0);
+    assert_eq!(count_userfaultfds(pid), 0);
+    // Beside the region: the region is tracked.
+    assert_eq!(
+        wt.track(&mut inj, pid, &[(addr, end), hole]).unwrap(),
+        TrackOutcome::Tracking {
+            registered: vec![(addr, end)],
+            unmapped: vec![hole],
+        }
+    );
+    assert_eq!(count_userfaultfds(pid), 1);
+    // The hole again, with the fd open: the same answer, the fd kept.
+    assert_eq!(wt.track(&mut inj, pid, &[hole]).unwrap(), only_hole);
+    assert_eq!(count_userfaultfds(pid), 1);
+    rewrite_page(pid, addr);
+    assert_eq!(wt.written_pages(pid, addr, end), Some(1));
+    wt.untrack_process(&mut inj, pid).unwrap();
+    assert_eq!(count_userfaultfds(pid), 0);
+    t.finish();
+}
+
+/// An unregistration that cannot run now (another tracer holds the
+/// target, so the attach is skipped) forgets nothing: the range stays
+/// tracked and the descriptor known, and the next call, once the target
+/// can be attached, leaves nothing in it.
+#[test]
+fn an_untrack_that_cannot_attach_is_kept_for_later() {
+    use nix::sys::ptrace;
+    use std::sync::mpsc;
+    let _g = serial();
+    let t = Target::start("sleep", &["--ms", "20"]);
+    let (pid, addr, len) = (t.pid(), t.addr(), t.len());
+    let mut inj = Injector::new(InjectConfig::default());
+    let mut wt = WriteTracker::new();
+    tracking(wt.track(&mut inj, pid, &[(addr, addr + len)]).unwrap());
+    // A thread of this test seizes every thread of the target (a seize
+    // does not stop it) and holds them until told; its exit detaches.
+    let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().parse().unwrap())
+        .collect();
+    let (seized_tx, seized_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        for &tid in &tids {
+            ptrace::seize(nix::unistd::Pid::from_raw(tid), ptrace::Options::empty()).unwrap();
+        }
+        seized_tx.send(()).unwrap();
+        release_rx.recv().unwrap();
+    });
+    seized_rx.recv().unwrap();
+    let o = wt.untrack_process(&mut inj, pid).unwrap();
+    assert!(matches!(o, Outcome::Skipped(_)), "{o:?}");
+    assert_eq!(wt.ranges(pid), &[(addr, addr + len)], "still tracked");
+    assert!(wt.target_fd(pid).is_some(), "the descriptor still known");
+    assert_eq!(count_userfaultfds(pid), 1);
+    release_tx.send(()).unwrap();
+    holder.join().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let traced = || {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .any(|l| l.starts_with("TracerPid:") && l.split_whitespace().nth(1) != Some("0"))
+    };
+    while traced() {
+        assert!(Instant::now() < deadline, "the seize outlived its thread");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let o = wt.untrack_process(&mut inj, pid).unwrap();
+    assert!(matches!(o, Outcome::Done(_)), "{o:?}");
+    assert_eq!(wt.tracked_ranges(), 0);
+    assert_eq!(wt.target_fd(pid), None);
+    assert_eq!(count_userfaultfds(pid), 0);
+    t.finish();
+}
+
+/// The calls that end tracking close the descriptor even when every range
+/// registered with it is gone, whose unregisters fail (EINVAL): the close
+/// waits for `UFFDIO_WAKE`'s proof, not for an unregister.
+#[test]
+fn the_descriptor_is_closed_even_when_its_ranges_are_gone() {
+    let _g = serial();
+    let t = Target::start("sleep", &["--ms", "20"]);
+    let (pid, addr, len) = (t.pid(), t.addr(), t.len());
+    let mut inj = Injector::new(InjectConfig::default());
+    let mut wt = WriteTracker::new();
+    tracking(wt.track(&mut inj, pid, &[(addr, addr + len)]).unwrap());
+    let fd = wt.target_fd(pid).unwrap();
+    let hole = (0x1000_0000, 0x1000_0000 + 4 * PAGE);
+    assert!(!discover::range_mapped(pid, hole.0, hole.1));
+    let Outcome::Done(i) = inj.run(pid, &close_calls(fd, &[hole])).unwrap() else {
+        panic!("the attach did not run");
+    };
+    assert_eq!(i.results[0], -22, "the unregister of a gone range fails");
+    assert_eq!(&i.results[1..], &[0, 0], "proved, then closed");
+    assert_eq!(count_userfaultfds(pid), 0);
+    wt.forget(pid);
     t.finish();
 }
 

@@ -71,6 +71,8 @@ pub mod uffd_abi {
     pub const UFFDIO_REGISTER: u64 = 0xc020_aa00;
     /// `UFFDIO_UNREGISTER = _IOR(0xAA, 0x01, struct uffdio_range)` (16 bytes).
     pub const UFFDIO_UNREGISTER: u64 = 0x8010_aa01;
+    /// `UFFDIO_WAKE = _IOR(0xAA, 0x02, struct uffdio_range)` (16 bytes).
+    pub const UFFDIO_WAKE: u64 = 0x8010_aa02;
     /// `UFFDIO_REGISTER_MODE_WP`.
     pub const MODE_WP: u64 = 1 << 1;
     /// `UFFD_FEATURE_WP_UNPOPULATED`: never-touched pages are armed too.
@@ -196,6 +198,21 @@ pub enum Syscall {
         /// Length in bytes (page-aligned).
         len: u64,
     },
+    /// `ioctl(fd, UFFDIO_WAKE, {addr, len})`: wakes threads waiting on
+    /// faults of the range, of which a write-tracking userfaultfd has none
+    /// (its registrations are asynchronous, nothing ever waits). It checks
+    /// only that the range is page-aligned user space, not that it is
+    /// mapped, so its success proves that `fd` is an initialised
+    /// userfaultfd even when every range registered with it is gone: the
+    /// proof a `close` of that number waits for ([`Fd::NumberIfOk`]).
+    UffdWake {
+        /// The userfaultfd.
+        fd: Fd,
+        /// First address (page-aligned).
+        addr: u64,
+        /// Length in bytes (page-aligned).
+        len: u64,
+    },
     /// `close(fd)`. Only for descriptors pagesift opened in the target.
     Close(Fd),
 }
@@ -251,6 +268,11 @@ impl Syscall {
                 [fd(f)?, UFFDIO_UNREGISTER, scratch, 0, 0, 0],
                 words(&[addr, len]),
             ),
+            Syscall::UffdWake { fd: f, addr, len } => (
+                nr::IOCTL,
+                [fd(f)?, UFFDIO_WAKE, scratch, 0, 0, 0],
+                words(&[addr, len]),
+            ),
             Syscall::Close(f) => (nr::CLOSE, [fd(f)?, 0, 0, 0, 0, 0], vec![]),
             _ => {
                 let (n, a) = self.plain();
@@ -290,6 +312,7 @@ impl Syscall {
             Syscall::UffdApi { fd, .. }
             | Syscall::UffdRegister { fd, .. }
             | Syscall::UffdUnregister { fd, .. }
+            | Syscall::UffdWake { fd, .. }
             | Syscall::Close(fd) => match fd {
                 Fd::ResultOf(i) | Fd::NumberIfOk(_, i) => Some(i),
                 Fd::Number(_) => None,
@@ -302,7 +325,8 @@ impl Syscall {
         let range = match *self {
             Syscall::Madvise { addr, len, .. }
             | Syscall::UffdRegister { addr, len, .. }
-            | Syscall::UffdUnregister { addr, len, .. } => Some((addr, len)),
+            | Syscall::UffdUnregister { addr, len, .. }
+            | Syscall::UffdWake { addr, len, .. } => Some((addr, len)),
             _ => None,
         };
         if let Some((addr, len)) = range {
@@ -360,6 +384,19 @@ mod tests {
         assert_eq!(nr::FUTEX_WAITV, libc::SYS_futex_waitv);
         assert_eq!(MADV_MERGEABLE, libc::MADV_MERGEABLE as u64);
         assert!(m.may_split() && !Syscall::SetMemoryMerge(true).may_split());
+        // UFFDIO_WAKE: the uffdio_range struct in scratch, after a proof.
+        let w = Syscall::UffdWake {
+            fd: Fd::Number(7),
+            addr: 0x4000,
+            len: 0x1000,
+        };
+        let (n, a, bytes) = w.encode(&[], 0x9000).unwrap();
+        assert_eq!((n, a), (16, [7, 0x8010_aa02, 0x9000, 0, 0, 0]));
+        assert_eq!(bytes.len(), 16);
+        assert!(!w.may_split());
+        let close = Syscall::Close(Fd::NumberIfOk(7, 0));
+        assert_eq!(close.encode(&[0], 0).unwrap().1[0], 7);
+        assert_eq!(close.encode(&[-22], 0).unwrap_err(), -ECANCELED);
     }
 
     #[test]
