@@ -412,17 +412,10 @@ impl WriteTracker {
         // The last range out closes the descriptor too, once proved a
         // userfaultfd in the attach itself (the kcmp check above was made
         // before the target stopped).
-        let calls: Vec<Syscall> = if last {
+        let calls = if last {
             close_calls(fd, &drop_ranges)
         } else {
-            drop_ranges
-                .iter()
-                .map(|&(s, e)| Syscall::UffdUnregister {
-                    fd: Fd::Number(fd),
-                    addr: s,
-                    len: e - s,
-                })
-                .collect()
+            unregister_calls(fd, &drop_ranges)
         };
         if calls.is_empty() {
             return Ok(Outcome::Done(crate::inject::Injection::default()));
@@ -501,14 +494,7 @@ const PROOF_RANGE: (u64, u64) = (1 << 30, crate::PAGE_SIZE);
 /// target after pagesift had forgotten it (seen by hand, 2026-12-04, in a
 /// short-lived workload after the daemon exited).
 pub fn close_calls(fd: i32, ranges: &[(u64, u64)]) -> Vec<Syscall> {
-    let mut calls: Vec<Syscall> = ranges
-        .iter()
-        .map(|&(s, e)| Syscall::UffdUnregister {
-            fd: Fd::Number(fd),
-            addr: s,
-            len: e - s,
-        })
-        .collect();
+    let mut calls = unregister_calls(fd, ranges);
     let (addr, len) = ranges.first().map_or(PROOF_RANGE, |&(s, e)| (s, e - s));
     calls.push(Syscall::UffdWake {
         fd: Fd::Number(fd),
@@ -517,6 +503,18 @@ pub fn close_calls(fd: i32, ranges: &[(u64, u64)]) -> Vec<Syscall> {
     });
     calls.push(Syscall::Close(Fd::NumberIfOk(fd, calls.len() - 1)));
     calls
+}
+
+/// `UFFDIO_UNREGISTER` of each of `ranges` with descriptor `fd`.
+fn unregister_calls(fd: i32, ranges: &[(u64, u64)]) -> Vec<Syscall> {
+    ranges
+        .iter()
+        .map(|&(s, e)| Syscall::UffdUnregister {
+            fd: Fd::Number(fd),
+            addr: s,
+            len: e - s,
+        })
+        .collect()
 }
 
 /// How many userfaultfd descriptors `pid` has open.

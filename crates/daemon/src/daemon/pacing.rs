@@ -43,12 +43,10 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         // paced for the small set before it, ksmd would take up to a
         // second to start on it (measured under the short-lived profile:
         // a 64 MiB region promoted 150 ms before it was unmapped went
-        // unmerged at 53 pages a batch). So does the loss of more than
-        // half of it (a large region unmapped): paced for the large set,
-        // ksmd loops over the rest (see `ksmd::PACE_JUMP_PAGES`).
+        // unmerged at 53 pages a batch).
         let merging = unmerged > 0;
-        let jumped = crate::ksmd::demand_jumped(scan_pages, self.paced_scan_pages);
-        if now < self.next_pace && merging == self.merging && !jumped {
+        let grew = crate::ksmd::demand_jumped(scan_pages, self.paced_scan_pages);
+        if now < self.next_pace && merging == self.merging && !grew {
             return self.pacing.share;
         }
         self.next_pace = now + PACE_INTERVAL;
