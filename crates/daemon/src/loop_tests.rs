@@ -1919,18 +1919,32 @@ fn hinted_readers_are_marked_whole(trim_min_pages: &str) {
                 .push((30 + r as u32, start + k * 64 * 4096, 64));
         }
     }
+    let unmarked = || -> usize {
+        let m = w.borrow();
+        (regions.iter())
+            .map(|&id| {
+                (0..64 * chunks as u32)
+                    .filter(|&p| !m.page_mergeable(id, p))
+                    .count()
+            })
+            .sum()
+    };
+    // 300 wakes (30 s) are enough on an idle machine; the cap is real CPU
+    // time, so a loaded debug suite may need more (320 pages were still
+    // unmarked at 30 s in one suite, 2026-12-04, none dropped): up to
+    // 50 s, within the hints' maximum age here (the raised 60 s, cut to
+    // the walk's bottom pass time, 50 s), whose drops are what the test
+    // watches.
     let mut now = 0;
     run(&mut d, &mut now, 300);
+    for _ in 0..4 {
+        if unmarked() == 0 {
+            break;
+        }
+        run(&mut d, &mut now, 50);
+    }
     let h = d.status(now).hints;
-    let m = w.borrow();
-    let unmarked: usize = (regions.iter())
-        .map(|&id| {
-            (0..64 * chunks as u32)
-                .filter(|&p| !m.page_mergeable(id, p))
-                .count()
-        })
-        .sum();
-    assert_eq!(unmarked, 0, "trim_min_pages {trim_min_pages}: {h:?}");
+    assert_eq!(unmarked(), 0, "trim_min_pages {trim_min_pages}: {h:?}");
     assert_eq!(h.dropped_stale, 0, "trim_min_pages {trim_min_pages}: {h:?}");
 }
 
