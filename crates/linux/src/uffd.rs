@@ -90,6 +90,17 @@ struct Tracked {
     ranges: Vec<(u64, u64)>,
 }
 
+impl Tracked {
+    fn new(fd: i32, dup: OwnedFd, pagemap: File, ranges: Vec<(u64, u64)>) -> Tracked {
+        Tracked {
+            fd,
+            dup,
+            pagemap,
+            ranges,
+        }
+    }
+}
+
 /// Write tracking of ranges in other processes (see the module header).
 #[derive(Debug, Default)]
 pub struct WriteTracker {
@@ -272,12 +283,7 @@ impl WriteTracker {
                     {
                         self.procs.insert(
                             pid,
-                            Tracked {
-                                fd: target_fd,
-                                dup,
-                                pagemap,
-                                ranges: registered.clone(),
-                            },
+                            Tracked::new(target_fd, dup, pagemap, registered.clone()),
                         );
                     }
                 }
@@ -294,15 +300,7 @@ impl WriteTracker {
                 };
                 return Ok(TrackOutcome::Skipped(why));
             };
-            self.procs.insert(
-                pid,
-                Tracked {
-                    fd: target_fd,
-                    dup,
-                    pagemap,
-                    ranges: vec![],
-                },
-            );
+            (self.procs).insert(pid, Tracked::new(target_fd, dup, pagemap, vec![]));
         } else if registered.is_empty() {
             return Ok(match why_not {
                 Some(why) => TrackOutcome::Skipped(why),

@@ -57,6 +57,17 @@ fn tracking(o: TrackOutcome) -> Vec<(u64, u64)> {
     }
 }
 
+/// A sleeping target with its whole region write-tracked, and the injector
+/// and tracker that did it.
+fn tracked_sleeper() -> (Target, Injector, WriteTracker) {
+    let t = Target::start("sleep", &["--ms", "20"]);
+    let (pid, addr, len) = (t.pid(), t.addr(), t.len());
+    let mut inj = Injector::new(InjectConfig::default());
+    let mut wt = WriteTracker::new();
+    tracking(wt.track(&mut inj, pid, &[(addr, addr + len)]).unwrap());
+    (t, inj, wt)
+}
+
 #[test]
 fn writes_are_seen_exactly_and_unregistering_leaves_no_fd() {
     let _g = serial();
@@ -219,11 +230,8 @@ fn an_untrack_that_cannot_attach_is_kept_for_later() {
     use nix::sys::ptrace;
     use std::sync::mpsc;
     let _g = serial();
-    let t = Target::start("sleep", &["--ms", "20"]);
+    let (t, mut inj, mut wt) = tracked_sleeper();
     let (pid, addr, len) = (t.pid(), t.addr(), t.len());
-    let mut inj = Injector::new(InjectConfig::default());
-    let mut wt = WriteTracker::new();
-    tracking(wt.track(&mut inj, pid, &[(addr, addr + len)]).unwrap());
     // A thread of this test seizes every thread of the target (a seize
     // does not stop it) and holds them until told; its exit detaches.
     let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -272,11 +280,8 @@ fn an_untrack_that_cannot_attach_is_kept_for_later() {
 #[test]
 fn the_descriptor_is_closed_even_when_its_ranges_are_gone() {
     let _g = serial();
-    let t = Target::start("sleep", &["--ms", "20"]);
-    let (pid, addr, len) = (t.pid(), t.addr(), t.len());
-    let mut inj = Injector::new(InjectConfig::default());
-    let mut wt = WriteTracker::new();
-    tracking(wt.track(&mut inj, pid, &[(addr, addr + len)]).unwrap());
+    let (t, mut inj, mut wt) = tracked_sleeper();
+    let pid = t.pid();
     let fd = wt.target_fd(pid).unwrap();
     let hole = (0x1000_0000, 0x1000_0000 + 4 * PAGE);
     assert!(!discover::range_mapped(pid, hole.0, hole.1));
@@ -293,11 +298,8 @@ fn the_descriptor_is_closed_even_when_its_ranges_are_gone() {
 #[test]
 fn a_target_that_exits_mid_tracking_is_fine() {
     let _g = serial();
-    let mut t = Target::start("sleep", &["--ms", "20"]);
+    let (mut t, mut inj, mut wt) = tracked_sleeper();
     let (pid, addr, len) = (t.pid(), t.addr(), t.len());
-    let mut inj = Injector::new(InjectConfig::default());
-    let mut wt = WriteTracker::new();
-    tracking(wt.track(&mut inj, pid, &[(addr, addr + len)]).unwrap());
     t.child.kill().unwrap();
     t.child.wait().unwrap();
     assert_eq!(wt.take_written(pid, addr), None);
