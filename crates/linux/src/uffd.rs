@@ -33,10 +33,20 @@
 //!    fault itself (it clears the bit; about 1 µs per first write, measured):
 //!    nobody reads the fd, so no fault can ever wait for us.
 //! 4. **Unregister** (one attach): `UFFDIO_UNREGISTER` for the ranges, and
-//!    when none is left, `close(fd)` — run only if the unregister succeeded
-//!    (so only on a userfaultfd) and after the `kcmp` check. A target that
-//!    is gone, or whose descriptor is no longer ours, is just forgotten:
-//!    dropping our duplicate then ends any registration left.
+//!    when none is left, `close(fd)`, after the `kcmp` check and run only
+//!    if `UFFDIO_WAKE` succeeded in the same attach (so only on a
+//!    userfaultfd; an unregister is no such proof, as it fails for a range
+//!    the process has unmapped since: [`close_calls`]). A target that is
+//!    gone, or whose descriptor is no longer ours, is just forgotten:
+//!    dropping our duplicate then ends any registration left. An attach
+//!    that does not run forgets nothing: it is tried again.
+//!
+//! Invariant: a descriptor opened in a target that is not known to be
+//! closed stays in [`WriteTracker`]'s table, with the ranges still
+//! registered with it, so that `untrack`, `untrack_all` and the crash
+//! ledger reach it. The exceptions: a target that is gone, and a
+//! descriptor whose close did not run and of which no duplicate could be
+//! taken (`pidfd_getfd` failed), which stays in the target until it exits.
 //!
 //! If the daemon dies without unregistering, the target keeps an idle fd
 //! and an async registration whose only effect is the 1 µs first-write
