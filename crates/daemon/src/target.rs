@@ -486,13 +486,21 @@ impl Target for LinuxTarget {
         if filter == self.filter && limits == self.limits {
             return Ok(());
         }
-        let src = open_source(&filter, limits)?;
+        #[allow(unused_mut)]
+        let mut src = open_source(&filter, limits)?;
         // The old source's write tracker goes with it: unregister its
         // ranges first (and close its userfaultfds in the targets), or
         // they would stay registered in processes nobody tracks any more.
+        // What could not be taken out now (an attach skipped or failed)
+        // moves to the new source's tracker: the next sync unregisters
+        // every range nobody wants, and the ledger written at exit
+        // records what is still left. Dropped with the old source, it
+        // stayed in the target for good.
         #[cfg(target_arch = "x86_64")]
         {
-            self.src.write_tracker().untrack_all(&mut self.injector);
+            let old = self.src.write_tracker();
+            old.untrack_all(&mut self.injector);
+            *src.write_tracker() = std::mem::take(old);
         }
         // Processes of the old source that the new one does not select are
         // not "gone": forget them quietly.

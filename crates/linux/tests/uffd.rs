@@ -227,45 +227,16 @@ fn a_range_that_is_not_mapped_is_reported_unmapped_not_refused() {
 /// can be attached, leaves nothing in it.
 #[test]
 fn an_untrack_that_cannot_attach_is_kept_for_later() {
-    use nix::sys::ptrace;
-    use std::sync::mpsc;
     let _g = serial();
     let (t, mut inj, mut wt) = tracked_sleeper();
     let (pid, addr, len) = (t.pid(), t.addr(), t.len());
-    // A thread of this test seizes every thread of the target (a seize
-    // does not stop it) and holds them until told; its exit detaches.
-    let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().parse().unwrap())
-        .collect();
-    let (seized_tx, seized_rx) = mpsc::channel();
-    let (release_tx, release_rx) = mpsc::channel::<()>();
-    let holder = std::thread::spawn(move || {
-        for &tid in &tids {
-            ptrace::seize(nix::unistd::Pid::from_raw(tid), ptrace::Options::empty()).unwrap();
-        }
-        seized_tx.send(()).unwrap();
-        release_rx.recv().unwrap();
-    });
-    seized_rx.recv().unwrap();
+    let hold = pagesift_testkit::SeizedHold::new(pid);
     let o = wt.untrack_process(&mut inj, pid).unwrap();
     assert!(matches!(o, Outcome::Skipped(_)), "{o:?}");
     assert_eq!(wt.ranges(pid), &[(addr, addr + len)], "still tracked");
     assert!(wt.target_fd(pid).is_some(), "the descriptor still known");
     assert_eq!(count_userfaultfds(pid), 1);
-    release_tx.send(()).unwrap();
-    holder.join().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let traced = || {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap()
-            .lines()
-            .any(|l| l.starts_with("TracerPid:") && l.split_whitespace().nth(1) != Some("0"))
-    };
-    while traced() {
-        assert!(Instant::now() < deadline, "the seize outlived its thread");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    hold.release();
     let o = wt.untrack_process(&mut inj, pid).unwrap();
     assert!(matches!(o, Outcome::Done(_)), "{o:?}");
     assert_eq!(wt.tracked_ranges(), 0);

@@ -18,6 +18,8 @@
 //! - [`cgroups`]: cgroup v2 directories made for one test and removed after.
 //! - [`observe`]: what a test reads about a process without touching it
 //!   (RSS, page tables, pagemap, cgroup).
+//! - [`tracer`]: a second tracer held on a target, so that pagesift's
+//!   attach is skipped.
 //! - [`temp_dir`]: a scratch directory removed on drop (`tempfile`).
 //!
 //! Invariant: every guard here cleans up on drop, also when the test
@@ -31,6 +33,7 @@ pub mod inject_target;
 pub mod observe;
 pub mod reaped;
 pub mod serial;
+pub mod tracer;
 pub mod workload;
 
 pub use binaries::{bin, cargo_artifact, pagesift_bin, workload_bin};
@@ -40,6 +43,7 @@ pub use inject_target::Target;
 pub use observe::{NO_SUCH_PID, cgroup_of, pagemap_entries, present_count, rss_and_pte};
 pub use reaped::Reaped;
 pub use serial::{Serial, serial, unmerge_all};
+pub use tracer::SeizedHold;
 pub use workload::{HOLEY_STATIC_DUP, Workload};
 
 /// Panics unless running as root: the live tests read other processes'
