@@ -79,6 +79,88 @@ pub const PAGE_SIZE: usize = 4096;
 pub const WORDS_PER_PAGE: usize = PAGE_SIZE / 4;
 /// A page viewed as its 1024 host-endian 32-bit words.
 pub type PageWords = [u32; WORDS_PER_PAGE];
+
+/// One page-aligned page.
+#[repr(C, align(4096))]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct AlignedPage(PageWords);
+
+/// A buffer of page-aligned pages, viewable as a slice of [`PageWords`].
+///
+/// Why aligned: pages are read into these buffers from other processes
+/// and copied between them, and a 4 KiB copy whose destination is not
+/// page-aligned while its source is costs several times more. Measured
+/// by hand in the daemon (2026-12-04, 2-CPU AMD EPYC, Linux 6.18.44, a
+/// 1 GiB process of distinct pages sampled under the defaults, timers
+/// around the copy): copying each sampled page from the aligned read
+/// buffer into the distiller's 16-byte-aligned `Vec<PageWords>` took
+/// 2.4 µs a page, against 0.9 µs for the `process_vm_readv` that read
+/// it; into this buffer, 0.24 µs.
+pub struct PageBuffer {
+    pages: Vec<AlignedPage>,
+}
+
+impl std::fmt::Debug for PageBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PageBuffer({} pages)", self.pages.len())
+    }
+}
+
+impl PageBuffer {
+    /// `n` zeroed pages.
+    pub fn new(n: usize) -> PageBuffer {
+        PageBuffer {
+            pages: vec![AlignedPage([0; WORDS_PER_PAGE]); n],
+        }
+    }
+
+    /// Number of pages.
+    pub fn len(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// Makes the buffer hold at least `n` pages, zeroing the new ones. It
+    /// never shrinks: a buffer reused for reads of varying size would
+    /// otherwise zero pages again on every regrowth.
+    pub fn grow_to(&mut self, n: usize) {
+        if self.pages.len() < n {
+            self.pages.resize(n, AlignedPage([0; WORDS_PER_PAGE]));
+        }
+    }
+
+    /// Whether it holds no page.
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty()
+    }
+
+    /// The pages.
+    pub fn pages(&self) -> &[PageWords] {
+        bytemuck::cast_slice(&self.pages)
+    }
+
+    /// The pages, writable (e.g. as the output of a read).
+    pub fn pages_mut(&mut self) -> &mut [PageWords] {
+        bytemuck::cast_slice_mut(&mut self.pages)
+    }
+
+    /// Page `i` as bytes.
+    pub fn bytes(&self, i: usize) -> &[u8] {
+        bytemuck::bytes_of(&self.pages[i].0)
+    }
+}
+
+impl std::ops::Deref for PageBuffer {
+    type Target = [PageWords];
+    fn deref(&self) -> &[PageWords] {
+        self.pages()
+    }
+}
+
+impl std::ops::DerefMut for PageBuffer {
+    fn deref_mut(&mut self) -> &mut [PageWords] {
+        self.pages_mut()
+    }
+}
 /// Time on the caller's monotonic clock, in nanoseconds. The core never
 /// reads a clock itself.
 pub type Nanos = u64;
@@ -98,4 +180,28 @@ pub struct PageRef {
     pub region: RegionId,
     /// Page index within the region (a region is at most 2^32 pages, 16 TiB).
     pub page: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_buffer_is_page_aligned_and_viewable() {
+        let mut b = PageBuffer::new(3);
+        assert_eq!(b.len(), 3);
+        for p in b.pages() {
+            assert_eq!(p.as_ptr() as usize % PAGE_SIZE, 0);
+        }
+        b.pages_mut()[1][5] = 7;
+        assert_eq!(b.bytes(1)[20], 7u32.to_ne_bytes()[0]);
+        assert_eq!(b[1][5], 7, "viewed through Deref");
+        b.grow_to(2);
+        assert_eq!(b.len(), 3, "never shrinks");
+        b.grow_to(5);
+        assert_eq!(b.len(), 5);
+        assert_eq!(b[1][5], 7, "kept");
+        assert!(b[4].iter().all(|&w| w == 0));
+        assert_eq!(b[4].as_ptr() as usize % PAGE_SIZE, 0);
+    }
 }

@@ -92,6 +92,9 @@ pub trait MemorySource {
     /// batch (pagemap, kpageflags, process_vm_readv) override this; the
     /// default asks page by page. A source that wraps another must forward
     /// this call, or it falls back to that default without a sound.
+    /// Callers pass page-aligned pages (a [`crate::PageBuffer`]): the Linux
+    /// source copies each page it read into `out`, and that copy cost ten
+    /// times more into a `Vec<PageWords>` (see `PageBuffer`).
     ///
     /// # Panics
     /// If `out`, `states` or `read` is shorter than `pages`.

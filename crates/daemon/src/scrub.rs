@@ -60,7 +60,7 @@ use pagesift_core::pipeline::scrub::{
     CachedPage, DropRange, FrequencyControl, GuestIndex, Held, MemoryStats, Trigger, plan_drops,
     plan_runs,
 };
-use pagesift_core::{Nanos, PAGE_SIZE, PageWords, WORDS_PER_PAGE};
+use pagesift_core::{Nanos, PAGE_SIZE, PageBuffer};
 use pagesift_linux::LinuxError;
 use pagesift_linux::disk_images::{self, DiskImage};
 use pagesift_linux::folio::FolioFinder;
@@ -571,7 +571,7 @@ fn update_index(guest: &mut Guest) -> Result<(u64, HashSet<u64>), LinuxError> {
     addrs.dedup();
     let mut read = 0;
     let mut keys = HashSet::new();
-    let mut pages: Vec<PageWords> = vec![[0; WORDS_PER_PAGE]; READ_BATCH_PAGES];
+    let mut pages = PageBuffer::new(READ_BATCH_PAGES);
     let mut present = vec![false; READ_BATCH_PAGES];
     for chunk in addrs.chunks(READ_BATCH_PAGES) {
         guest.ram.read_pages(chunk, &mut pages, &mut present)?;
@@ -626,7 +626,7 @@ fn scrub_image(
     // together (`GuestRam::read_pages`).
     let mut candidates: Vec<(u64, usize)> = Vec::with_capacity(READ_BATCH_PAGES);
     let mut addrs: Vec<u64> = Vec::with_capacity(READ_BATCH_PAGES);
-    let mut guest_pages: Vec<PageWords> = vec![[0; WORDS_PER_PAGE]; READ_BATCH_PAGES];
+    let mut guest_pages = PageBuffer::new(READ_BATCH_PAGES);
     let mut guest_present = vec![false; READ_BATCH_PAGES];
     let mut held = vec![Held::No; READ_BATCH_PAGES];
     let mut k = 0;

@@ -79,7 +79,7 @@
 use crate::target::Target;
 use pagesift_core::pipeline::sweep::{Fingerprint, Recall, RegionFinding, Seen, Sweep};
 use pagesift_core::source::PageState;
-use pagesift_core::{Nanos, PageRef, PageWords, RegionId};
+use pagesift_core::{Nanos, PageBuffer, PageRef, RegionId};
 use pagesift_linux::host;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
@@ -207,7 +207,8 @@ pub struct Sweeper {
     credit_ns: f64,
     states: Vec<PageState>,
     pages: Vec<PageRef>,
-    words: Vec<PageWords>,
+    /// Page-aligned: see [`PageBuffer`].
+    words: PageBuffer,
     /// Figures so far.
     pub stats: SweepStats,
 }
@@ -243,7 +244,7 @@ impl Sweeper {
             credit_ns: 0.0,
             states: Vec::new(),
             pages: Vec::new(),
-            words: Vec::new(),
+            words: PageBuffer::new(0),
             stats: SweepStats::default(),
         }
     }
@@ -501,7 +502,7 @@ impl Sweeper {
                     .map(|&page| PageRef { region: id, page }),
             );
             let n = self.pages.len();
-            grow_to(&mut self.words, n);
+            self.words.grow_to(n);
             let mut states = vec![Ok(PageState::NotPresent); n];
             let mut read = vec![false; n];
             target.sample_pages(&self.pages, &mut self.words[..n], &mut states, &mut read);
@@ -582,9 +583,9 @@ impl Sweeper {
         if self.pages.is_empty() {
             return;
         }
-        grow_to(&mut self.words, self.pages.len());
+        self.words.grow_to(self.pages.len());
         let got = target.read_pages(&self.pages, &mut self.words[..self.pages.len()]);
-        for (p, w) in self.pages[..got].iter().zip(&self.words) {
+        for (p, w) in self.pages[..got].iter().zip(self.words.iter()) {
             let hash = pagesift_scan::exact::page_hash(w);
             self.sweep.observe(*p, hash);
             if let Some(f) = print.as_deref_mut() {
@@ -592,18 +593,6 @@ impl Sweeper {
             }
         }
         self.stats.pages_hashed += got as u64;
-    }
-}
-
-/// Makes the read buffer `words` hold at least `n` pages. It never
-/// shrinks: a walk reads up to [`CHUNK_PAGES`] pages and a fingerprint
-/// check a few dozen, and resizing down and up again zeroed up to 2 MiB
-/// per walk for nothing (1.4 % of the daemon's CPU samples in a quick
-/// vm-boot run, perf by hand on 2026-12-03, 2-CPU Intel Xeon). Readers
-/// overwrite the slots they fill and use no others.
-fn grow_to(words: &mut Vec<PageWords>, n: usize) {
-    if words.len() < n {
-        words.resize(n, [0; pagesift_core::WORDS_PER_PAGE]);
     }
 }
 

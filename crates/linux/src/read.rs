@@ -49,7 +49,7 @@ use crate::error::{LinuxError, WHY_PTRACE, libc_errno};
 use crate::proc::PTRACE;
 use nix::sys::uio::{RemoteIoVec, process_vm_readv};
 use nix::unistd::Pid;
-use pagesift_core::{PAGE_SIZE, PageWords, WORDS_PER_PAGE};
+use pagesift_core::{PAGE_SIZE, PageWords};
 use std::fs::File;
 use std::io::IoSliceMut;
 use std::os::unix::fs::FileExt;
@@ -62,56 +62,7 @@ pub fn safe_to_pin(entry: crate::pagemap::PagemapEntry, ksm: bool) -> bool {
     entry.present() && !entry.swapped() && entry.exclusive() && !ksm
 }
 
-/// One page-aligned page.
-#[repr(C, align(4096))]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct AlignedPage(PageWords);
-
-/// A buffer of page-aligned pages.
-#[derive(Clone)]
-pub struct PageBuffer {
-    pages: Vec<AlignedPage>,
-}
-
-impl std::fmt::Debug for PageBuffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PageBuffer({} pages)", self.pages.len())
-    }
-}
-
-impl PageBuffer {
-    /// `n` zeroed pages.
-    pub fn new(n: usize) -> PageBuffer {
-        PageBuffer {
-            pages: vec![AlignedPage([0; WORDS_PER_PAGE]); n],
-        }
-    }
-
-    /// Number of pages.
-    pub fn len(&self) -> usize {
-        self.pages.len()
-    }
-
-    /// Whether it holds no page.
-    pub fn is_empty(&self) -> bool {
-        self.pages.is_empty()
-    }
-
-    /// The pages.
-    pub fn pages(&self) -> &[PageWords] {
-        bytemuck::cast_slice(&self.pages)
-    }
-
-    /// The pages, writable (e.g. as the output of a read).
-    pub fn pages_mut(&mut self) -> &mut [PageWords] {
-        bytemuck::cast_slice_mut(&mut self.pages)
-    }
-
-    /// Page `i` as bytes.
-    pub fn bytes(&self, i: usize) -> &[u8] {
-        bytemuck::bytes_of(&self.pages[i].0)
-    }
-}
+pub use pagesift_core::PageBuffer;
 
 /// Most pages per `process_vm_readv` call: bounds the work redone when a
 /// call reads short (16 MiB).
@@ -328,17 +279,6 @@ impl RemoteReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn buffer_is_page_aligned_and_viewable() {
-        let mut b = PageBuffer::new(3);
-        assert_eq!(b.pages().len(), 3);
-        for p in b.pages() {
-            assert_eq!(p.as_ptr() as usize % PAGE_SIZE, 0);
-        }
-        b.pages_mut()[1][5] = 7;
-        assert_eq!(b.bytes(1)[20], 7u32.to_ne_bytes()[0]);
-    }
 
     #[test]
     fn own_process_is_refused() {

@@ -144,7 +144,7 @@ use crate::pipeline::index::{IndexConfig, IndexSet, SampleIndex};
 use crate::pipeline::ladder::{Ladder, LadderConfig, MAX_CLUSTER_PAGES, Move, Sample};
 use crate::pipeline::strength::{StrengthConfig, StrengthController};
 use crate::source::{MemorySource, PageState, SourceError};
-use crate::{Nanos, PageRef, PageWords, RegionId, WORDS_PER_PAGE};
+use crate::{Nanos, PageBuffer, PageRef, RegionId, WORDS_PER_PAGE};
 use hashbrown::HashMap;
 use std::collections::VecDeque;
 
@@ -318,7 +318,7 @@ struct RunWalk {
 /// found.
 struct Batch {
     pages: Vec<PageRef>,
-    words: Vec<PageWords>,
+    words: PageBuffer,
     states: Vec<Result<PageState, SourceError>>,
     read: Vec<bool>,
 }
@@ -330,7 +330,7 @@ impl Batch {
     fn new() -> Batch {
         Batch {
             pages: Vec::with_capacity(Self::ROOM),
-            words: vec![[0; WORDS_PER_PAGE]; Self::ROOM],
+            words: PageBuffer::new(Self::ROOM),
             states: vec![Ok(PageState::NotPresent); Self::ROOM],
             read: vec![false; Self::ROOM],
         }
@@ -340,7 +340,8 @@ impl Batch {
 /// Sample buffers, kept apart from the rest so a verification closure can
 /// borrow them while the index is borrowed too.
 struct Scratch {
-    page: Box<PageWords>,
+    /// One page, page-aligned for the copy into it ([`PageBuffer`]).
+    page: PageBuffer,
     /// [`fingerprint`] of `page`, set whenever `page` is filled.
     fingerprint: u64,
 }
@@ -394,7 +395,7 @@ impl Distiller {
             global_rounds: 0,
             zero_hash,
             scratch: Scratch {
-                page: Box::new([0; WORDS_PER_PAGE]),
+                page: PageBuffer::new(1),
                 fingerprint: 0,
             },
             batch: Batch::new(),
@@ -872,7 +873,7 @@ impl Distiller {
                 };
                 self.controller.on_hashed(1);
                 let mut twin = None;
-                if hash == self.zero_hash && self.scratch.page.iter().all(|&w| w == 0) {
+                if hash == self.zero_hash && self.scratch.page[0].iter().all(|&w| w == 0) {
                     // KSM merges zero pages into the zero page (use_zero_pages)
                     // or with each other: a duplicate either way.
                     sample.duplicate = true;
@@ -1192,8 +1193,8 @@ impl Distiller {
         let state = std::mem::replace(&mut self.batch.states[i], Ok(PageState::NotPresent));
         let read = self.batch.read[i];
         if read {
-            self.scratch.page.copy_from_slice(&self.batch.words[i]);
-            self.scratch.fingerprint = fingerprint(&self.scratch.page);
+            self.scratch.page[0] = self.batch.words[i];
+            self.scratch.fingerprint = fingerprint(&self.scratch.page[0]);
         }
         (state, read)
     }
@@ -1237,7 +1238,7 @@ impl Distiller {
             return;
         };
         self.controller.on_hashed(1);
-        let twin = if hash == self.zero_hash && self.scratch.page.iter().all(|&w| w == 0) {
+        let twin = if hash == self.zero_hash && self.scratch.page[0].iter().all(|&w| w == 0) {
             None
         } else if let Some(t) = self.find(
             IndexSet::Stable,
@@ -1267,7 +1268,7 @@ impl Distiller {
     fn hash_read(&self, read: bool) -> Option<u32> {
         read.then(|| {
             self.hasher
-                .hash(&self.scratch.page, self.controller.strength())
+                .hash(&self.scratch.page[0], self.controller.strength())
         })
     }
 
@@ -1328,6 +1329,7 @@ fn stable_key(fp: u64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::PageWords;
     use crate::source::{InMemorySource, ZERO_CONTENT};
     use std::collections::BTreeSet;
 
