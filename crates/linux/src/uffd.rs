@@ -271,31 +271,38 @@ impl WriteTracker {
                 dup_fd(pid, target_fd).ok()
             };
             let Some(dup) = dup else {
-                // Nothing to keep: close the fd we just opened, if it still
-                // is a userfaultfd (the fd link says so).
-                if fd_is_userfaultfd(pid, target_fd) {
-                    for &(s, e) in &registered {
-                        let _ = inj.run(
-                            pid,
-                            &[Syscall::UffdUnregister {
-                                fd: Fd::Number(target_fd),
-                                addr: s,
-                                len: e - s,
-                            }],
-                        );
+                // Nothing to keep: close the fd we just opened. Once its
+                // API handshake succeeded, the close runs in one stop after
+                // `close_calls`' proof that the number is still that
+                // userfaultfd (the target may have closed it and opened a
+                // file of its own under the number since the first stop).
+                // A userfaultfd whose handshake failed answers no other
+                // ioctl, so it has only the fd link's word.
+                let calls = if api_failed {
+                    if fd_is_userfaultfd(pid, target_fd) {
+                        vec![Syscall::Close(Fd::Number(target_fd))]
+                    } else {
+                        vec![]
                     }
-                    let _ = inj.run(pid, &[Syscall::Close(Fd::Number(target_fd))]);
-                    // A close that did not run (the attach was skipped)
-                    // leaves the descriptor known, to be closed later like
-                    // any other (`untrack`, the crash ledger), not lost.
-                    if fd_is_userfaultfd(pid, target_fd)
-                        && let Ok(dup) = dup_fd(pid, target_fd)
-                    {
-                        self.procs.insert(
-                            pid,
-                            Tracked::new(target_fd, dup, pagemap, registered.clone()),
-                        );
-                    }
+                } else {
+                    close_calls(target_fd, &registered)
+                };
+                let closed = calls.is_empty()
+                    || matches!(
+                        inj.run(pid, &calls),
+                        Ok(Outcome::Done(_)) | Ok(Outcome::Gone(_))
+                    );
+                // A close that did not run (the attach was skipped or
+                // failed) leaves the descriptor known, to be closed later
+                // like any other (`untrack`, the crash ledger), not lost.
+                if !closed
+                    && fd_is_userfaultfd(pid, target_fd)
+                    && let Ok(dup) = dup_fd(pid, target_fd)
+                {
+                    self.procs.insert(
+                        pid,
+                        Tracked::new(target_fd, dup, pagemap, registered.clone()),
+                    );
                 }
                 let why = if api_failed {
                     format!("UFFDIO_API: {}", errno_text(r[1]))
