@@ -144,7 +144,7 @@ use crate::pipeline::index::{IndexConfig, IndexSet, SampleIndex};
 use crate::pipeline::ladder::{Ladder, LadderConfig, MAX_CLUSTER_PAGES, Move, Sample};
 use crate::pipeline::strength::{StrengthConfig, StrengthController};
 use crate::source::{MemorySource, PageState, SourceError};
-use crate::{Nanos, PageBuffer, PageRef, RegionId, WORDS_PER_PAGE};
+use crate::{Nanos, PageBuffer, PageRef, PageWords, RegionId, WORDS_PER_PAGE};
 use hashbrown::HashMap;
 use std::collections::VecDeque;
 
@@ -337,12 +337,15 @@ impl Batch {
     }
 }
 
-/// Sample buffers, kept apart from the rest so a verification closure can
-/// borrow them while the index is borrowed too.
+/// The page being sampled, kept apart from the rest so a verification
+/// closure can borrow it while the index is borrowed too. Its words stay
+/// in `Distiller::batch` (slot `at`), which nothing refills until the
+/// sample is over: copying them out cost about a third of a µs a page
+/// (perf by hand, 2026-12-04, docs/sampling-cost.md).
 struct Scratch {
-    /// One page, page-aligned for the copy into it ([`PageBuffer`]).
-    page: PageBuffer,
-    /// [`fingerprint`] of `page`, set whenever `page` is filled.
+    /// The slot of `Distiller::batch.words` that holds the page's words.
+    at: usize,
+    /// [`fingerprint`] of those words, set with `at`.
     fingerprint: u64,
 }
 
@@ -395,7 +398,7 @@ impl Distiller {
             global_rounds: 0,
             zero_hash,
             scratch: Scratch {
-                page: PageBuffer::new(1),
+                at: 0,
                 fingerprint: 0,
             },
             batch: Batch::new(),
@@ -825,7 +828,7 @@ impl Distiller {
         self.ladder.new_epoch();
     }
 
-    /// Takes one sample: `page` in `state`, its words in `scratch.page` if
+    /// Takes one sample: `page` in `state`, its words in `scratch`'s batch slot if
     /// `read` (the batch read them).
     #[allow(clippy::too_many_arguments)]
     fn sample(
@@ -873,7 +876,7 @@ impl Distiller {
                 };
                 self.controller.on_hashed(1);
                 let mut twin = None;
-                if hash == self.zero_hash && self.scratch.page[0].iter().all(|&w| w == 0) {
+                if hash == self.zero_hash && self.sampled_words().iter().all(|&w| w == 0) {
                     // KSM merges zero pages into the zero page (use_zero_pages)
                     // or with each other: a duplicate either way.
                     sample.duplicate = true;
@@ -959,7 +962,7 @@ impl Distiller {
     }
 
     /// Follows the run of verified duplicates through `page` (whose words
-    /// are in `scratch.page`), whose twin is `twin` (`None`: a zero page),
+    /// are in `scratch`'s batch slot), whose twin is `twin` (`None`: a zero page),
     /// if its region may follow one now (see the module header), reading at
     /// most `budget` pages. Returns the run if it is at least two pages
     /// long.
@@ -1008,7 +1011,7 @@ impl Distiller {
     }
 
     /// The run of verified duplicates through `page` (its words in
-    /// `scratch.page`), twin `twin`, reading at most `budget` pages: the
+    /// `scratch`'s batch slot), twin `twin`, reading at most `budget` pages: the
     /// page alone if its region is not tracked. A run
     /// followed from a hint (`hinted`) goes further and is indexed
     /// ([`HINT_RUN_EXTEND_PAGES`], module header, "Hints").
@@ -1188,13 +1191,13 @@ impl Distiller {
     }
 
     /// The state of the batch's page `i`, and whether it was read; if so
-    /// its words and fingerprint are put in `scratch`.
+    /// its slot and fingerprint are put in `scratch`.
     fn take_sampled(&mut self, i: usize) -> (Result<PageState, SourceError>, bool) {
         let state = std::mem::replace(&mut self.batch.states[i], Ok(PageState::NotPresent));
         let read = self.batch.read[i];
         if read {
-            self.scratch.page[0] = self.batch.words[i];
-            self.scratch.fingerprint = fingerprint(&self.scratch.page[0]);
+            self.scratch.at = i;
+            self.scratch.fingerprint = fingerprint(&self.batch.words[i]);
         }
         (state, read)
     }
@@ -1238,7 +1241,7 @@ impl Distiller {
             return;
         };
         self.controller.on_hashed(1);
-        let twin = if hash == self.zero_hash && self.scratch.page[0].iter().all(|&w| w == 0) {
+        let twin = if hash == self.zero_hash && self.sampled_words().iter().all(|&w| w == 0) {
             None
         } else if let Some(t) = self.find(
             IndexSet::Stable,
@@ -1264,12 +1267,17 @@ impl Distiller {
         report.runs.push(run);
     }
 
-    /// The hash of the words in `scratch.page`, if they were `read`.
+    /// The hash of the sampled page's words, if they were `read`.
     fn hash_read(&self, read: bool) -> Option<u32> {
         read.then(|| {
             self.hasher
-                .hash(&self.scratch.page[0], self.controller.strength())
+                .hash(self.sampled_words(), self.controller.strength())
         })
+    }
+
+    /// The words of the page being sampled (see [`Scratch`]).
+    fn sampled_words(&self) -> &PageWords {
+        &self.batch.words[self.scratch.at]
     }
 
     /// Looks `page` (whose words and fingerprint are in `scratch`) up in
@@ -1329,7 +1337,6 @@ fn stable_key(fp: u64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::PageWords;
     use crate::source::{InMemorySource, ZERO_CONTENT};
     use std::collections::BTreeSet;
 
