@@ -94,7 +94,7 @@ struct AlignedPage(PageWords);
 /// 1 GiB process of distinct pages sampled under the defaults, timers
 /// around the copy): copying each sampled page from the aligned read
 /// buffer into the distiller's 16-byte-aligned `Vec<PageWords>` took
-/// 2.4 µs a page, against 0.9 µs for the `process_vm_readv` that read
+/// 2.4 µs a page, against 1.0 µs for the `process_vm_readv` that read
 /// it; into this buffer, 0.24 µs.
 pub struct PageBuffer {
     pages: Vec<AlignedPage>,

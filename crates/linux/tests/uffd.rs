@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 
 const PAGE: u64 = 4096;
 
+/// Four pages at 256 MiB, where the injection target maps nothing: a range
+/// "unmapped since it was chosen". Each test checks it is still a hole.
+const HOLE: (u64, u64) = (0x1000_0000, 0x1000_0000 + 4 * PAGE);
+
 /// One test at a time (pagesift_testkit::serial), as root: the
 /// write-tracking tests ptrace other processes.
 fn serial() -> pagesift_testkit::Serial {
@@ -185,7 +189,7 @@ fn a_range_that_is_not_mapped_is_reported_unmapped_not_refused() {
     let t = Target::start("sleep", &["--ms", "20"]);
     let (pid, addr, len) = (t.pid(), t.addr(), t.len());
     let end = addr + len;
-    let hole = (0x1000_0000, 0x1000_0000 + 4 * PAGE);
+    let hole = HOLE;
     assert!(
         !discover::range_mapped(pid, hole.0, hole.1),
         "256 MiB is a hole"
@@ -254,8 +258,11 @@ fn the_descriptor_is_closed_even_when_its_ranges_are_gone() {
     let (t, mut inj, mut wt) = tracked_sleeper();
     let pid = t.pid();
     let fd = wt.target_fd(pid).unwrap();
-    let hole = (0x1000_0000, 0x1000_0000 + 4 * PAGE);
-    assert!(!discover::range_mapped(pid, hole.0, hole.1));
+    let hole = HOLE;
+    assert!(
+        !discover::range_mapped(pid, hole.0, hole.1),
+        "256 MiB is a hole"
+    );
     let Outcome::Done(i) = inj.run(pid, &close_calls(fd, &[hole])).unwrap() else {
         panic!("the attach did not run");
     };
