@@ -106,6 +106,15 @@ pub const SMAPS_INTERVAL: Duration = Duration::from_secs(60);
 /// only costs reads.
 pub const KSM_FRAMES_KEPT: usize = 1 << 20;
 
+/// How long [`LinuxSource::page_states`] trusts its memory of KSM frames
+/// before it starts over and reads every frame's flags again: a KSM page
+/// that every sharer has broken is freed, and its frame can come back as
+/// an ordinary page. Such a frame is taken for a KSM page only if it is
+/// again mapped more than once in a mergeable VMA, which outside a fork's
+/// sharing it cannot be; the period bounds even that error. pagesift's
+/// choice (one flags read per merged page every 30 s).
+pub const KSM_FRAMES_TRUSTED: Duration = Duration::from_secs(30);
+
 /// How [`LinuxSource`] cuts memory into regions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SourceConfig {
@@ -236,15 +245,18 @@ pub struct LinuxSource {
     maps: MapsDiscovery,
     /// For the droppable check of maps discovery.
     kpf: KPageFlags,
-    /// Frames seen as KSM pages (bounded by [`KSM_FRAMES_KEPT`]): in a
-    /// mergeable VMA an exclusively mapped page needs its flags read only
-    /// if its frame is one of these (see [`LinuxSource::page_states`]).
+    /// Frames seen as KSM pages (bounded by [`KSM_FRAMES_KEPT`], forgotten
+    /// every [`KSM_FRAMES_TRUSTED`]), and since when: in a mergeable VMA an
+    /// exclusively mapped page needs its flags read only if its frame is
+    /// one of these, and a page mapped more than once only if it is not
+    /// (see [`LinuxSource::page_states`]).
     /// hashbrown's default hasher, not std's SipHash: the set is asked for
     /// every page an accounting pass reads, and with SipHash its lookups,
     /// inserts and hashing took 4.5 % of the daemon's CPU samples in a
     /// quick vm-boot run, 1.3 % without (perf by hand, 2026-12-03,
     /// 2-CPU Intel Xeon; docs/daemon-cpu.md).
     ksm_frames: hashbrown::HashSet<u64>,
+    ksm_frames_since: Instant,
     /// Processes discovered through smaps, and through maps, since start.
     pub discovered_by: (u64, u64),
     /// Regions left out at the last discovery (over `max_regions`).
@@ -287,6 +299,7 @@ impl LinuxSource {
             maps: MapsDiscovery::new(),
             kpf,
             ksm_frames: hashbrown::HashSet::new(),
+            ksm_frames_since: Instant::now(),
             batch: SampleScratch::default(),
             discovered_by: (0, 0),
             left_out: 0,
@@ -733,8 +746,13 @@ impl LinuxSource {
     /// neither the zero page nor a KSM page. Guest RAM before it is
     /// marked is nearly all such pages, and its frames are scattered, so
     /// [`LinuxSource::inspect`] would spend a `pread` of kpageflags on
-    /// nearly every one. The range counts as mergeable if the region was
-    /// at the last refresh or pagesift has advised any of it since.
+    /// nearly every one. Once merged, the same RAM is nearly all KSM pages
+    /// on scattered frames, which the accounting passes look at again and
+    /// again: a page mapped more than once in a mergeable anonymous VMA
+    /// whose frame was seen as a KSM page within [`KSM_FRAMES_TRUSTED`] is
+    /// taken as merged without a read. The range counts as mergeable if
+    /// the region was at the last refresh or pagesift has advised any of
+    /// it since.
     pub fn page_states(
         &mut self,
         region: RegionId,
@@ -752,12 +770,31 @@ impl LinuxSource {
         if let Err(e) = p.inspector.pagemap().read(addr, &mut self.entries) {
             return Err(self.fail(region, pid, e));
         }
+        if self.ksm_frames_since.elapsed() >= KSM_FRAMES_TRUSTED {
+            self.ksm_frames.clear();
+            self.ksm_frames_since = Instant::now();
+        }
         let b = &mut self.batch;
         b.pfns.clear();
         b.of_pfn.clear();
+        b.known_ksm.clear();
         for (i, e) in self.entries.iter().enumerate() {
             let Some(pfn) = e.pfn() else { continue };
             if !crate::inspect::flags_needed(*e, anon, mergeable) {
+                continue;
+            }
+            // A frame mapped more than once that was a KSM page lately is
+            // one still (see KSM_FRAMES_TRUSTED for the exception): in
+            // merged guest RAM these reads were 16 % of the daemon's CPU
+            // samples (quick vm-boot, perf by hand, 2026-12-05;
+            // docs/daemon-cpu.md).
+            if mergeable
+                && anon
+                && !e.exclusive()
+                && !e.file_or_shared()
+                && self.ksm_frames.contains(&pfn)
+            {
+                b.known_ksm.push(i);
                 continue;
             }
             // In a mergeable VMA an exclusive page is a KSM page only if it
@@ -790,6 +827,9 @@ impl LinuxSource {
         }
         for (o, e) in out.iter_mut().zip(&self.entries) {
             *o = crate::inspect::classify(*e, None).state();
+        }
+        for &i in &b.known_ksm {
+            out[i] = PageState::Merged;
         }
         for (k, (&i, &f)) in b.of_pfn.iter().zip(&b.flags).enumerate() {
             out[i] = crate::inspect::classify(self.entries[i], Some(f)).state();
@@ -1017,6 +1057,8 @@ struct SampleScratch {
     pfns: Vec<u64>,
     of_pfn: Vec<usize>,
     flags: Vec<KpfFlags>,
+    /// Indices taken as KSM pages without a read ([`LinuxSource::page_states`]).
+    known_ksm: Vec<usize>,
     /// Per located page of one process: its flags, if read.
     page_flags: Vec<Option<KpfFlags>>,
     /// Addresses to read by each path, and the batch index of each.

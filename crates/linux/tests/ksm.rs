@@ -567,7 +567,9 @@ fn paced_ksmd_merges_256_mib_at_the_target_share() {
 /// get the state that reading every present page's flags (`inspect`)
 /// gives (no KSM page here has lost all its sharers but one): KSM
 /// pages of a mergeable region, zero-page mappings, holes, pages shared
-/// with fork children and private pages, in three processes.
+/// with fork children and private pages, in three processes. So must a
+/// second look, which takes the KSM frames it knows as merged without a
+/// read, and a third after the target broke some of its merged pages.
 #[test]
 fn page_states_skip_flags_without_changing_a_state() {
     use pagesift_core::source::PageState;
@@ -604,30 +606,51 @@ fn page_states_skip_flags_without_changing_a_state() {
         )
         .expect("LinuxSource");
         let ids: Vec<_> = src.linux_regions().map(|r| (r.id, r.pages)).collect();
-        let mut seen = std::collections::HashMap::new();
-        for (id, pages) in ids {
-            for first in (0..pages).step_by(512) {
-                let n = 512.min(pages - first) as usize;
-                let mut infos = vec![PageInfo::default(); n];
-                let mut states = vec![PageState::NotPresent; n];
-                src.inspect(id, first, &mut infos).expect("inspect");
-                src.page_states(id, first, &mut states)
-                    .expect("page_states");
-                for (i, (info, state)) in infos.iter().zip(&states).enumerate() {
-                    assert_eq!(
-                        *state,
-                        info.class().state(),
-                        "region {id:?} page {}: {info:?}",
-                        first as usize + i
-                    );
-                    *seen.entry(format!("{state:?}")).or_insert(0u64) += 1;
+        let compare = |src: &mut LinuxSource| {
+            let mut seen = std::collections::HashMap::new();
+            for &(id, pages) in &ids {
+                for first in (0..pages).step_by(512) {
+                    let n = 512.min(pages - first) as usize;
+                    let mut infos = vec![PageInfo::default(); n];
+                    let mut states = vec![PageState::NotPresent; n];
+                    src.inspect(id, first, &mut infos).expect("inspect");
+                    src.page_states(id, first, &mut states)
+                        .expect("page_states");
+                    for (i, (info, state)) in infos.iter().zip(&states).enumerate() {
+                        assert_eq!(
+                            *state,
+                            info.class().state(),
+                            "region {id:?} page {}: {info:?}",
+                            first as usize + i
+                        );
+                        *seen.entry(format!("{state:?}")).or_insert(0u64) += 1;
+                    }
                 }
             }
-        }
+            seen
+        };
+        let seen = compare(&mut src);
         for s in ["Merged", "Zero", "Present", "NotPresent"] {
             assert!(seen.get(s).is_some_and(|&n| n > 0), "no {s} page: {seen:?}");
         }
         assert!(seen["Merged"] >= want, "{seen:?}");
+        // Again, now that the KSM frames are known (taken as merged
+        // without a read): the same states.
+        assert_eq!(compare(&mut src), seen);
+        // The target rewrites its first 64 pages (merged ones among them,
+        // and zero-page mappings and holes): each gets a frame of its own,
+        // which the known KSM frames must not hide.
+        let broken = 64;
+        let r = merged.ask(&format!("rewrite 0 {broken}"));
+        assert_eq!(r["rewritten"], broken, "{r}");
+        let after = compare(&mut src);
+        assert_eq!(
+            after["Present"],
+            seen["Present"] + broken,
+            "{after:?} {seen:?}"
+        );
+        assert!(after["Merged"] < seen["Merged"], "{after:?} {seen:?}");
+        let sums = (r["checksum"].as_str().unwrap().to_string(), sums.1);
         assert!(merged.alive() && plain.alive() && fam.alive());
         assert_eq!((merged.checksum(), plain.checksum()), sums);
     }
