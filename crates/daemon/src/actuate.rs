@@ -294,8 +294,11 @@ impl InjectActuator {
     /// process past `max_map_fraction` of `vm.max_map_count`.
     pub fn new(max_map_fraction: f64) -> InjectActuator {
         InjectActuator {
+            // The count after each batch is only the next budget check's
+            // start, which the bound serves (InjectConfig::count_vmas_after).
             injector: pagesift_linux::inject::Injector::new(pagesift_linux::inject::InjectConfig {
                 max_map_fraction,
+                count_vmas_after: false,
                 ..pagesift_linux::inject::InjectConfig::default()
             }),
         }

@@ -201,6 +201,41 @@ fn sub_range_splits_are_counted_and_capped() {
     t.finish();
 }
 
+/// Without `count_vmas_after` nothing is counted after a batch: the next
+/// batch's budget check stands on the bound (two splits a `madvise`) while
+/// the count it grew from is fresh, and counts again after that.
+#[test]
+fn uncounted_splits_are_bounded_until_the_count_is_stale() {
+    let _g = serial();
+    let t = Target::start("sleep", &[]);
+    let mut inj = Injector::new(InjectConfig {
+        count_vmas_after: false,
+        ..InjectConfig::default()
+    });
+    let whole = |advice| Syscall::Madvise {
+        addr: t.addr(),
+        len: t.len(),
+        advice,
+    };
+    let vmas = pagesift_linux::inject::map_count(t.pid()).unwrap();
+    // The whole VMA: nothing splits, but the bound cannot know that.
+    let i = done(inj.run(t.pid(), &[whole(Advice::Mergeable)]).unwrap());
+    assert_eq!(i.results, vec![0]);
+    assert_eq!((i.vmas_before, i.vmas_after), (Some(vmas), None));
+    assert!(mergeable(t.pid(), t.addr()));
+    assert_eq!(pagesift_linux::inject::map_count(t.pid()).unwrap(), vmas);
+    let i = done(inj.run(t.pid(), &[whole(Advice::Unmergeable)]).unwrap());
+    assert_eq!(i.vmas_before, Some(vmas + 2), "the bound, not a count");
+    // Past the count's freshness (2 s) it is read again.
+    std::thread::sleep(std::time::Duration::from_millis(2_100));
+    let i = done(inj.run(t.pid(), &[whole(Advice::Mergeable)]).unwrap());
+    assert_eq!(i.vmas_before, Some(vmas), "counted again");
+    let i = done(inj.run(t.pid(), &[whole(Advice::Unmergeable)]).unwrap());
+    assert_eq!(i.results, vec![0]);
+    assert!(!mergeable(t.pid(), t.addr()));
+    t.finish();
+}
+
 #[test]
 fn prctl_memory_merge_covers_every_vma() {
     let _g = serial();

@@ -118,8 +118,9 @@ pub(super) struct Tracer {
     /// If it moved into a frozen one, the call timeout catches it (the
     /// batch is abandoned cleanly) and the entry is dropped.
     cgroups: HashMap<u32, (u64, Option<String>)>,
-    /// pid → (start time, VMAs counted after its last batch, when): the
-    /// next batch's budget check starts from it while it is fresh (see
+    /// pid → (start time, VMAs counted after its last batch, or the bound
+    /// on them without [`InjectConfig::count_vmas_after`], when): the next
+    /// batch's budget check starts from it while it is fresh (see
     /// [`VMA_COUNT_FRESH`]).
     vmas: HashMap<u32, (u64, u64, Instant)>,
 }
@@ -209,7 +210,8 @@ impl Tracer {
             return Ok(Outcome::Skipped(SkipReason::Frozen));
         }
         let splitting = job.calls.iter().filter(|c| c.may_split()).count();
-        let vmas_before = if splitting > 0 {
+        // The count the budget check stands on, and when it was read.
+        let counted = if splitting > 0 {
             let limit = max_map_count()?;
             // The count after the last batch stands while it is fresh and,
             // with room for what the process may have mapped since, well
@@ -223,21 +225,23 @@ impl Tracer {
                         && map_budget(n + VMA_COUNT_SLACK, splitting, limit, cfg.max_map_fraction)
                             .is_ok()
                 })
-                .map(|&(_, n, _)| n);
-            let count = match cached.map_or_else(|| map_count(pid), Ok) {
+                .map(|&(_, n, at)| (n, at));
+            let count = match cached.map_or_else(|| map_count(pid).map(|n| (n, Instant::now())), Ok)
+            {
                 Ok(c) => c,
                 Err(LinuxError::Gone(_) | LinuxError::NoSuchProcess(_)) => {
                     return gone(false, vec![]);
                 }
                 Err(e) => return Err(e.into()),
             };
-            if let Err(r) = map_budget(count, splitting, limit, cfg.max_map_fraction) {
+            if let Err(r) = map_budget(count.0, splitting, limit, cfg.max_map_fraction) {
                 return Ok(Outcome::Skipped(r));
             }
             Some(count)
         } else {
             None
         };
+        let vmas_before = counted.map(|(n, _)| n);
 
         // Choose a thread, check it, seize it; a thread that exits in
         // between is replaced (three tries).
@@ -482,14 +486,22 @@ impl Tracer {
         }
         let attached_for = attached_at.elapsed();
         let vmas_after = match vmas_before {
-            Some(_) => map_count(pid).ok(),
-            None => None,
+            Some(_) if cfg.count_vmas_after => map_count(pid).ok(),
+            _ => None,
         };
-        if let Some(n) = vmas_after {
+        // Counted now, or bounded (a madvise splits at most two VMAs) and
+        // as fresh as the count the bound grew from: a chain of bounds
+        // never stands longer than VMA_COUNT_FRESH after a real count.
+        let after = match (vmas_after, counted) {
+            (Some(n), _) => Some((n, Instant::now())),
+            (None, Some((n, at))) => Some((n + 2 * splitting as u64, at)),
+            (None, None) => None,
+        };
+        if let Some((n, at)) = after {
             if self.vmas.len() >= 65_536 {
                 self.vmas.clear();
             }
-            self.vmas.insert(pid, (stat.start_time, n, Instant::now()));
+            self.vmas.insert(pid, (stat.start_time, n, at));
         }
         let interrupted_syscall = ((saved.orig_rax as i64) >= 0).then_some(saved.orig_rax as i64);
         if let Some(nr) = interrupted_syscall
