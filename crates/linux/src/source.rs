@@ -101,18 +101,18 @@ use std::time::{Duration, Instant};
 pub const SMAPS_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Frames remembered as KSM pages for [`LinuxSource::page_states`] (2^20
-/// frames, 4 GiB of KSM pages; the table takes up to 2^21 buckets of 9
-/// bytes, about 18 MiB, at most); the set starts over when full, which
+/// frames, 4 GiB of KSM pages; the table takes up to 2^21 buckets of 17
+/// bytes, about 34 MiB, at most); the table starts over when full, which
 /// only costs reads.
 pub const KSM_FRAMES_KEPT: usize = 1 << 20;
 
-/// How long [`LinuxSource::page_states`] trusts its memory of KSM frames
-/// before it starts over and reads every frame's flags again: a KSM page
-/// that every sharer has broken is freed, and its frame can come back as
-/// an ordinary page. Such a frame is taken for a KSM page only if it is
-/// again mapped more than once in a mergeable VMA, which outside a fork's
-/// sharing it cannot be; the period bounds even that error. pagesift's
-/// choice (one flags read per merged page every 30 s).
+/// How long after a kpageflags read last showed a frame to be a KSM page
+/// [`LinuxSource::page_states`] takes a page mapped more than once on it
+/// as merged without reading again. A KSM page that every sharer has
+/// broken is freed, and its frame can come back as an ordinary page, which
+/// would be taken for merged only if it were again mapped more than once
+/// in a mergeable VMA (shared after a fork); the period bounds that error.
+/// pagesift's choice (one flags read per merged page every 30 s at most).
 pub const KSM_FRAMES_TRUSTED: Duration = Duration::from_secs(30);
 
 /// How [`LinuxSource`] cuts memory into regions.
@@ -245,17 +245,18 @@ pub struct LinuxSource {
     maps: MapsDiscovery,
     /// For the droppable check of maps discovery.
     kpf: KPageFlags,
-    /// Frames seen as KSM pages (bounded by [`KSM_FRAMES_KEPT`], forgotten
-    /// every [`KSM_FRAMES_TRUSTED`]), and since when: in a mergeable VMA an
-    /// exclusively mapped page needs its flags read only if its frame is
-    /// one of these, and a page mapped more than once only if it is not
+    /// Frames seen as KSM pages (bounded by [`KSM_FRAMES_KEPT`]), each with
+    /// the second (since `ksm_frames_since`) of the last read that showed
+    /// it: in a mergeable VMA an exclusively mapped page needs its flags
+    /// read only if its frame is one of these, and a page mapped more than
+    /// once only if its frame was not shown within [`KSM_FRAMES_TRUSTED`]
     /// (see [`LinuxSource::page_states`]).
-    /// hashbrown's default hasher, not std's SipHash: the set is asked for
+    /// hashbrown's default hasher, not std's SipHash: the table is asked for
     /// every page an accounting pass reads, and with SipHash its lookups,
     /// inserts and hashing took 4.5 % of the daemon's CPU samples in a
     /// quick vm-boot run, 1.3 % without (perf by hand, 2026-12-03,
     /// 2-CPU Intel Xeon; docs/daemon-cpu.md).
-    ksm_frames: hashbrown::HashSet<u64>,
+    ksm_frames: hashbrown::HashMap<u64, u32>,
     ksm_frames_since: Instant,
     /// Processes discovered through smaps, and through maps, since start.
     pub discovered_by: (u64, u64),
@@ -298,7 +299,7 @@ impl LinuxSource {
             unpinned: Vec::new(),
             maps: MapsDiscovery::new(),
             kpf,
-            ksm_frames: hashbrown::HashSet::new(),
+            ksm_frames: hashbrown::HashMap::new(),
             ksm_frames_since: Instant::now(),
             batch: SampleScratch::default(),
             discovered_by: (0, 0),
@@ -770,10 +771,8 @@ impl LinuxSource {
         if let Err(e) = p.inspector.pagemap().read(addr, &mut self.entries) {
             return Err(self.fail(region, pid, e));
         }
-        if self.ksm_frames_since.elapsed() >= KSM_FRAMES_TRUSTED {
-            self.ksm_frames.clear();
-            self.ksm_frames_since = Instant::now();
-        }
+        let second = self.ksm_frames_since.elapsed().as_secs() as u32;
+        let trusted_since = second.saturating_sub(KSM_FRAMES_TRUSTED.as_secs() as u32);
         let b = &mut self.batch;
         b.pfns.clear();
         b.of_pfn.clear();
@@ -788,11 +787,12 @@ impl LinuxSource {
             // merged guest RAM these reads were 16 % of the daemon's CPU
             // samples (quick vm-boot, perf by hand, 2026-12-05;
             // docs/daemon-cpu.md).
+            let seen = self.ksm_frames.get(&pfn).copied();
             if mergeable
                 && anon
                 && !e.exclusive()
                 && !e.file_or_shared()
-                && self.ksm_frames.contains(&pfn)
+                && seen.is_some_and(|at| at >= trusted_since)
             {
                 b.known_ksm.push(i);
                 continue;
@@ -808,10 +808,7 @@ impl LinuxSource {
             // the daemon's per-phase summary.) A KSM page never seen
             // shared saves nothing, so calling it ordinary is what the
             // accounting wants.
-            let ordinary = mergeable
-                && e.exclusive()
-                && !e.file_or_shared()
-                && !self.ksm_frames.contains(&pfn);
+            let ordinary = mergeable && e.exclusive() && !e.file_or_shared() && seen.is_none();
             if !ordinary {
                 b.pfns.push(pfn);
                 b.of_pfn.push(i);
@@ -837,7 +834,10 @@ impl LinuxSource {
                 if self.ksm_frames.len() >= KSM_FRAMES_KEPT {
                     self.ksm_frames.clear();
                 }
-                self.ksm_frames.insert(b.pfns[k]);
+                self.ksm_frames.insert(b.pfns[k], second);
+            } else {
+                // A KSM frame freed and given out again.
+                self.ksm_frames.remove(&b.pfns[k]);
             }
         }
         Ok(())
