@@ -85,7 +85,8 @@ impl InterpreterPlan {
     }
 }
 
-/// Writes `bytes` of ChaCha8 random content from `seed` to `path` (through
+/// Writes `bytes` of ChaCha8 random content from `seed` to `path` (the
+/// shared data file here, the page-cache experiment's disk data too; through
 /// a temporary file and a rename, so a half-written file is never used).
 pub fn write_data_file(path: &Path, bytes: u64, seed: u64) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");

@@ -254,25 +254,8 @@ fn build_image(ctx: &Context, plan: &PageCachePlan) -> Result<(GuestImage, Strin
         plan.file_mib,
         dir.display()
     ));
-    {
-        use std::io::Write;
-        let mut out = std::io::BufWriter::new(
-            std::fs::File::create(&data)
-                .map_err(|e| BenchError::Output(format!("{}: {e}", data.display())))?,
-        );
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut chunk = vec![0u8; 1 << 20];
-        for _ in 0..plan.file_mib {
-            for w in chunk.chunks_exact_mut(8) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                w.copy_from_slice(&x.to_le_bytes());
-            }
-            out.write_all(&chunk)
-                .map_err(|e| BenchError::Output(format!("{}: {e}", data.display())))?;
-        }
-    }
+    crate::interpreters::write_data_file(&data, plan.file_mib << 20, 0x9e37_79b9_7f4a_7c15)
+        .map_err(|e| BenchError::Output(format!("{}: {e}", data.display())))?;
     let md5 = md5_of(&data)?;
     let (reader, programs) =
         program_payload(&ctx.workload_bin, &dir).map_err(|e| BenchError::Missing(e.to_string()))?;

@@ -84,16 +84,7 @@ while :; do sleep 3600; done
 }
 
 fn random_file(path: &Path, mib: u64, seed: u64) {
-    let mut x = seed | 1;
-    let bytes: Vec<u8> = (0..mib * (1 << 20) / 8)
-        .flat_map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x.to_le_bytes()
-        })
-        .collect();
-    fs::write(path, bytes).unwrap();
+    pagesift_bench::interpreters::write_data_file(path, mib << 20, seed).unwrap();
 }
 
 fn md5(path: &Path) -> String {
