@@ -787,7 +787,10 @@ impl LinuxSource {
             // merged guest RAM these reads were 16 % of the daemon's CPU
             // samples (quick vm-boot, perf by hand, 2026-12-05;
             // docs/daemon-cpu.md).
-            let seen = self.ksm_frames.get(&pfn).copied();
+            // Asked only where one of the two rules below can use it.
+            let seen = (mergeable && !e.file_or_shared())
+                .then(|| self.ksm_frames.get(&pfn).copied())
+                .flatten();
             if mergeable
                 && anon
                 && !e.exclusive()
