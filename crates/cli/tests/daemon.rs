@@ -102,8 +102,31 @@ fn the_daemon_merges_the_identical_process_and_never_marks_the_random_one() {
         !states.is_empty() && states.iter().all(|s| *s == "sampling"),
         "{states:?}"
     );
+    // How the two processes' regions were read: from maps at least once
+    // each (discovery), whatever smaps reads came on top.
+    let reads = &st["discovery"];
+    assert!(reads["maps_reads"].as_u64().unwrap() >= 2, "{reads}");
+    assert_eq!(
+        reads["smaps_reads"].as_u64(),
+        Some(
+            reads["smaps_by_reason"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|v| v.as_u64().unwrap())
+                .sum()
+        ),
+        "{reads}"
+    );
     // So do the metrics, over loopback.
     let m = d.scrape();
+    assert!(
+        metric(
+            &m,
+            "pagesift_region_reads_total{source=\"maps\",reason=\"none\"}"
+        ) >= 2.0,
+        "{m}"
+    );
     assert!(metric(&m, "pagesift_merged_pages") >= want as f64, "{m}");
     assert!(metric(&m, "pagesift_ksm_pages_sharing") > 0.0);
     assert!(metric(&m, "pagesift_marks_total") >= 1.0);
@@ -114,6 +137,7 @@ fn the_daemon_merges_the_identical_process_and_never_marks_the_random_one() {
         out.status.success() && table.contains("pages merged"),
         "{table}"
     );
+    assert!(table.contains("regions read: "), "{table}");
 
     // The targets saw nothing.
     assert_eq!(dup.checksum(), dup_sum);

@@ -175,8 +175,8 @@ use crate::config::Config;
 use crate::eligibility::Policy;
 use crate::ksmd::{KsmControl, KsmSample, Pacing};
 use crate::status::{
-    DaemonStatus, IndexStatus, KsmStatus, LevelStatus, MAX_LISTED, RegionStatus, Skipped, Status,
-    Totals,
+    DaemonStatus, DiscoveryStatus, IndexStatus, KsmStatus, LevelStatus, MAX_LISTED, RegionStatus,
+    Skipped, SmapsProcess, Status, Totals,
 };
 use crate::sweep::Sweeper;
 use crate::target::{Span, Target, View};

@@ -43,9 +43,13 @@ pub struct Metrics {
     numa_process_pages: Family<Labels, G>,
     /// CPU seconds per wake-up phase, with the totals last copied in.
     phase_cpu: Family<Labels, C>,
-    phase_cpu_last: std::collections::BTreeMap<String, f64>,
+    phase_cpu_last: std::collections::BTreeMap<Labels, f64>,
     thread_cpu: Family<Labels, C>,
-    thread_cpu_last: std::collections::BTreeMap<String, f64>,
+    thread_cpu_last: std::collections::BTreeMap<Labels, f64>,
+    /// Reads of the processes' regions, by source (`maps`, `smaps`) and
+    /// reason, with the totals last copied in (key: `source/reason`).
+    region_reads: Family<Labels, C>,
+    region_reads_last: std::collections::BTreeMap<Labels, f64>,
     /// [`CGROUP_GAUGES`], in that order.
     cgroup_savings: Vec<Family<Labels, G>>,
     /// [`PROCESS_GAUGES`], in that order.
@@ -411,6 +415,12 @@ impl Metrics {
             "pagesift CPU time per live thread, by name (main: the wake-up loop)",
             thread_cpu.clone(),
         );
+        let region_reads = Family::<Labels, C>::default();
+        registry.register(
+            "region_reads",
+            "Reads of an eligible process's regions: from /proc/PID/maps (reason none), or from /proc/PID/smaps, a walk of every present page, and why",
+            region_reads.clone(),
+        );
         let family = |registry: &mut Registry, (name, help): (&str, &str)| {
             let f = Family::<Labels, G>::default();
             registry.register(name, help, f.clone());
@@ -429,6 +439,8 @@ impl Metrics {
             phase_cpu_last: std::collections::BTreeMap::new(),
             thread_cpu,
             thread_cpu_last: std::collections::BTreeMap::new(),
+            region_reads,
+            region_reads_last: std::collections::BTreeMap::new(),
             cgroup_savings,
             process_savings,
             numa_node_pages,
@@ -547,15 +559,23 @@ impl Metrics {
         advance_each(
             &self.phase_cpu,
             &mut self.phase_cpu_last,
-            "phase",
-            &d.cpu_by_phase,
+            labelled("phase", &d.cpu_by_phase),
         );
         advance_each(
             &self.thread_cpu,
             &mut self.thread_cpu_last,
-            "thread",
-            &d.cpu_by_thread,
+            labelled("thread", &d.cpu_by_thread),
         );
+        let reads = std::iter::once(("maps", "none", s.discovery.maps_reads))
+            .chain((s.discovery.smaps_by_reason.iter()).map(|(r, n)| ("smaps", r.as_str(), *n)))
+            .map(|(source, reason, n)| {
+                let labels = vec![
+                    ("source".to_string(), source.to_string()),
+                    ("reason".to_string(), reason.to_string()),
+                ];
+                (labels, n as f64)
+            });
+        advance_each(&self.region_reads, &mut self.region_reads_last, reads);
         for l in &s.levels {
             let labels = vec![("level".to_string(), l.level.to_string())];
             self.level_regions
@@ -712,21 +732,26 @@ impl Drop for MetricsServer {
     }
 }
 
-/// Moves each labelled counter of `family` up to its total in `totals`
-/// (`label` = key), remembering the totals in `last`; a total below the
-/// last one moves nothing.
+/// Totals keyed by name, as totals labelled `label=name`.
+fn labelled<'m>(
+    label: &'static str,
+    m: &'m std::collections::BTreeMap<String, f64>,
+) -> impl Iterator<Item = (Labels, f64)> + 'm {
+    (m.iter()).map(move |(k, &v)| (vec![(label.to_string(), k.clone())], v))
+}
+
+/// Moves each labelled counter of `family` up to its total in `totals`,
+/// remembering the totals in `last`; a total below the last one moves
+/// nothing.
 fn advance_each(
     family: &Family<Labels, C>,
-    last: &mut std::collections::BTreeMap<String, f64>,
-    label: &str,
-    totals: &std::collections::BTreeMap<String, f64>,
+    last: &mut std::collections::BTreeMap<Labels, f64>,
+    totals: impl Iterator<Item = (Labels, f64)>,
 ) {
-    for (key, &total) in totals {
-        let seen = last.entry(key.clone()).or_insert(0.0);
+    for (labels, total) in totals {
+        let seen = last.entry(labels.clone()).or_insert(0.0);
         if total > *seen {
-            family
-                .get_or_create(&vec![(label.to_string(), key.clone())])
-                .inc_by(total - *seen);
+            family.get_or_create(&labels).inc_by(total - *seen);
             *seen = total;
         }
     }
@@ -835,6 +860,33 @@ mod tests {
         };
         assert_eq!(v("main"), 2.5);
         assert_eq!(v("pagesift-tracer"), 0.75);
+    }
+
+    #[test]
+    fn region_reads_count_maps_and_smaps_by_reason() {
+        let mut m = Metrics::new();
+        let mut s = status(10, 0);
+        s.discovery.maps_reads = 7;
+        s.discovery.smaps_reads = 3;
+        s.discovery.smaps_by_reason = [
+            ("mergeable_recheck".to_string(), 1),
+            ("userfaultfd".to_string(), 2),
+        ]
+        .into_iter()
+        .collect();
+        m.update(&s);
+        s.discovery.maps_reads = 9;
+        m.update(&s);
+        let text = m.encode();
+        let v = |source: &str, reason: &str| {
+            value(
+                &text,
+                &format!("pagesift_region_reads_total{{source=\"{source}\",reason=\"{reason}\"}}"),
+            )
+        };
+        assert_eq!(v("maps", "none"), 9.0);
+        assert_eq!(v("smaps", "userfaultfd"), 2.0);
+        assert_eq!(v("smaps", "mergeable_recheck"), 1.0);
     }
 
     #[test]

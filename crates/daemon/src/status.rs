@@ -253,6 +253,35 @@ pub struct Skipped {
     pub reason: String,
 }
 
+/// How the eligible processes' regions were read since start: from
+/// `/proc/PID/maps` (per VMA) or from `/proc/PID/smaps` (a walk of every
+/// present page of the process), and why (`pagesift_linux::discover::SmapsReason`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DiscoveryStatus {
+    /// Reads from maps.
+    pub maps_reads: u64,
+    /// Reads from smaps, all reasons.
+    pub smaps_reads: u64,
+    /// Reads from smaps by reason (`mergeable_recheck`, `userfaultfd`, ...).
+    pub smaps_by_reason: std::collections::BTreeMap<String, u64>,
+    /// The live processes most read from smaps, most first (at most
+    /// [`MAX_LISTED`]).
+    pub smaps_processes: Vec<SmapsProcess>,
+}
+
+/// A live process whose regions were read from smaps.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SmapsProcess {
+    /// Its pid.
+    pub pid: u32,
+    /// Its command name.
+    pub comm: String,
+    /// Its reads from smaps.
+    pub reads: u64,
+    /// Why the last one was made.
+    pub last_reason: String,
+}
+
 /// Everything `pagesift status` shows.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Status {
@@ -286,6 +315,9 @@ pub struct Status {
     /// What each cgroup and the top processes save (`[savings]`).
     #[serde(default)]
     pub savings: Breakdown,
+    /// How the processes' regions were read (maps or smaps, and why).
+    #[serde(default)]
+    pub discovery: DiscoveryStatus,
 }
 
 /// I/O hints (XLH): where they come from and what became of them.
@@ -565,12 +597,51 @@ fn mib_signed(bytes: i64) -> f64 {
     bytes as f64 / (1 << 20) as f64
 }
 
-/// `name seconds` pairs, the largest first.
-fn largest_first(cpu: &std::collections::BTreeMap<String, f64>) -> String {
-    let mut v: Vec<(&String, &f64)> = cpu.iter().collect();
-    v.sort_by(|a, b| b.1.total_cmp(a.1));
+/// `name value` pairs, the largest first (ties by name); floats with two
+/// decimals (CPU-seconds), integers as they are (counts).
+fn largest_first<T: Copy + PartialOrd + std::fmt::Display>(
+    m: &std::collections::BTreeMap<String, T>,
+) -> String {
+    let mut v: Vec<(&String, &T)> = m.iter().collect();
+    v.sort_by(|a, b| {
+        (b.1.partial_cmp(a.1))
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.0.cmp(b.0))
+    });
     let list: Vec<String> = v.iter().map(|(name, s)| format!("{name} {s:.2}")).collect();
     list.join(", ")
+}
+
+/// The discovery line: how often the processes' regions were read from
+/// maps and from smaps, why, and the processes read from smaps most (the
+/// first five). Nothing before the first read.
+fn render_discovery(d: &DiscoveryStatus) -> String {
+    if d.maps_reads + d.smaps_reads == 0 {
+        return String::new();
+    }
+    let mut line = format!(
+        "regions read: {} times from maps, {} from smaps",
+        d.maps_reads, d.smaps_reads
+    );
+    if d.smaps_reads > 0 {
+        line.push_str(&format!(" ({})", largest_first(&d.smaps_by_reason)));
+        let most: Vec<String> = (d.smaps_processes.iter().take(5))
+            .map(|p| {
+                format!(
+                    "{} ({}) {}× (last: {})",
+                    printable(&p.comm),
+                    p.pid,
+                    p.reads,
+                    p.last_reason
+                )
+            })
+            .collect();
+        if !most.is_empty() {
+            line.push_str(&format!("; most: {}", most.join(", ")));
+        }
+    }
+    line.push('\n');
+    line
 }
 
 /// The savings per cgroup and per process: one line each, then `other`
@@ -749,6 +820,7 @@ pub fn render(s: &Status) -> String {
         w.probed,
         w.probed_unchanged
     );
+    o.push_str(&render_discovery(&s.discovery));
     o.push_str(&render_savings(&s.savings));
     let _ = writeln!(
         o,
@@ -942,6 +1014,40 @@ mod tests {
             },
             total: vm,
         }
+    }
+
+    #[test]
+    fn the_text_says_why_regions_were_read_from_smaps_and_for_whom() {
+        let mut s = sample();
+        assert!(!render(&s).contains("regions read:"), "nothing read yet");
+        s.discovery = DiscoveryStatus {
+            maps_reads: 340,
+            smaps_reads: 12,
+            smaps_by_reason: [
+                ("mergeable_recheck".to_string(), 2),
+                ("userfaultfd".to_string(), 10),
+            ]
+            .into_iter()
+            .collect(),
+            smaps_processes: vec![SmapsProcess {
+                pid: 4242,
+                comm: "qemu\x1b[2J".into(),
+                reads: 10,
+                last_reason: "userfaultfd".into(),
+            }],
+        };
+        let t = render(&s);
+        let line = t
+            .lines()
+            .find(|l| l.starts_with("regions read:"))
+            .expect(&t);
+        assert_eq!(
+            line,
+            "regions read: 340 times from maps, 12 from smaps (userfaultfd 10, mergeable_recheck 2); \
+             most: qemu\\x1b[2J (4242) 10× (last: userfaultfd)"
+        );
+        let back: Status = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back.discovery, s.discovery);
     }
 
     #[test]

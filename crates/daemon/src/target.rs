@@ -23,6 +23,7 @@ use crate::actuate::ProcKey;
 use crate::eligibility::ProcessFacts;
 use pagesift_core::source::{MemorySource, PageState, RegionInfo, SourceError};
 use pagesift_core::{PageRef, PageWords, RegionId};
+use pagesift_linux::source::{DiscoveryCounts, SmapsReads};
 use pagesift_linux::{LinuxSource, ProcessFilter, SourceConfig, host, ksm, proc};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -171,6 +172,12 @@ pub trait Target: MemorySource {
     /// What is known of `pid`'s mergeable ranges may be wrong (a call
     /// failed part-way): the next refresh reads them from smaps.
     fn distrust_mergeable(&mut self, _pid: u32) {}
+    /// How the processes' regions were read since start (maps, or smaps
+    /// and why), and the live processes read from smaps, most reads
+    /// first. The default read nothing.
+    fn discovery(&self) -> (DiscoveryCounts, Vec<SmapsReads>) {
+        (DiscoveryCounts::default(), Vec::new())
+    }
 }
 
 /// How regions are cut from VMAs, and how many are tracked.
@@ -472,6 +479,10 @@ impl Target for LinuxTarget {
 
     fn regions_left_out(&self) -> usize {
         self.src.left_out()
+    }
+
+    fn discovery(&self) -> (DiscoveryCounts, Vec<SmapsReads>) {
+        (self.src.discovery().clone(), self.src.smaps_reads())
     }
 
     fn check_renewed(

@@ -79,7 +79,9 @@
 //! next refresh drops it.
 
 use crate::PAGE_SIZE;
-use crate::discover::{self, MapsDiscovery, ProcessFilter, ProcessInfo, RegionKind, RegionsFrom};
+use crate::discover::{
+    self, MapsDiscovery, ProcessFilter, ProcessInfo, RegionKind, RegionsFrom, SmapsReason,
+};
 use crate::error::LinuxError;
 use crate::inspect::{PageClass, PageInfo, PageInspector};
 use crate::kpageflags::{KPageFlags, KpfFlags};
@@ -220,6 +222,40 @@ struct Proc {
     anonymous: RangeSet,
     /// When smaps was last read (`None`: never).
     smaps_at: Option<Instant>,
+    /// Reads of its regions from smaps, and the reason of the last one.
+    smaps_reads: u64,
+    smaps_last: Option<SmapsReason>,
+}
+
+/// How discovery read the processes' regions since start. Each read came
+/// from `/proc/PID/maps`, which costs per VMA, or from `/proc/PID/smaps`,
+/// which makes the kernel walk every present page of the process (for a
+/// guest's QEMU, milliseconds), for a [`SmapsReason`]. Shown in status so
+/// that an operator can tell which processes make discovery costly and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DiscoveryCounts {
+    /// Reads from maps.
+    pub maps: u64,
+    /// Reads from smaps, by reason (reasons never met are absent).
+    pub smaps: BTreeMap<SmapsReason, u64>,
+}
+
+impl DiscoveryCounts {
+    /// Reads from smaps, all reasons.
+    pub fn smaps_total(&self) -> u64 {
+        self.smaps.values().sum()
+    }
+}
+
+/// A live process whose regions were read from smaps at least once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SmapsReads {
+    /// The process.
+    pub pid: u32,
+    /// Its reads from smaps since it was discovered.
+    pub reads: u64,
+    /// Why the last one was made.
+    pub last: SmapsReason,
 }
 
 /// Live processes as a [`MemorySource`]. Read-only: it never writes a
@@ -258,8 +294,8 @@ pub struct LinuxSource {
     /// 2-CPU Intel Xeon; docs/daemon-cpu.md).
     ksm_frames: hashbrown::HashMap<u64, u32>,
     ksm_frames_since: Instant,
-    /// Processes discovered through smaps, and through maps, since start.
-    pub discovered_by: (u64, u64),
+    /// How the processes' regions were read since start.
+    discovery: DiscoveryCounts,
     /// Regions left out at the last discovery (over `max_regions`).
     left_out: usize,
     /// Write tracking of candidate ranges; answers `take_written`.
@@ -302,7 +338,7 @@ impl LinuxSource {
             ksm_frames: hashbrown::HashMap::new(),
             ksm_frames_since: Instant::now(),
             batch: SampleScratch::default(),
-            discovered_by: (0, 0),
+            discovery: DiscoveryCounts::default(),
             left_out: 0,
             #[cfg(target_arch = "x86_64")]
             writes: crate::uffd::WriteTracker::new(),
@@ -343,6 +379,29 @@ impl LinuxSource {
     /// capabilities).
     pub fn skipped(&self) -> &[(u32, String)] {
         &self.skipped
+    }
+
+    /// How the processes' regions were read since start (maps or smaps,
+    /// and why).
+    pub fn discovery(&self) -> &DiscoveryCounts {
+        &self.discovery
+    }
+
+    /// The live processes whose regions were read from smaps, most reads
+    /// first (then by pid).
+    pub fn smaps_reads(&self) -> Vec<SmapsReads> {
+        let mut v: Vec<SmapsReads> = (self.procs.iter())
+            .filter(|(_, p)| !p.gone)
+            .filter_map(|(&pid, p)| {
+                Some(SmapsReads {
+                    pid,
+                    reads: p.smaps_reads,
+                    last: p.smaps_last?,
+                })
+            })
+            .collect();
+        v.sort_by(|a, b| b.reads.cmp(&a.reads).then(a.pid.cmp(&b.pid)));
+        v
     }
 
     /// The selected processes that are alive (as of the last access).
@@ -633,13 +692,19 @@ impl LinuxSource {
             self.maps
                 .process_regions_known(pid, p.inspector.pagemap(), &mut self.kpf, known)?
         } else {
-            (
-                discover::process_regions(pid)?,
-                RegionsFrom::Smaps(discover::SmapsReason::Mergeable),
-            )
+            let reason = match stat {
+                Some(s) if s.merge_any == Some(false) && p.smaps_at.is_none() => {
+                    SmapsReason::MergeableUnknown
+                }
+                Some(s) if s.merge_any == Some(false) => SmapsReason::MergeableRecheck,
+                _ => SmapsReason::MergeAny,
+            };
+            (discover::process_regions(pid)?, RegionsFrom::Smaps(reason))
         };
-        if let RegionsFrom::Smaps(_) = from {
-            self.discovered_by.0 += 1;
+        if let RegionsFrom::Smaps(reason) = from {
+            *self.discovery.smaps.entry(reason).or_default() += 1;
+            p.smaps_reads += 1;
+            p.smaps_last = Some(reason);
             p.smaps_at = Some(Instant::now());
             p.mergeable = regions
                 .eligible
@@ -648,7 +713,7 @@ impl LinuxSource {
                 .map(|r| (r.start, r.end))
                 .collect();
         } else {
-            self.discovered_by.1 += 1;
+            self.discovery.maps += 1;
             // A range advised for a VMA that is gone says nothing of a VMA
             // mapped there later (munmap drops VM_MERGEABLE with the VMA):
             // keep only what lies inside the process's VMAs now, so that
@@ -1202,6 +1267,8 @@ fn open_proc(info: ProcessInfo) -> Result<Proc, LinuxError> {
         mergeable: RangeSet::new(),
         anonymous: RangeSet::new(),
         smaps_at: None,
+        smaps_reads: 0,
+        smaps_last: None,
     })
 }
 

@@ -9,11 +9,12 @@
 
 use pagesift_core::source::{MemorySource, PageState, SourceError};
 use pagesift_core::{PageRef, PageWords, RegionId, WORDS_PER_PAGE};
-use pagesift_linux::discover::{self, ProcessFilter, RegionKind};
+use pagesift_linux::discover::{self, ProcessFilter, RegionKind, SmapsReason};
 use pagesift_linux::inject::{Advice, InjectConfig, Injector, Outcome, Syscall};
 use pagesift_linux::inspect::{PageClass, PageInfo, PageInspector};
 use pagesift_linux::kpageflags::KPageFlags;
 use pagesift_linux::pagemap::{Pagemap, category};
+use pagesift_linux::source::SmapsReads;
 use pagesift_linux::{Capability, LinuxError, LinuxSource, RemoteReader, SourceConfig};
 use pagesift_testkit::*;
 use std::collections::{HashMap, HashSet};
@@ -631,7 +632,9 @@ fn a_process_with_nothing_mergeable_is_refreshed_from_maps_after_a_mark() {
         "this kernel's ksm_stat says whether a VMA is mergeable (Linux 6.14+): {ksm_stat}"
     );
     let mut src = source_for(&[pid]);
-    assert_eq!(src.discovered_by, (0, 1), "discovered from maps");
+    let reads = |src: &LinuxSource| (src.discovery().smaps_total(), src.discovery().maps);
+    assert_eq!(reads(&src), (0, 1), "discovered from maps");
+    assert!(src.smaps_reads().is_empty());
     let len = pages * pagesift_core::PAGE_SIZE as u64;
     let mut inj = Injector::new(InjectConfig::default());
     let advice = Syscall::Madvise {
@@ -646,10 +649,28 @@ fn a_process_with_nothing_mergeable_is_refreshed_from_maps_after_a_mark() {
     );
     src.note_advised(pid, start, start + len, true);
     src.refresh().unwrap();
+    assert_eq!(reads(&src), (0, 2), "the refresh after the mark read maps");
+    let r = region_at(&src, pid, start);
+    assert!(src.linux_regions().any(|x| x.id == r && x.mergeable));
+    // What is known of its `mg` flags forgotten (as after an unmark the
+    // daemon could not confirm), the next refresh reads smaps, and says
+    // why, for the process.
+    src.distrust_mergeable(pid);
+    src.refresh().unwrap();
+    assert_eq!(reads(&src), (1, 2));
     assert_eq!(
-        src.discovered_by,
-        (0, 2),
-        "the refresh after the mark read maps"
+        src.discovery().smaps.get(&SmapsReason::MergeableUnknown),
+        Some(&1),
+        "{:?}",
+        src.discovery()
+    );
+    assert_eq!(
+        src.smaps_reads(),
+        vec![SmapsReads {
+            pid,
+            reads: 1,
+            last: SmapsReason::MergeableUnknown
+        }]
     );
     let r = region_at(&src, pid, start);
     assert!(src.linux_regions().any(|x| x.id == r && x.mergeable));

@@ -202,6 +202,24 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         }
         skipped.sort_by_key(|s| s.pid);
         let savings = self.savings();
+        let discovery = {
+            let (counts, by_process) = self.target.discovery();
+            DiscoveryStatus {
+                maps_reads: counts.maps,
+                smaps_reads: counts.smaps_total(),
+                smaps_by_reason: (counts.smaps.iter())
+                    .map(|(r, n)| (r.name().to_string(), *n))
+                    .collect(),
+                smaps_processes: (by_process.iter().take(MAX_LISTED))
+                    .map(|p| SmapsProcess {
+                        pid: p.pid,
+                        comm: self.comms.get(&p.pid).cloned().unwrap_or_default(),
+                        reads: p.reads,
+                        last_reason: p.last.name().to_string(),
+                    })
+                    .collect(),
+            }
+        };
         Status {
             governor: self.config.governor.name().into(),
             levels,
@@ -215,6 +233,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             scrub: self.scrub.as_ref().map(|s| s.status()),
             numa: self.numa.as_ref().map(|n| n.status()),
             savings,
+            discovery,
         }
     }
 

@@ -93,11 +93,22 @@ pub const PAGE_CACHE_FS: &[(i64, &str)] = &[
 pub const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
 
 /// Why a process's regions came from smaps after all.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SmapsReason {
     /// Some VMA is `VM_MERGEABLE` (or `ksm_stat` could not tell): the `mg`
     /// flags are needed, and KSM pages may be mapped.
     Mergeable,
+    /// The process has mergeable memory and its `mg` flags are not known
+    /// yet: never read, or forgotten because a mark was undone or a
+    /// region renewed (`LinuxSource::distrust_mergeable`).
+    MergeableUnknown,
+    /// The process has mergeable memory and the last smaps read of its
+    /// `mg` flags is `SMAPS_INTERVAL` old: marks the process made itself
+    /// are seen at this read.
+    MergeableRecheck,
+    /// The process makes all its memory mergeable by itself
+    /// (`PR_SET_MEMORY_MERGE`), or its `ksm_stat` could not be read.
+    MergeAny,
     /// A VMA whose flags maps cannot tell (see the module doc).
     UnknownVma,
     /// The process holds a userfaultfd that is not the caller's: its
@@ -107,6 +118,32 @@ pub enum SmapsReason {
     /// (`MAP_DROPPABLE`, or `MADV_FREE`d pages) or are all zero-page
     /// mappings.
     MaybeDroppable,
+}
+
+impl SmapsReason {
+    /// Every reason, in order.
+    pub const ALL: [SmapsReason; 7] = [
+        SmapsReason::Mergeable,
+        SmapsReason::MergeableUnknown,
+        SmapsReason::MergeableRecheck,
+        SmapsReason::MergeAny,
+        SmapsReason::UnknownVma,
+        SmapsReason::Userfaultfd,
+        SmapsReason::MaybeDroppable,
+    ];
+
+    /// A short name, for status lines and metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            SmapsReason::Mergeable => "mergeable",
+            SmapsReason::MergeableUnknown => "mergeable_unknown",
+            SmapsReason::MergeableRecheck => "mergeable_recheck",
+            SmapsReason::MergeAny => "merge_any",
+            SmapsReason::UnknownVma => "unknown_vma",
+            SmapsReason::Userfaultfd => "userfaultfd",
+            SmapsReason::MaybeDroppable => "maybe_droppable",
+        }
+    }
 }
 
 /// Where a process's regions came from.
