@@ -87,7 +87,8 @@ pub trait MemorySource {
     /// Samples several pages at once: `states[i]` receives the state of
     /// `pages[i]` and, when it is `Present` or `Merged`, `out[i]` receives
     /// its words and `read[i]` is true (false when it could not be read,
-    /// e.g. unmapped in between). A sampler asks for a batch of pages at a
+    /// e.g. unmapped in between, or for a `Merged` page whose content the
+    /// source knows it gave recently: merged pages are write-protected). A sampler asks for a batch of pages at a
     /// time because on Linux the per-call cost dominates: sources that can
     /// batch (pagemap, kpageflags, process_vm_readv) override this; the
     /// default asks page by page. A source that wraps another must forward

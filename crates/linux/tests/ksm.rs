@@ -656,3 +656,95 @@ fn page_states_skip_flags_without_changing_a_state() {
     }
     assert_restored(&before);
 }
+
+/// `sample_pages` reads a merged page's content once, then leaves pages on
+/// the same KSM frame unread for `KSM_CONTENT_KNOWN` while still giving
+/// their state; a page the target wrote since (its own frame now) is read
+/// again, with the content it has. The target keeps its memory and runs.
+#[test]
+fn sample_pages_reads_a_merged_frame_once_and_still_gives_every_state() {
+    use pagesift_core::source::{MemorySource, PageState};
+    use pagesift_core::{PageBuffer, PageRef};
+    use pagesift_linux::discover::ProcessFilter;
+    use pagesift_linux::{LinuxSource, SourceConfig};
+
+    require_root();
+    let _s = serial();
+    let before = settings_at_rest();
+    {
+        let g = KsmGuard::acquire().unwrap();
+        assert!(drain_exited(&g, Duration::from_secs(30)));
+        let mut w = Workload::start_mergeable(HOLEY_STATIC_DUP);
+        g.set_advisor_mode(AdvisorMode::None).unwrap();
+        g.set_pages_to_scan(5_000).unwrap();
+        g.set_sleep_millisecs(10).unwrap();
+        g.set_run(Run::Run).unwrap();
+        let want = w.count("present_pages");
+        let start = Instant::now();
+        while ksm_stat(&w).merging_pages.unwrap_or(0) < want {
+            assert!(start.elapsed() < Duration::from_secs(60), "not merged");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        g.set_run(Run::Stop).unwrap();
+
+        let mut src = LinuxSource::new(ProcessFilter::pids([w.pid()]), SourceConfig::default())
+            .expect("LinuxSource");
+        let (start, _) = w.region();
+        let r = (src.linux_regions())
+            .find(|r| r.pid == w.pid() && r.start == start)
+            .map(|r| (r.id, r.pages))
+            .expect("the workload's region");
+        let n = 512.min(r.1) as usize;
+        let pages: Vec<PageRef> = (0..n as u32)
+            .map(|page| PageRef { region: r.0, page })
+            .collect();
+        let mut out = PageBuffer::new(n);
+        let mut states = vec![Ok(PageState::NotPresent); n];
+        let mut read = vec![false; n];
+        let mut sample = |src: &mut LinuxSource| {
+            src.sample_pages(&pages, out.pages_mut(), &mut states, &mut read);
+            let mut by_state = std::collections::BTreeMap::new();
+            for (i, s) in states.iter().enumerate() {
+                let s = s.clone().expect("a state");
+                let e = by_state.entry(format!("{s:?}")).or_insert((0u32, 0u32));
+                e.0 += 1;
+                if read[i] {
+                    e.1 += 1;
+                    // What was read is the page's content now.
+                    let mut one = [0u32; pagesift_core::WORDS_PER_PAGE];
+                    src.read_page(pages[i], &mut one).unwrap();
+                    assert_eq!(out.pages()[i], one, "page {i}");
+                }
+            }
+            by_state
+        };
+        let first = sample(&mut src);
+        let (merged, merged_read) = first["Merged"];
+        assert!(merged > 64, "{first:?}");
+        assert_eq!(
+            merged_read, merged,
+            "every merged page read the first time: {first:?}"
+        );
+        let again = sample(&mut src);
+        assert_eq!(
+            again["Merged"],
+            (merged, 0),
+            "merged pages on frames just read are left unread, their state given: {again:?}"
+        );
+        // The target writes its first 64 pages (merged ones among them,
+        // and zero-page mappings and holes): they are its own now, and are
+        // read.
+        let rw = w.ask("rewrite 0 64");
+        assert_eq!(rw["rewritten"], 64, "{rw}");
+        let after = sample(&mut src);
+        let present = after.get("Present").copied().unwrap_or((0, 0));
+        assert!(present.0 >= 64 && present.1 == present.0, "{after:?}");
+        assert!(
+            after["Merged"].0 < merged && after["Merged"].1 == 0,
+            "{after:?}"
+        );
+        assert!(w.alive());
+        assert_eq!(w.checksum(), rw["checksum"].as_str().unwrap());
+    }
+    assert_restored(&before);
+}
