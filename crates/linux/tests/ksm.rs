@@ -561,6 +561,26 @@ fn paced_ksmd_merges_256_mib_at_the_target_share() {
     );
 }
 
+/// A `HOLEY_STATIC_DUP` workload that makes all its memory mergeable
+/// (`PR_SET_MEMORY_MERGE`), with every present page merged by ksmd run
+/// fast under `g` and then stopped; and its present pages.
+fn merged_holey_static_dup(g: &KsmGuard) -> (Workload, u64) {
+    assert!(drain_exited(g, Duration::from_secs(30)));
+    let w = Workload::start_mergeable(HOLEY_STATIC_DUP);
+    g.set_advisor_mode(AdvisorMode::None).unwrap();
+    g.set_pages_to_scan(5_000).unwrap();
+    g.set_sleep_millisecs(10).unwrap();
+    g.set_run(Run::Run).unwrap();
+    let want = w.count("present_pages");
+    let start = Instant::now();
+    while ksm_stat(&w).merging_pages.unwrap_or(0) < want {
+        assert!(start.elapsed() < Duration::from_secs(60), "not merged");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    g.set_run(Run::Stop).unwrap();
+    (w, want)
+}
+
 /// `LinuxSource::page_states` reads kpageflags only for the pages whose
 /// class needs it (`inspect::flags_needed`, and in a mergeable region only
 /// shared pages or frames seen as KSM pages before); every page must still
@@ -582,22 +602,10 @@ fn page_states_skip_flags_without_changing_a_state() {
     let before = settings_at_rest();
     {
         let g = KsmGuard::acquire().unwrap();
-        assert!(drain_exited(&g, Duration::from_secs(30)));
-        let mut merged = Workload::start_mergeable(HOLEY_STATIC_DUP);
+        let (mut merged, want) = merged_holey_static_dup(&g);
         let mut plain = Workload::start(HOLEY_STATIC_DUP);
         let mut fam = Workload::start(&["fork-family", "--mib", "8", "--seed", "3"]);
         let sums = (merged.checksum(), plain.checksum());
-        g.set_advisor_mode(AdvisorMode::None).unwrap();
-        g.set_pages_to_scan(5_000).unwrap();
-        g.set_sleep_millisecs(10).unwrap();
-        g.set_run(Run::Run).unwrap();
-        let want = merged.count("present_pages");
-        let start = Instant::now();
-        while ksm_stat(&merged).merging_pages.unwrap_or(0) < want {
-            assert!(start.elapsed() < Duration::from_secs(60), "not merged");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        g.set_run(Run::Stop).unwrap();
 
         let pids = [merged.pid(), plain.pid(), fam.pid()];
         let mut src = LinuxSource::new(
@@ -673,19 +681,7 @@ fn sample_pages_reads_a_merged_frame_once_and_still_gives_every_state() {
     let before = settings_at_rest();
     {
         let g = KsmGuard::acquire().unwrap();
-        assert!(drain_exited(&g, Duration::from_secs(30)));
-        let mut w = Workload::start_mergeable(HOLEY_STATIC_DUP);
-        g.set_advisor_mode(AdvisorMode::None).unwrap();
-        g.set_pages_to_scan(5_000).unwrap();
-        g.set_sleep_millisecs(10).unwrap();
-        g.set_run(Run::Run).unwrap();
-        let want = w.count("present_pages");
-        let start = Instant::now();
-        while ksm_stat(&w).merging_pages.unwrap_or(0) < want {
-            assert!(start.elapsed() < Duration::from_secs(60), "not merged");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        g.set_run(Run::Stop).unwrap();
+        let (mut w, _) = merged_holey_static_dup(&g);
 
         let mut src = LinuxSource::new(ProcessFilter::pids([w.pid()]), SourceConfig::default())
             .expect("LinuxSource");
