@@ -168,6 +168,12 @@ fn exported() -> BTreeMap<String, BTreeSet<String>> {
             cpu_by_thread: [("main".to_string(), 1.0)].into_iter().collect(),
             ..Default::default()
         },
+        discovery: pagesift_daemon::status::DiscoveryStatus {
+            maps_reads: 10,
+            smaps_reads: 1,
+            smaps_by_reason: [("mergeable_recheck".to_string(), 1)].into_iter().collect(),
+            ..Default::default()
+        },
         ..Status::default()
     };
     m.update(&status);
