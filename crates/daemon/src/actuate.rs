@@ -36,7 +36,10 @@ impl Advice {
 /// What happened to one batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BatchOutcome {
-    /// Every call ran; per call, `Ok` or the errno it returned.
+    /// The calls ran, in order; per call, `Ok` or the errno it returned.
+    /// Fewer results than calls: the injector abandoned the batch after
+    /// them (a call could not start in time, e.g. the target froze), and
+    /// the calls past them did not run.
     Done(Vec<Result<(), i32>>),
     /// Not attempted, and why (already traced, seccomp filter, …): the
     /// process is left alone and reported as skipped.
@@ -235,6 +238,7 @@ pub fn unmark_all<A: Actuator + ?Sized>(
     }
     match actuator.advise_as(p, &calls) {
         BatchOutcome::Done(results) => {
+            let cut = results.len() < calls.len();
             let mut failed = Vec::new();
             let mut bytes = 0;
             for (c, r) in calls.iter().zip(results) {
@@ -246,10 +250,16 @@ pub fn unmark_all<A: Actuator + ?Sized>(
                     Err(errno) => failed.push((c.start, errno)),
                 }
             }
-            if failed.is_empty() {
-                Unmarked::Done(bytes)
-            } else {
+            if cut {
+                // What did not run (and what failed) stays in the ledger,
+                // for the next try.
+                Unmarked::NotNow(
+                    "the batch was abandoned part-way (a call could not start in time)".into(),
+                )
+            } else if !failed.is_empty() {
                 Unmarked::Partly(failed)
+            } else {
+                Unmarked::Done(bytes)
             }
         }
         BatchOutcome::Gone => {
@@ -324,7 +334,7 @@ impl Actuator for InjectActuator {
 #[cfg(target_arch = "x86_64")]
 impl InjectActuator {
     fn advise_checked(&mut self, pid: u32, image: Option<u64>, batch: &[Advice]) -> BatchOutcome {
-        use pagesift_linux::inject::{Advice as Madv, InjectError, Outcome, SkipReason, Syscall};
+        use pagesift_linux::inject::{Advice as Madv, Syscall};
         let calls: Vec<Syscall> = batch
             .iter()
             .map(|a| Syscall::Madvise {
@@ -341,22 +351,35 @@ impl InjectActuator {
             Some(image) => self.injector.run_as(pid, image, &calls),
             None => self.injector.run(pid, &calls),
         };
-        match outcome {
-            Ok(Outcome::Skipped(SkipReason::ImageChanged)) => BatchOutcome::Gone,
-            Ok(Outcome::Done(inj)) => BatchOutcome::Done(
-                inj.results
-                    .iter()
-                    .map(|&r| if r >= 0 { Ok(()) } else { Err((-r) as i32) })
-                    .collect(),
-            ),
-            Ok(Outcome::Skipped(why @ SkipReason::RseqCriticalSection)) => {
-                BatchOutcome::Busy(why.to_string())
-            }
-            Ok(Outcome::Skipped(why)) => BatchOutcome::Skipped(why.to_string()),
-            Ok(Outcome::Gone(_)) => BatchOutcome::Gone,
-            Err(InjectError::Linux(e)) if e.is_gone() => BatchOutcome::Gone,
-            Err(e) => BatchOutcome::Failed(e.to_string()),
+        batch_outcome(outcome)
+    }
+}
+
+/// What an injection of a batch of `madvise` calls did, as the loop sees
+/// it. A batch abandoned part-way is `Done` with the results of the calls
+/// that ran: those marks and unmarks happened and must be recorded.
+fn batch_outcome(
+    outcome: Result<pagesift_linux::inject::Outcome, pagesift_linux::inject::InjectError>,
+) -> BatchOutcome {
+    use pagesift_linux::inject::{InjectError, Outcome, SkipReason};
+    let results = |r: &[i64]| -> Vec<Result<(), i32>> {
+        (r.iter())
+            .map(|&r| if r >= 0 { Ok(()) } else { Err((-r) as i32) })
+            .collect()
+    };
+    match outcome {
+        Ok(Outcome::Skipped(SkipReason::ImageChanged)) => BatchOutcome::Gone,
+        Ok(Outcome::Done(inj)) => BatchOutcome::Done(results(&inj.results)),
+        Ok(Outcome::Skipped(SkipReason::SyscallTimeout { completed })) if !completed.is_empty() => {
+            BatchOutcome::Done(results(&completed))
         }
+        Ok(Outcome::Skipped(why @ SkipReason::RseqCriticalSection)) => {
+            BatchOutcome::Busy(why.to_string())
+        }
+        Ok(Outcome::Skipped(why)) => BatchOutcome::Skipped(why.to_string()),
+        Ok(Outcome::Gone(_)) => BatchOutcome::Gone,
+        Err(InjectError::Linux(e)) if e.is_gone() => BatchOutcome::Gone,
+        Err(e) => BatchOutcome::Failed(e.to_string()),
     }
 }
 
@@ -464,12 +487,33 @@ mod tests {
         };
         assert!(matches!(unmark_all(&mut a, &mut m, P), Unmarked::NotNow(_)));
         assert_eq!(m.ranges(P), vec![(0x4000, 0x5000)]);
+        // A batch abandoned after its first call: that range is out of the
+        // ledger, the one whose call did not run stays for the next try.
+        m.add(P, 0x8000, 0x9000);
+        let mut a = Scripted {
+            calls: Vec::new(),
+            answer: |_| BatchOutcome::Done(vec![Ok(())]),
+        };
+        assert!(matches!(unmark_all(&mut a, &mut m, P), Unmarked::NotNow(_)));
+        assert_eq!(m.ranges(P), vec![(0x8000, 0x9000)]);
         let mut a = Scripted {
             calls: Vec::new(),
             answer: |_| BatchOutcome::Gone,
         };
         assert_eq!(unmark_all(&mut a, &mut m, P), Unmarked::Gone);
         assert!(m.ranges(P).is_empty());
+    }
+
+    #[test]
+    fn a_batch_abandoned_part_way_reports_the_calls_that_ran() {
+        use pagesift_linux::inject::{Outcome, SkipReason};
+        let cut = |completed: Vec<i64>| {
+            batch_outcome(Ok(Outcome::Skipped(SkipReason::SyscallTimeout {
+                completed,
+            })))
+        };
+        assert_eq!(cut(vec![0, -12]), BatchOutcome::Done(vec![Ok(()), Err(12)]));
+        assert!(matches!(cut(vec![]), BatchOutcome::Skipped(_)));
     }
 
     #[test]

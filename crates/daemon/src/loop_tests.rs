@@ -746,6 +746,41 @@ fn a_process_met_at_a_bad_moment_is_retried_within_seconds() {
 }
 
 #[test]
+fn a_batch_abandoned_part_way_records_what_ran_and_retries_the_rest() {
+    let w = world();
+    let (a, b) = {
+        let mut m = w.borrow_mut();
+        m.spawn(52, "freezing", false);
+        m.cut.insert(52, 1);
+        let a = m.map(52, &[4; 512], false);
+        m.map(52, &distinct(7000, 512), false);
+        (a, m.map(52, &[5; 512], false))
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    run(&mut d, &mut now, 300); // 30 s
+    let m = w.borrow();
+    assert_eq!(m.cuts.len(), 1, "{:?}", m.cuts);
+    let (_, asked, ran) = m.cuts[0];
+    assert!(asked >= 2 && ran == 1, "{:?}", m.cuts);
+    assert!(
+        m.spans[&a].mergeable && m.spans[&b].mergeable,
+        "both marked in the end"
+    );
+    assert!(m.attempts[&52] >= 2, "the rest was tried again");
+    let marked: u64 = [a, b]
+        .iter()
+        .map(|id| m.spans[id].pages as u64 * 4096)
+        .sum();
+    drop(m);
+    assert_eq!(
+        d.status(now).totals.marked_bytes,
+        marked,
+        "the ledger holds what ran in the cut batch and what ran after"
+    );
+}
+
+#[test]
 fn the_vma_budget_stops_splitting_a_crowded_process() {
     let w = world();
     let (slices, whole) = {

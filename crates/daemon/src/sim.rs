@@ -33,6 +33,11 @@ pub struct World {
     /// Pids whose next injections meet a bad moment (answered
     /// `BatchOutcome::Busy`), and how many more times.
     pub busy: HashMap<u32, u32>,
+    /// Pids whose next batch the injector abandons after this many calls
+    /// (a call that could not start in time): the rest do not run.
+    pub cut: HashMap<u32, usize>,
+    /// The batches cut so: (pid, calls asked, calls run).
+    pub cuts: Vec<(u32, usize, usize)>,
     pub vma_counts: HashMap<u32, u64>,
     pub max_map_count: u64,
     pub shares: Vec<f64>,
@@ -476,6 +481,14 @@ impl Actuator for SimActuator {
         if !w.procs.iter().any(|p| p.key.pid == pid) {
             return BatchOutcome::Gone;
         }
+        let batch = match w.cut.remove(&pid) {
+            Some(n) => {
+                let ran = n.min(batch.len());
+                w.cuts.push((pid, batch.len(), ran));
+                &batch[..ran]
+            }
+            None => batch,
+        };
         // The loop stops write tracking before it marks a range.
         for a in batch.iter().filter(|a| a.mergeable) {
             assert!(

@@ -44,9 +44,12 @@
 //! Invariant: a descriptor opened in a target that is not known to be
 //! closed stays in [`WriteTracker`]'s table, with the ranges still
 //! registered with it, so that `untrack`, `untrack_all` and the crash
-//! ledger reach it. The exceptions: a target that is gone, and a
-//! descriptor whose close did not run and of which no duplicate could be
-//! taken (`pidfd_getfd` failed), which stays in the target until it exits.
+//! ledger reach it, including one opened by a batch the injector
+//! abandoned part-way (a call that could not start in time: the target
+//! froze), with the ranges that batch registered. The exceptions: a
+//! target that is gone, and a descriptor whose close did not run and of
+//! which no duplicate could be taken (`pidfd_getfd` failed), which stays
+//! in the target until it exits.
 //!
 //! If the daemon dies without unregistering, the target keeps an idle fd
 //! and an async registration whose only effect is the 1 µs first-write
@@ -57,7 +60,7 @@
 
 use crate::discover;
 use crate::error::LinuxError;
-use crate::inject::{Fd, InjectError, Injector, Outcome, Syscall, uffd_abi};
+use crate::inject::{Fd, InjectError, Injector, Outcome, SkipReason, Syscall, uffd_abi};
 use crate::sys::{self, PageRegion};
 use std::collections::HashMap;
 use std::fs::File;
@@ -223,7 +226,16 @@ impl WriteTracker {
         };
         let done = match inj.run(pid, &calls)? {
             Outcome::Done(d) => d,
-            Outcome::Skipped(why) => return Ok(TrackOutcome::Skipped(why.to_string())),
+            Outcome::Skipped(why) => {
+                // A batch the injector abandoned part-way (a call could not
+                // start in time) may have opened the descriptor and
+                // registered ranges: they are kept known, to be closed
+                // like any other, not left in the target.
+                if let SkipReason::SyscallTimeout { completed } = &why {
+                    self.keep_cut(pid, existing, completed, first, &ranges, pagemap);
+                }
+                return Ok(TrackOutcome::Skipped(why.to_string()));
+            }
             Outcome::Gone(_) => {
                 self.procs.remove(&pid);
                 return Ok(TrackOutcome::Gone);
@@ -451,6 +463,45 @@ impl WriteTracker {
             Outcome::Skipped(_) => {}
         }
         Ok(out)
+    }
+
+    /// Records what a cut batch of [`track`](Self::track) did: the
+    /// descriptor it opened (`completed[0]`, when there was none:
+    /// `existing` is `None`) if it is still that userfaultfd, and the
+    /// ranges whose registration completed (`completed[first..]`).
+    fn keep_cut(
+        &mut self,
+        pid: u32,
+        existing: Option<i32>,
+        completed: &[i64],
+        first: usize,
+        ranges: &[(u64, u64)],
+        pagemap: File,
+    ) {
+        let registered: Vec<(u64, u64)> = (ranges.iter())
+            .zip(completed.iter().skip(first))
+            .filter(|(_, r)| **r >= 0)
+            .map(|(range, _)| *range)
+            .collect();
+        match existing {
+            Some(_) => {
+                if let Some(t) = self.procs.get_mut(&pid) {
+                    t.ranges.extend(registered);
+                }
+            }
+            None => {
+                let Some(&fd) = completed.first().filter(|&&fd| fd >= 0) else {
+                    return;
+                };
+                let fd = fd as i32;
+                if fd_is_userfaultfd(pid, fd)
+                    && let Ok(dup) = dup_fd(pid, fd)
+                {
+                    self.procs
+                        .insert(pid, Tracked::new(fd, dup, pagemap, registered));
+                }
+            }
+        }
     }
 
     /// Stops tracking everything of `pid`.

@@ -675,6 +675,17 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         match outcome {
             BatchOutcome::Done(results) => {
                 self.inject_skips.remove(&pid);
+                if results.len() < calls.len() {
+                    // Abandoned part-way: what ran is recorded below, the
+                    // rest is tried again soon.
+                    self.skip_injection(
+                        pid,
+                        "a call could not start in time (frozen?): the rest of the batch did not run"
+                            .into(),
+                        now,
+                        BUSY_RETRY,
+                    );
+                }
                 for ((call, res), split) in calls.iter().zip(results).zip(splits) {
                     let inside: Vec<Item> = items
                         .iter()
