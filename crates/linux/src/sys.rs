@@ -12,6 +12,7 @@
 //!   which reports pages written since they were last write-protected by
 //!   userfaultfd and protects them again (write tracking, [`crate::uffd`]).
 //! - [`same_file`]: `kcmp(KCMP_FILE)`, which rustix does not wrap.
+//! - [`uffd_api`]: the `UFFDIO_API` handshake on a userfaultfd.
 //! - [`move_pages`] and [`bind_memory`] (`set_mempolicy`): NUMA placement,
 //!   which neither crate wraps.
 //! - [`AnonMapping`]: a private anonymous mapping, used by
@@ -76,10 +77,45 @@ struct PmScanArg {
     return_mask: u64,
 }
 
-/// The raw ioctl, kept private: only [`pagemap_scan`] calls it.
+/// `struct uffdio_api` (`include/uapi/linux/userfaultfd.h`).
+#[repr(C)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+/// The raw ioctls, kept private: only [`pagemap_scan`] and [`uffd_api`]
+/// call them.
 mod raw {
     // PAGEMAP_SCAN = _IOWR('f', 16, struct pm_scan_arg) (<linux/fs.h>).
     nix::ioctl_readwrite!(pagemap_scan_ioctl, b'f', 16, super::PmScanArg);
+    // UFFDIO_API = _IOWR(0xAA, 0x3F, struct uffdio_api).
+    nix::ioctl_readwrite!(uffdio_api_ioctl, 0xAA, 0x3F, super::UffdioApi);
+}
+
+/// `UFFDIO_API` with `features` on userfaultfd `fd`: the handshake that
+/// makes a new userfaultfd answer its other ioctls. The context is the
+/// open file's, not the process's: done on a duplicate of a descriptor in
+/// another process (`pidfd_getfd`), it completes that descriptor's
+/// handshake (checked on this machine: a child's `UFFDIO_API` on an
+/// inherited descriptor made `UFFDIO_WAKE` work in the parent). Write
+/// tracking ([`crate::uffd`]) uses it for a descriptor it opened in a
+/// target whose handshake did not run. Fails with `EINVAL` if the
+/// handshake was done already.
+pub fn uffd_api(fd: BorrowedFd<'_>, features: u64) -> io::Result<()> {
+    let mut arg = UffdioApi {
+        api: crate::inject::uffd_abi::API,
+        features,
+        ioctls: 0,
+    };
+    // SAFETY: `arg` is a live, exclusively borrowed `repr(C)`
+    // `uffdio_api`, the struct this ioctl number reads and writes, and
+    // `fd` is an open descriptor for the call's duration. The handshake
+    // changes only the userfaultfd's own context (its features), nothing
+    // of any process's memory.
+    unsafe { raw::uffdio_api_ioctl(fd.as_raw_fd(), &mut arg) }.map_err(io::Error::from)?;
+    Ok(())
 }
 
 /// Which pages a [`pagemap_scan`] reports, in the kernel's terms: a page

@@ -46,10 +46,12 @@
 //! registered with it, so that `untrack`, `untrack_all` and the crash
 //! ledger reach it, including one opened by a batch the injector
 //! abandoned part-way (a call that could not start in time: the target
-//! froze), with the ranges that batch registered. The exceptions: a
-//! target that is gone, and a descriptor whose close did not run and of
-//! which no duplicate could be taken (`pidfd_getfd` failed), which stays
-//! in the target until it exits.
+//! froze), with the ranges that batch registered; if the batch stopped
+//! before the handshake, pagesift does it on its duplicate
+//! ([`sys::uffd_api`]). The exceptions: a target that is gone, and a
+//! descriptor whose close did not run and of which no duplicate could be
+//! taken (`pidfd_getfd` failed), or whose handshake ran and failed in a cut
+//! batch, which stays in the target until it exits.
 //!
 //! If the daemon dies without unregistering, the target keeps an idle fd
 //! and an async registration whose only effect is the 1 µs first-write
@@ -205,7 +207,7 @@ impl WriteTracker {
             calls.push(Syscall::Userfaultfd);
             calls.push(Syscall::UffdApi {
                 fd,
-                features: uffd_abi::FEATURE_WP_ASYNC | uffd_abi::FEATURE_WP_UNPOPULATED,
+                features: TRACK_FEATURES,
             });
         }
         let first = calls.len();
@@ -494,9 +496,22 @@ impl WriteTracker {
                     return;
                 };
                 let fd = fd as i32;
-                if fd_is_userfaultfd(pid, fd)
-                    && let Ok(dup) = dup_fd(pid, fd)
-                {
+                if !fd_is_userfaultfd(pid, fd) {
+                    return;
+                }
+                let Ok(dup) = dup_fd(pid, fd) else {
+                    return;
+                };
+                // Cut before its handshake ran: done here, on the
+                // duplicate (the same open file), so that the close's proof
+                // (`UFFDIO_WAKE`) works on it as on any other. A handshake
+                // that ran and failed leaves a descriptor no ioctl
+                // answers: the module header's exception.
+                let handshaken = match completed.get(1) {
+                    Some(&r) => r >= 0,
+                    None => sys::uffd_api(dup.as_fd(), TRACK_FEATURES).is_ok(),
+                };
+                if handshaken {
                     self.procs
                         .insert(pid, Tracked::new(fd, dup, pagemap, registered));
                 }
@@ -540,6 +555,10 @@ fn dup_fd(pid: u32, fd: i32) -> std::io::Result<OwnedFd> {
     let pidfd = pidfd_open(p, PidfdFlags::empty())?;
     Ok(pidfd_getfd(pidfd.as_fd(), fd, PidfdGetfdFlags::empty())?)
 }
+
+/// The features write tracking asks for in its handshake: the kernel
+/// resolves write-protect faults itself, and untouched pages are armed too.
+const TRACK_FEATURES: u64 = uffd_abi::FEATURE_WP_ASYNC | uffd_abi::FEATURE_WP_UNPOPULATED;
 
 /// Whether descriptor `fd` of `pid` is a userfaultfd (its `/proc` link).
 pub fn fd_is_userfaultfd(pid: u32, fd: i32) -> bool {

@@ -352,3 +352,52 @@ fn a_targets_own_writes_are_counted_and_it_keeps_running() {
     assert_ne!(before, after, "the rewrite changed the pages it wrote");
     assert_eq!(w.checksum(), after, "and nothing else changes them");
 }
+
+/// A userfaultfd opened in a target whose handshake never ran (a batch
+/// abandoned right after `userfaultfd()`) answers no other ioctl, so the
+/// close's proof (`UFFDIO_WAKE`) fails on it. pagesift completes the
+/// handshake on its own duplicate (`sys::uffd_api`), as write tracking
+/// does for such a batch; then the usual close calls prove it and close
+/// it, and the target keeps running with its memory as it was.
+#[test]
+fn a_handshake_done_on_our_duplicate_lets_the_usual_close_take_the_descriptor_out() {
+    use pagesift_linux::inject::{Syscall, uffd_abi};
+    use rustix::process::{Pid, PidfdFlags, PidfdGetfdFlags, pidfd_getfd, pidfd_open};
+    use std::os::fd::AsFd;
+    let _g = serial();
+    let t = Target::start("sleep", &["--ms", "20"]);
+    let pid = t.pid();
+    let mut inj = Injector::new(InjectConfig::default());
+    let Outcome::Done(i) = inj.run(pid, &[Syscall::Userfaultfd]).unwrap() else {
+        panic!("the attach did not run");
+    };
+    let fd = i.results[0];
+    assert!(fd >= 0, "{i:?}");
+    let fd = fd as i32;
+    assert_eq!(count_userfaultfds(pid), 1);
+    // Without the handshake the proof fails, so the close does not run.
+    let Outcome::Done(i) = inj.run(pid, &close_calls(fd, &[])).unwrap() else {
+        panic!("the attach did not run");
+    };
+    assert_eq!(i.results[0], -22, "UFFDIO_WAKE before the handshake: {i:?}");
+    assert_eq!(count_userfaultfds(pid), 1, "not closed without the proof");
+    // The handshake, on our duplicate.
+    let pidfd = pidfd_open(Pid::from_raw(pid as i32).unwrap(), PidfdFlags::empty()).unwrap();
+    let dup = pidfd_getfd(pidfd.as_fd(), fd, PidfdGetfdFlags::empty()).unwrap();
+    pagesift_linux::sys::uffd_api(
+        dup.as_fd(),
+        uffd_abi::FEATURE_WP_ASYNC | uffd_abi::FEATURE_WP_UNPOPULATED,
+    )
+    .expect("UFFDIO_API on the duplicate");
+    assert!(
+        pagesift_linux::sys::uffd_api(dup.as_fd(), 0).is_err(),
+        "a second handshake is refused: the first one took"
+    );
+    drop(dup);
+    let Outcome::Done(i) = inj.run(pid, &close_calls(fd, &[])).unwrap() else {
+        panic!("the attach did not run");
+    };
+    assert_eq!(i.results, vec![0, 0], "proved, then closed: {i:?}");
+    assert_eq!(count_userfaultfds(pid), 0);
+    t.finish();
+}
