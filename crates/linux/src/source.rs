@@ -861,7 +861,7 @@ impl LinuxSource {
         if let Err(e) = p.inspector.pagemap().read(addr, &mut self.entries) {
             return Err(self.fail(region, pid, e));
         }
-        let second = self.ksm_frames_since.elapsed().as_secs() as u32;
+        let second = frame_clock(self.ksm_frames_since);
         let trusted_since = second.saturating_sub(KSM_FRAMES_TRUSTED.as_secs() as u32);
         let b = &mut self.batch;
         b.pfns.clear();
@@ -1232,7 +1232,7 @@ impl LinuxSource {
         b.unpinned.0.clear();
         b.unpinned.1.clear();
         b.merged_read.clear();
-        let second = self.ksm_frames_since.elapsed().as_secs() as u32;
+        let second = frame_clock(self.ksm_frames_since);
         let known_since = second.saturating_sub(KSM_CONTENT_KNOWN.as_secs() as u32);
         for (m, &(_, addr, i)) in b.order[range.clone()].iter().enumerate() {
             let e = self.checked[m];
@@ -1293,6 +1293,12 @@ impl LinuxSource {
             }
         }
     }
+}
+
+/// Whole seconds since `since` (`ksm_frames_since`): the clock of the
+/// frame tables (`ksm_frames`, `ksm_contents_read`).
+fn frame_clock(since: Instant) -> u32 {
+    since.elapsed().as_secs() as u32
 }
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit (best effort).
