@@ -421,8 +421,9 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     next_cow_look: Nanos,
     started: Nanos,
     cpu_start_ns: u64,
+    /// (when, the daemon's CPU ns, ksmd's CPU ns), the last five seconds
+    /// and at least two points: the CPU shares the status shows.
     cpu_window: VecDeque<(Nanos, u64, u64)>,
-    last_publish: Option<Nanos>,
     states: Vec<PageState>,
     /// Ranges write-tracked now, and when their writes were last read.
     tracked: usize,
@@ -529,7 +530,6 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             started: now,
             cpu_start_ns: host::process_cpu_ns(),
             cpu_window: VecDeque::new(),
-            last_publish: None,
             states: Vec::new(),
             sweeper,
             sweep_runs: Vec::new(),
@@ -801,9 +801,18 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         &self.departed
     }
 
-    /// Whether a status snapshot is due (about once a second).
-    pub fn publish_due(&self, now: Nanos) -> bool {
-        self.last_publish.is_none_or(|t| now >= t + SEC)
+    /// Notes the daemon's and ksmd's CPU time for the status's CPU shares
+    /// over the last seconds, at most once a second (two clock reads): the
+    /// status itself is built only when asked (`crate::snapshots`), and the
+    /// shares must cover the seconds before that.
+    pub fn note_cpu(&mut self, now: Nanos) {
+        if self
+            .cpu_window
+            .back()
+            .is_none_or(|&(t, _, _)| now >= t + SEC)
+        {
+            self.push_cpu(now);
+        }
     }
 
     /// Stops: unmarks what pagesift marked when `unmerge` (merged pages are

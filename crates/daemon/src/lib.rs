@@ -35,6 +35,7 @@ pub mod metrics;
 pub mod numa;
 pub mod run;
 pub mod scrub;
+pub mod snapshots;
 pub mod status;
 pub mod sweep;
 pub mod target;

@@ -4,7 +4,8 @@
 //! The metric objects are `prometheus-client`'s; [`Metrics::update`] copies
 //! a [`Status`] snapshot into them (counters advance by the difference to
 //! the previous snapshot, so they stay monotonic), and a `tiny_http` thread
-//! answers every GET with the registry's encoding. Only numbers that stay
+//! answers every GET with the registry's encoding, after asking the loop
+//! for a fresh snapshot ([`crate::snapshots`]). Only numbers that stay
 //! few go out as labels (levels, the governor): regions are counted, not
 //! listed, so a host with thousands of regions does not blow up the scrape.
 //! The savings per cgroup and per process are listed, but only the top N
@@ -16,6 +17,7 @@
 //! `prometheus-client` writes them as they are, and a quote in a command
 //! name would otherwise end the label and forge samples.
 
+use crate::snapshots::{FRESH_WAIT, Snapshots};
 use crate::status::Status;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -23,8 +25,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
 
 type G = Gauge<f64, AtomicU64>;
 type C = Counter<f64, AtomicU64>;
@@ -682,8 +684,9 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Listens on `addr` and serves `metrics` on every path.
-    pub fn start(addr: SocketAddr, metrics: Arc<Mutex<Metrics>>) -> std::io::Result<MetricsServer> {
+    /// Listens on `addr` and serves the metrics of a fresh snapshot of
+    /// `snapshots` on every path.
+    pub fn start(addr: SocketAddr, snapshots: Arc<Snapshots>) -> std::io::Result<MetricsServer> {
         let server = Arc::new(
             tiny_http::Server::http(addr)
                 .map_err(|e| std::io::Error::other(format!("cannot listen on {addr}: {e}")))?,
@@ -696,12 +699,16 @@ impl MetricsServer {
         let thread = std::thread::Builder::new()
             .name("metrics".into())
             .spawn(move || {
+                let mut metrics = Metrics::new();
                 // `recv` returns an error once `unblock` is called.
                 while let Ok(req) = s.recv() {
-                    let body = metrics
-                        .lock()
-                        .map(|m| m.encode())
-                        .unwrap_or_else(|e| e.into_inner().encode());
+                    // Each scrape asks the loop for a snapshot
+                    // (`crate::snapshots`); the counters advance by what
+                    // changed since the last one.
+                    if let Some(snap) = snapshots.fresh(FRESH_WAIT) {
+                        metrics.update(&snap);
+                    }
+                    let body = metrics.encode();
                     let header = tiny_http::Header::from_bytes(
                         &b"Content-Type"[..],
                         &b"application/openmetrics-text; version=1.0.0; charset=utf-8"[..],
@@ -760,8 +767,10 @@ fn advance_each(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshots::testing::Answering;
     use crate::status::{LevelStatus, Totals};
     use std::io::{Read, Write};
+    use std::sync::Mutex;
 
     fn status(merged: u64, cow: u64) -> Status {
         Status {
@@ -812,9 +821,11 @@ mod tests {
 
     #[test]
     fn a_scrape_over_loopback_shows_the_snapshot() {
-        let m = Arc::new(Mutex::new(Metrics::new()));
-        m.lock().unwrap().update(&status(1000, 5));
-        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), m.clone()).unwrap();
+        let cell = Arc::new(Mutex::new(Some(status(1000, 5))));
+        let answering = Answering::start(cell.clone());
+        let server =
+            MetricsServer::start("127.0.0.1:0".parse().unwrap(), answering.snapshots.clone())
+                .unwrap();
         let text = scrape(server.addr());
         assert!(
             text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200"),
@@ -827,9 +838,11 @@ mod tests {
         assert_eq!(value(&text, "pagesift_level_regions{level=\"0\"}"), 3.0);
         assert_eq!(value(&text, "pagesift_write_tracked_ranges"), 2.0);
         assert_eq!(value(&text, "pagesift_governor{governor=\"medium\"}"), 1.0);
-        // Counters follow the totals and never go back.
-        m.lock().unwrap().update(&status(2000, 9));
-        m.lock().unwrap().update(&status(2000, 7));
+        // Each scrape asks for a snapshot; counters follow the totals and
+        // never go back.
+        *cell.lock().unwrap() = Some(status(2000, 9));
+        let _ = scrape(server.addr());
+        *cell.lock().unwrap() = Some(status(2000, 7));
         let text = scrape(server.addr());
         assert_eq!(value(&text, "pagesift_merged_pages"), 2000.0);
         assert_eq!(value(&text, "pagesift_cow_breaks_total"), 9.0);

@@ -9,10 +9,12 @@
 //! two daemons or a daemon and a KSM test never fight), the status socket
 //! and the metrics endpoint.
 //!
-//! Then the loop runs until SIGTERM/SIGINT (or `--for`): wake, publish a
-//! snapshot about once a second, sleep in one piece on a socket that
-//! SIGTERM, SIGINT and SIGHUP write into (signal-hook's self-pipe), so that a
-//! signal is noticed at once without waking up to look for one. SIGHUP
+//! Then the loop runs until SIGTERM/SIGINT (or `--for`): wake, note the
+//! CPU times, sleep in one piece on a socket that SIGTERM, SIGINT and
+//! SIGHUP write into (signal-hook's self-pipe), so that a signal is noticed
+//! at once without waking up to look for one. The sleep also watches the
+//! status bell: a status or metrics reader asking for a snapshot gets one
+//! built then, without a wake-up ([`crate::snapshots`]). SIGHUP
 //! re-reads the configuration file; a bad file is logged and the old
 //! configuration kept. A watchdog thread ([`crate::watchdog`]) logs a
 //! wake-up that runs longer than 5 s, with the phase it is stuck in.
@@ -25,8 +27,9 @@ use crate::config::{Config, ConfigError, metrics_address};
 use crate::daemon::Daemon;
 use crate::eligibility::Policy;
 use crate::ksmd::SysKsm;
-use crate::metrics::{Metrics, MetricsServer};
-use crate::status::{Shared, StatusServer};
+use crate::metrics::MetricsServer;
+use crate::snapshots::{Bell, Snapshots};
+use crate::status::StatusServer;
 use crate::target::LinuxTarget;
 use pagesift_core::pipeline::governor::Governor;
 use pagesift_linux::ksm::TerminationWatch;
@@ -34,8 +37,8 @@ use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
@@ -104,14 +107,14 @@ impl SignalWaker {
         Ok(SignalWaker { rx, stop })
     }
 
-    /// Sleeps until `at`, a signal, or (if given) `hints` turning
-    /// readable.
-    fn sleep_until(&self, at: Instant, hints: Option<BorrowedFd<'_>>) -> Slept {
+    /// Sleeps until `at`, a signal, a reader asking for a status snapshot
+    /// (`bell` turning readable), or (if given) `hints` turning readable.
+    fn sleep_until(&self, at: Instant, hints: Option<BorrowedFd<'_>>, bell: &Bell) -> Slept {
         let left = at.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Slept::TimeUp;
         }
-        let mut fds = vec![self.rx.as_fd()];
+        let mut fds = vec![self.rx.as_fd(), bell.as_fd()];
         fds.extend(hints);
         match pagesift_linux::wait::wait_readable(&fds, left) {
             Ok(ready) => {
@@ -122,7 +125,9 @@ impl SignalWaker {
                     let _ = (&self.rx).read(&mut buf);
                     let _ = self.rx.set_nonblocking(false);
                     Slept::Signal
-                } else if ready.get(1) == Some(&true) {
+                } else if ready[1] {
+                    Slept::Snapshot
+                } else if ready.get(2) == Some(&true) {
                     Slept::Hints
                 } else if Instant::now() < at {
                     Slept::Signal // interrupted: look at the flags
@@ -153,6 +158,21 @@ enum Slept {
     Signal,
     /// I/O hints arrived.
     Hints,
+    /// A reader asked for a status snapshot.
+    Snapshot,
+}
+
+/// Builds and publishes a status snapshot if a reader asked for one
+/// (`crate::snapshots`).
+#[cfg(target_arch = "x86_64")]
+fn answer_snapshot(
+    daemon: &mut Daemon<LinuxTarget, crate::actuate::InjectActuator, SysKsm>,
+    snapshots: &Snapshots,
+    now: pagesift_core::Nanos,
+) {
+    if snapshots.take_wanted() {
+        snapshots.publish(Arc::new(daemon.status(now)));
+    }
 }
 
 /// Grace after SIGTERM before KSM is restored without the loop's help.
@@ -247,19 +267,19 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         Err(e) => warn!(error = %e, "ledger not used"),
     }
     let ledger = crate::ledger::SharedLedger::new(crate::ledger::Ledger::new(ledger_path));
-    let shared: Shared = Arc::new(Mutex::new(None));
+    let (snapshots, bell) = Snapshots::new()
+        .map_err(|e| RunError::Start(format!("cannot make the status bell: {e}")))?;
     let status_server =
-        StatusServer::start(&config.status.socket, shared.clone()).map_err(|e| {
+        StatusServer::start(&config.status.socket, snapshots.clone()).map_err(|e| {
             RunError::Start(format!(
                 "cannot serve status on {}: {e}",
                 config.status.socket.display()
             ))
         })?;
-    let metrics = Arc::new(Mutex::new(Metrics::new()));
     let metrics_server = match &config.metrics.address {
         Some(a) => {
             let addr = metrics_address(a).map_err(RunError::Usage)?;
-            let s = MetricsServer::start(addr, metrics.clone())
+            let s = MetricsServer::start(addr, snapshots.clone())
                 .map_err(|e| RunError::Start(format!("metrics: {e}")))?;
             info!(address = %s.addr(), "serving Prometheus metrics");
             Some(s)
@@ -312,15 +332,8 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         let now = now_ns(t0);
         let summary = daemon.wake(now);
         save_ledger(&mut ledger.borrow_mut(), &daemon);
-        if daemon.publish_due(now) {
-            let snap = Arc::new(daemon.status(now));
-            if let Ok(mut m) = metrics.lock() {
-                m.update(&snap);
-            }
-            if let Ok(mut s) = shared.lock() {
-                *s = Some(snap);
-            }
-        }
+        daemon.note_cpu(now);
+        answer_snapshot(&mut daemon, &snapshots, now_ns(t0));
         let mut wake_at = Instant::now() + Duration::from_nanos(summary.sleep);
         if let Some(d) = deadline {
             wake_at = wake_at.min(d);
@@ -333,14 +346,19 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
             .max(Instant::now() + Duration::from_nanos(summary.cap_sleep));
         let asleep = Instant::now();
         let planned = wake_at;
-        let mut hints = daemon.hint_wake_fd();
+        let mut watch_hints = true;
         while !stopping() && !hup.load(Ordering::SeqCst) {
-            match waker.sleep_until(wake_at, hints) {
+            let hints = daemon.hint_wake_fd().filter(|_| watch_hints);
+            match waker.sleep_until(wake_at, hints, &bell) {
                 Slept::TimeUp => break,
                 Slept::Signal => {}
+                Slept::Snapshot => {
+                    bell.drain();
+                    answer_snapshot(&mut daemon, &snapshots, now_ns(t0));
+                }
                 Slept::Hints => {
                     wake_at = wake_at.min(earliest.max(Instant::now()));
-                    hints = None;
+                    watch_hints = false;
                 }
             }
         }

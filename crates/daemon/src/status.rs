@@ -1,9 +1,10 @@
 //! What `pagesift status` shows, and how it gets there.
 //!
-//! The loop publishes a [`Status`] snapshot about once a second (building
-//! it is linear in the number of regions, so not every wake-up). A thread
-//! serves it on a unix socket: a client connects, the server writes the
-//! snapshot as one JSON document and closes the connection. The socket is
+//! A thread serves the status on a unix socket: a client connects, the
+//! server asks the loop for a fresh [`Status`] snapshot
+//! ([`crate::snapshots`]: built on request, since building one is linear in
+//! the number of regions), writes it as one JSON document and closes the
+//! connection. The socket is
 //! created with mode 0600 (it names processes and addresses) and removed
 //! when the daemon stops; a stale socket left by a crashed daemon is
 //! replaced, a live one (another daemon answers) is an error.
@@ -11,6 +12,7 @@
 //! [`render`] turns a snapshot into the human table; `--json` prints the
 //! document as received.
 
+use crate::snapshots::{FRESH_WAIT, Snapshots};
 use pagesift_core::pipeline::savings::{Breakdown, Savings};
 use pagesift_core::text::printable;
 use serde::{Deserialize, Serialize};
@@ -18,7 +20,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A region in the status.
@@ -423,9 +425,6 @@ fn file_kind(t: &std::fs::FileType) -> &'static str {
     }
 }
 
-/// The latest snapshot, shared between the loop and the servers.
-pub type Shared = Arc<Mutex<Option<Arc<Status>>>>;
-
 /// The status socket. Dropping it stops serving and removes the socket.
 pub struct StatusServer {
     path: PathBuf,
@@ -437,9 +436,10 @@ pub struct StatusServer {
 
 impl StatusServer {
     /// Binds `path` (replacing a stale socket, refusing a live one and
-    /// anything that is not a socket) and serves `shared` from a thread.
-    /// The socket file is created with mode 0600, never looser.
-    pub fn start(path: &Path, shared: Shared) -> std::io::Result<StatusServer> {
+    /// anything that is not a socket) and serves fresh snapshots of
+    /// `snapshots` from a thread. The socket file is created with mode
+    /// 0600, never looser.
+    pub fn start(path: &Path, snapshots: Arc<Snapshots>) -> std::io::Result<StatusServer> {
         if check_socket_path(path)? {
             // A stale socket (its daemon died): ours to replace.
             std::fs::remove_file(path)?;
@@ -455,7 +455,7 @@ impl StatusServer {
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("status".into())
-            .spawn(move || serve(listener, shared, stop2))?;
+            .spawn(move || serve(listener, snapshots, stop2))?;
         Ok(StatusServer {
             path: path.to_path_buf(),
             stop,
@@ -490,7 +490,11 @@ impl Drop for StatusServer {
     }
 }
 
-fn serve(listener: UnixListener, shared: Shared, stop: Arc<std::sync::atomic::AtomicBool>) {
+fn serve(
+    listener: UnixListener,
+    snapshots: Arc<Snapshots>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
     // A blocking accept: an idle daemon's status thread costs nothing.
     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
         match listener.accept() {
@@ -499,7 +503,7 @@ fn serve(listener: UnixListener, shared: Shared, stop: Arc<std::sync::atomic::At
                     break;
                 }
                 let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
-                let snap = shared.lock().ok().and_then(|s| s.clone());
+                let snap = snapshots.fresh(FRESH_WAIT);
                 let body = match snap {
                     Some(s) => {
                         serde_json::to_string(&*s).unwrap_or_else(|e| error_json(&e.to_string()))
@@ -915,7 +919,9 @@ pub fn render(s: &Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshots::testing::Answering;
     use std::os::unix::fs::PermissionsExt;
+    use std::sync::Mutex;
 
     fn sample() -> Status {
         let r = RegionStatus {
@@ -1143,21 +1149,30 @@ mod tests {
     fn a_status_round_trips_through_the_socket() {
         let dir = std::env::temp_dir().join(format!("pagesift-status-{}", std::process::id()));
         let path = dir.join("s.sock");
-        let shared: Shared = Arc::new(Mutex::new(None));
-        let server = StatusServer::start(&path, shared.clone()).unwrap();
+        // No snapshot yet (a loop that does not answer): a clear error.
+        let mute = Answering::start(Arc::new(Mutex::new(None)));
+        let server = StatusServer::start(&path, mute.snapshots.clone()).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        // No snapshot yet: a clear error.
         let e = query(&path).unwrap_err();
         assert!(e.to_string().contains("starting"), "{e}");
-        *shared.lock().unwrap() = Some(Arc::new(sample()));
+        drop(server);
+        drop(mute);
+        // A loop that answers: its snapshot is what the client gets, and
+        // each query asks for one.
+        let answering = Answering::start(Arc::new(Mutex::new(Some(sample()))));
+        let snaps = answering.snapshots.clone();
+        let server = StatusServer::start(&path, snaps.clone()).unwrap();
         let (text, got) = query(&path).unwrap();
         assert_eq!(got, sample());
         assert!(text.starts_with('{'));
+        let _ = query(&path).unwrap();
+        assert_eq!(snaps.generation(), 2, "one snapshot per query");
         // A second daemon cannot take the socket.
-        let again = StatusServer::start(&path, shared.clone());
+        let again = StatusServer::start(&path, snaps.clone());
         assert!(again.is_err());
         drop(server);
+        drop(answering);
         assert!(!path.exists(), "the socket is removed on stop");
         let e = query(&path).unwrap_err();
         assert!(matches!(e, QueryError::NotRunning { .. }), "{e}");
@@ -1168,7 +1183,7 @@ mod tests {
     fn a_file_that_is_not_a_socket_is_refused_and_kept() {
         let dir = std::env::temp_dir().join(format!("pagesift-notsock-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let shared: Shared = Arc::new(Mutex::new(Some(Arc::new(sample()))));
+        let (shared, _bell) = Snapshots::new().unwrap();
         let file = dir.join("precious.txt");
         std::fs::write(&file, "do not delete").unwrap();
         let e = StatusServer::start(&file, shared.clone())
@@ -1201,8 +1216,8 @@ mod tests {
         let path = dir.join("s.sock");
         drop(UnixListener::bind(&path).unwrap()); // leaves the file, nobody listens
         assert!(path.exists());
-        let shared: Shared = Arc::new(Mutex::new(Some(Arc::new(sample()))));
-        let server = StatusServer::start(&path, shared).unwrap();
+        let answering = Answering::start(Arc::new(Mutex::new(Some(sample()))));
+        let server = StatusServer::start(&path, answering.snapshots.clone()).unwrap();
         assert!(query(&path).is_ok());
         drop(server);
         let _ = std::fs::remove_dir_all(&dir);
@@ -1216,8 +1231,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pagesift-gone-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("s.sock");
-        let shared: Shared = Arc::new(Mutex::new(None));
-        let server = StatusServer::start(&path, shared).unwrap();
+        let (snaps, _bell) = Snapshots::new().unwrap();
+        let server = StatusServer::start(&path, snaps).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

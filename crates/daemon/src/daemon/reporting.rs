@@ -5,9 +5,9 @@
 use super::*;
 
 impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
-    /// The status snapshot at `now`; also remembers the CPU window.
-    pub fn status(&mut self, now: Nanos) -> Status {
-        self.last_publish = Some(now);
+    /// Adds a point to the CPU window and drops those older than five
+    /// seconds (keeping two).
+    pub(super) fn push_cpu(&mut self, now: Nanos) {
         let cpu = host::process_cpu_ns();
         self.cpu_window
             .push_back((now, cpu, self.ksm_now.ksmd_cpu_ns));
@@ -19,6 +19,12 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         {
             self.cpu_window.pop_front();
         }
+    }
+
+    /// The status snapshot at `now`; also adds a point to the CPU window.
+    pub fn status(&mut self, now: Nanos) -> Status {
+        self.push_cpu(now);
+        let cpu = self.cpu_window.back().map_or(0, |&(_, c, _)| c);
         let share = |i: usize| -> f64 {
             let (a, b) = (self.cpu_window.front(), self.cpu_window.back());
             match (a, b) {
