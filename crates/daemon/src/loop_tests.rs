@@ -2514,3 +2514,48 @@ fn nothing_is_marked_when_the_marks_cannot_be_written_ahead() {
         .expect("listed as skipped");
     assert!(s.reason.contains("cannot write the ledger"), "{}", s.reason);
 }
+
+/// The refresh after a mark reads the marked process only; a process that
+/// comes or goes still gets a full one.
+#[test]
+fn the_refresh_after_a_mark_is_of_the_marked_process_only() {
+    let w = world();
+    let id = {
+        let mut m = w.borrow_mut();
+        m.spawn(10, "marked", false);
+        m.spawn(11, "bystander", false);
+        m.map(11, &(0..1024).collect::<Vec<u64>>(), false);
+        m.map(10, &[7; 1024], false)
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    let mut marked_at = None;
+    for i in 0..300 {
+        run(&mut d, &mut now, 1);
+        if marked_at.is_none() && w.borrow().spans[&id].mergeable {
+            marked_at = Some(w.borrow().refreshes.len());
+            let _ = i;
+        }
+    }
+    let from = marked_at.expect("the duplicate region was marked");
+    let after: Vec<_> = w.borrow().refreshes[from..].to_vec();
+    assert_eq!(
+        after.first(),
+        Some(&Some(vec![10])),
+        "the first refresh after the mark: {after:?}"
+    );
+    assert!(
+        !after.iter().flatten().any(|pids| pids.contains(&11)),
+        "the unmarked process is never refreshed alone: {after:?}"
+    );
+    // A new process asks for a full refresh.
+    w.borrow_mut().spawn(12, "newcomer", false);
+    w.borrow_mut().maps_changed = true;
+    let n = w.borrow().refreshes.len();
+    run(&mut d, &mut now, 100);
+    assert!(
+        w.borrow().refreshes[n..].contains(&None),
+        "{:?}",
+        &w.borrow().refreshes[n..]
+    );
+}

@@ -14,7 +14,7 @@ use crate::target::{ProcEntry, Span, Target};
 use pagesift_core::source::{InMemorySource, MemorySource, PageState, RegionInfo, SourceError};
 use pagesift_core::{Nanos, PageRef, PageWords, RegionId};
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
 
 /// The simulated machine.
@@ -78,6 +78,9 @@ pub struct World {
     /// Regions mapped anew in place since the daemon last looked
     /// ([`World::renew`]).
     pub renewed: Vec<RegionId>,
+    /// The refreshes the daemon asked for, in order: `None` for a full
+    /// one, the pids for one of some processes only.
+    pub refreshes: Vec<Option<Vec<u32>>>,
 }
 
 /// A shared handle on the world.
@@ -410,6 +413,11 @@ impl Target for SimTarget {
         seen
     }
     fn refresh(&mut self) -> Result<(), String> {
+        self.0.borrow_mut().refreshes.push(None);
+        Ok(())
+    }
+    fn refresh_pids(&mut self, pids: &BTreeSet<u32>) -> Result<(), String> {
+        (self.0.borrow_mut().refreshes).push(Some(pids.iter().copied().collect()));
         Ok(())
     }
     fn processes(&self) -> Vec<ProcEntry> {

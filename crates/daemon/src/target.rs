@@ -78,6 +78,10 @@ pub trait Target: MemorySource {
     fn processes_changed(&mut self) -> bool;
     /// Re-reads processes and their maps.
     fn refresh(&mut self) -> Result<(), String>;
+    /// Re-reads the maps and facts of these known processes only (after
+    /// marks in them); every other process and region stays as the last
+    /// refresh found it. A target may refresh everything instead.
+    fn refresh_pids(&mut self, pids: &BTreeSet<u32>) -> Result<(), String>;
     /// The selected, live processes.
     fn processes(&self) -> Vec<ProcEntry>;
     /// Processes discovery could not open, with why.
@@ -251,7 +255,7 @@ impl LinuxTarget {
             untrackable: BTreeSet::new(),
             vmstat: proc::KeptOpen::open("/proc/vmstat").ok(),
         };
-        t.read_facts();
+        t.read_facts(None);
         Ok(t)
     }
 
@@ -270,11 +274,23 @@ impl LinuxTarget {
         &self.src
     }
 
-    fn read_facts(&mut self) {
+    /// The facts of the source's processes, read again for those in `only`
+    /// (all when `None`); the others keep what was read before.
+    fn read_facts(&mut self, only: Option<&BTreeSet<u32>>) {
+        let looked_at = |pid: &u32| only.is_none_or(|o| o.contains(pid));
+        let before: BTreeMap<u32, ProcEntry> = std::mem::take(&mut self.procs)
+            .into_iter()
+            .map(|p| (p.key.pid, p))
+            .collect();
         self.procs = self
             .src
             .processes()
             .map(|p| {
+                if !looked_at(&p.pid)
+                    && let Some(e) = before.get(&p.pid)
+                {
+                    return e.clone();
+                }
                 let merge_any = ksm::ProcessKsmStat::of(p.pid)
                     .ok()
                     .and_then(|s| s.merge_any)
@@ -297,9 +313,14 @@ impl LinuxTarget {
                 }
             })
             .collect();
-        self.vm_pages = (self.procs.iter())
-            .filter_map(|p| Some((p.key.pid, proc::vm_pages(p.key.pid).ok()?)))
-            .collect();
+        let live: BTreeSet<u32> = self.procs.iter().map(|p| p.key.pid).collect();
+        self.vm_pages
+            .retain(|pid, _| live.contains(pid) && !looked_at(pid));
+        for pid in live.iter().filter(|pid| looked_at(pid)) {
+            if let Ok(n) = proc::vm_pages(*pid) {
+                self.vm_pages.insert(*pid, n);
+            }
+        }
     }
 
     /// Whether a selected process's address space changed size since the
@@ -400,7 +421,13 @@ impl Target for LinuxTarget {
     fn refresh(&mut self) -> Result<(), String> {
         self.src.refresh().map_err(|e| e.to_string())?;
         self.max_map_count = proc::max_map_count().unwrap_or(self.max_map_count);
-        self.read_facts();
+        self.read_facts(None);
+        Ok(())
+    }
+
+    fn refresh_pids(&mut self, pids: &BTreeSet<u32>) -> Result<(), String> {
+        self.src.refresh_pids(pids).map_err(|e| e.to_string())?;
+        self.read_facts(Some(pids));
         Ok(())
     }
 
@@ -518,7 +545,7 @@ impl Target for LinuxTarget {
         self.src = src;
         self.filter = filter;
         self.limits = limits;
-        self.read_facts();
+        self.read_facts(None);
         Ok(())
     }
 

@@ -51,6 +51,17 @@
 //! memory it is (a munmap and an mmap of the same range between two
 //! refreshes are not told apart until the next smaps read).
 //!
+//! A refresh lists every process on the host and reads the maps of each
+//! one selected. After pagesift marks ranges in one process, only that
+//! process's VMAs changed (the marks split them), so
+//! [`LinuxSource::refresh_pids`] re-reads just the processes named and
+//! keeps the others' regions as they were: in a vm-boot run the refreshes
+//! after marks were most of the refreshes, and listing the host's
+//! processes and reading the other QEMUs' maps most of their cost
+//! (docs/daemon-cpu.md). While regions are left out for
+//! [`SourceConfig::max_regions`], it falls back to a full refresh, since
+//! which regions are kept depends on all of them.
+//!
 //! ## Page states
 //! [`MemorySource::page_state`] reads one pagemap entry and, for a present
 //! page, its kpageflags word ([`PageInspector`]); [`LinuxSource::inspect`]
@@ -99,7 +110,7 @@ use pagesift_core::ranges::RangeSet;
 use pagesift_core::source::{MemorySource, PageState, RegionInfo, SourceError};
 use pagesift_core::{PageRef, PageWords, RegionId};
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -445,25 +456,64 @@ impl LinuxSource {
     }
 
     fn discover(&mut self, first: bool) -> Result<(), LinuxError> {
-        self.skipped.clear();
         let listed = if self.filter.pids.is_empty() || first {
             discover::list_processes(&self.filter)?
         } else {
-            // Named pids that exited since are gone, not errors.
-            let mut v = Vec::new();
-            for &pid in &self.filter.pids {
-                let one = ProcessFilter {
-                    pids: vec![pid],
-                    ..self.filter.clone()
-                };
-                match discover::list_processes(&one) {
-                    Ok(mut p) => v.append(&mut p),
-                    Err(LinuxError::NoSuchProcess(_)) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            v
+            self.list_named(&self.filter.pids)?
         };
+        self.rebuild(listed, None)
+    }
+
+    /// Re-reads the maps of these known processes only, and keeps every
+    /// other process's regions as the last refresh found them (see
+    /// "Refreshes" in the module header): what the daemon needs after it
+    /// marked ranges in a process, without listing every process on the
+    /// host and reading all their maps. A pid not known (never discovered,
+    /// or gone) is left for a full refresh; one that exited or exec'd is
+    /// dropped as a full refresh would.
+    /// While regions are left out (more than `max_regions`), which ones
+    /// are kept depends on every process's regions: that is a full
+    /// refresh.
+    pub fn refresh_pids(&mut self, pids: &BTreeSet<u32>) -> Result<(), LinuxError> {
+        if self.left_out > 0 {
+            return self.discover(false);
+        }
+        let known: Vec<u32> = (pids.iter())
+            .copied()
+            .filter(|pid| self.procs.contains_key(pid))
+            .collect();
+        let listed = self.list_named(&known)?;
+        self.rebuild(listed, Some(pids))
+    }
+
+    /// The selected processes among `pids`; those that exited are left
+    /// out, not errors.
+    fn list_named(&self, pids: &[u32]) -> Result<Vec<ProcessInfo>, LinuxError> {
+        let mut v = Vec::new();
+        for &pid in pids {
+            let one = ProcessFilter {
+                pids: vec![pid],
+                ..self.filter.clone()
+            };
+            match discover::list_processes(&one) {
+                Ok(mut p) => v.append(&mut p),
+                Err(LinuxError::NoSuchProcess(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(v)
+    }
+
+    /// Makes the processes and regions those of `listed`, read now, or,
+    /// with `only`, those of `listed` for the pids in `only` and what was
+    /// known before for every other process.
+    fn rebuild(
+        &mut self,
+        listed: Vec<ProcessInfo>,
+        only: Option<&BTreeSet<u32>>,
+    ) -> Result<(), LinuxError> {
+        let looked_at = |pid: &u32| only.is_none_or(|o| o.contains(pid));
+        self.skipped.retain(|(pid, _)| !looked_at(pid));
         // Drop processes that vanished, whose pid now names another, or
         // that exec'd another image since they were opened (same pid and
         // start time, a new program: its old facts and ranges are void,
@@ -475,6 +525,7 @@ impl LinuxSource {
         let stale: Vec<(u32, bool)> = self
             .procs
             .iter()
+            .filter(|(pid, _)| looked_at(pid))
             .filter(|(pid, p)| p.gone || keep.get(pid) != Some(&(p.info.start_time, p.info.image)))
             .map(|(&pid, p)| (pid, p.gone))
             .collect();
@@ -486,9 +537,21 @@ impl LinuxSource {
         }
         // The regions found, the largest `max_regions` of them: a min-heap
         // of that size, so that memory stays bounded however many VMAs
-        // the processes map (see "How many regions").
+        // the processes map (see "How many regions"). Those of processes
+        // not looked at this time are found as they were.
         let mut found: BinaryHeap<Reverse<Found>> = BinaryHeap::new();
         let mut found_all = 0usize;
+        for r in self.regions.values().filter(|r| !looked_at(&r.pid)) {
+            let Some(p) = self.procs.get(&r.pid).filter(|p| !p.gone) else {
+                continue;
+            };
+            found_all += 1;
+            found.push(Reverse(Found {
+                key: (r.pid, p.info.start_time, r.start),
+                known: true,
+                region: r.clone(),
+            }));
+        }
         for info in listed {
             let pid = info.pid;
             match self.procs.entry(pid) {

@@ -1612,3 +1612,97 @@ fn the_read_record_names_exactly_the_pages_whose_lru_marks_our_reads_set() {
     assert!(w.alive());
     assert_eq!(w.checksum(), sum, "reading changed the target's memory");
 }
+
+/// A refresh of some processes re-reads their maps only: a mark's split
+/// shows in the process refreshed, another process's regions stay as they
+/// were (same ids, its own mark not seen yet) until a full refresh, and a
+/// process that exited is dropped. Both workloads' memory is unchanged and
+/// they keep running.
+#[test]
+fn a_refresh_of_one_process_reads_its_maps_and_keeps_the_others() {
+    require_root();
+    let _g = serial();
+    let mut a = Workload::start(&["static-dup", "--mib", "8"]);
+    let mut b = Workload::start(&["static-dup", "--mib", "8"]);
+    let (pa, pb) = (a.pid(), b.pid());
+    let (sum_a, sum_b) = (a.checksum(), b.checksum());
+    let mut src = source_for(&[pa, pb]);
+    let maps_reads = |src: &LinuxSource| src.discovery().maps;
+    let regions_of = |src: &LinuxSource, pid: u32| -> Vec<(u64, u32, bool, RegionId)> {
+        let mut v: Vec<_> = (src.linux_regions())
+            .filter(|r| r.pid == pid)
+            .map(|r| (r.start, r.pages, r.mergeable, r.id))
+            .collect();
+        v.sort();
+        v
+    };
+    let b_before = regions_of(&src, pb);
+    let reads_before = maps_reads(&src);
+    // Mark the middle quarter of each workload's region: its VMA splits
+    // in three.
+    let mut inj = Injector::new(InjectConfig::default());
+    let mut middle = |w: &Workload, pid: u32, advice: Advice| {
+        let (start, pages) = w.region();
+        let quarter = pages / 4 * pagesift_core::PAGE_SIZE as u64;
+        let call = Syscall::Madvise {
+            addr: start + quarter,
+            len: quarter,
+            advice,
+        };
+        let done = inj.run(pid, &[call]).expect("injection");
+        assert!(
+            matches!(done, Outcome::Done(ref i) if i.results == vec![0]),
+            "{done:?}"
+        );
+        (start + quarter, start + 2 * quarter)
+    };
+    let (ma, ma_end) = middle(&a, pa, Advice::Mergeable);
+    let (mb, _) = middle(&b, pb, Advice::Mergeable);
+    src.note_advised(pa, ma, ma_end, true);
+    src.refresh_pids(&[pa].into()).unwrap();
+    assert_eq!(
+        maps_reads(&src),
+        reads_before + 1,
+        "one process's maps read"
+    );
+    let split = regions_of(&src, pa);
+    assert!(
+        split.iter().any(|r| r.0 == ma && r.2) && split.iter().any(|r| r.0 == ma_end && !r.2),
+        "the marked process's split and flag are seen: {split:?}"
+    );
+    assert_eq!(
+        regions_of(&src, pb),
+        b_before,
+        "the other process's regions are as they were"
+    );
+    // A full refresh sees the other process's split too.
+    src.refresh().unwrap();
+    assert!(
+        regions_of(&src, pb).iter().any(|r| r.0 == mb),
+        "{:?}",
+        regions_of(&src, pb)
+    );
+    // Unmark both; the workloads' memory is as they wrote it.
+    middle(&a, pa, Advice::Unmergeable);
+    middle(&b, pb, Advice::Unmergeable);
+    assert!(a.alive() && b.alive());
+    assert_eq!(
+        a.checksum(),
+        sum_a,
+        "the first workload's memory is unchanged"
+    );
+    assert_eq!(
+        b.checksum(),
+        sum_b,
+        "the second workload's memory is unchanged"
+    );
+    // A process refreshed after it exited is dropped, the other kept.
+    let b_now = regions_of(&src, pb);
+    a.kill();
+    a.wait_exit();
+    src.refresh_pids(&[pa].into()).unwrap();
+    assert!(regions_of(&src, pa).is_empty());
+    assert!(!src.processes().any(|p| p.pid == pa));
+    assert_eq!(regions_of(&src, pb), b_now);
+    assert!(b.alive());
+}

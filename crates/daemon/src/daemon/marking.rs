@@ -663,7 +663,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             );
         }
         let outcome = self.actuator.advise_as(key, &calls);
-        self.force_refresh = true; // see the new flags and splits
+        self.marked_pids.insert(pid); // see the new flags and splits
         if let BatchOutcome::Done(results) = &outcome {
             for (c, r) in calls.iter().zip(results) {
                 match r {

@@ -37,38 +37,54 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 self.note_renewals(now, Some(&turn));
             }
         }
-        let due = (self.force_refresh && now >= self.earliest_forced)
+        let forced = now >= self.earliest_forced;
+        let due = (self.force_refresh && forced)
             || (self.pending_change && now >= self.earliest_refresh)
             || now >= self.next_periodic_refresh;
-        if !due {
+        // Marks changed the maps of the processes marked only: theirs are
+        // read again, every other process's regions stay as they were.
+        let only_marked = !due && forced && !self.marked_pids.is_empty();
+        if !due && !only_marked {
             return false;
         }
         let t0 = host::thread_cpu_ns();
-        if let Err(e) = self.target.refresh() {
+        let marked = std::mem::take(&mut self.marked_pids);
+        let refreshed = if only_marked {
+            self.target.refresh_pids(&marked)
+        } else {
+            self.target.refresh()
+        };
+        if let Err(e) = refreshed {
             warn!(error = %e, "refreshing processes failed");
-            self.force_refresh = false;
+            // A failed refresh of the marked processes is followed by a
+            // full one, whose failure is not retried until asked again.
+            self.force_refresh = only_marked;
             return false;
         }
         let cost = host::thread_cpu_ns().saturating_sub(t0);
-        // Spaced by its cost, but a one-off costly refresh (the periodic
-        // smaps read) counts as at most twice the usual one: spaced by its
-        // whole cost it left the daemon blind to unmaps for 19 s.
-        self.earliest_refresh = now
-            + self
-                .refresh_spacing
-                .after(cost, self.config.scan.refresh_cpu);
         self.earliest_forced = now + (cost as f64 / FORCED_REFRESH_CPU) as Nanos;
-        // At least every MAX_REFRESH_INTERVAL, but no more CPU than
-        // FORCED_REFRESH_CPU for it when a refresh is that costly.
-        self.next_periodic_refresh =
-            now + MAX_REFRESH_INTERVAL.max((cost as f64 / FORCED_REFRESH_CPU) as Nanos);
-        self.force_refresh = false;
-        self.pending_change = false;
+        if !only_marked {
+            // Spaced by its cost, but a one-off costly refresh (the
+            // periodic smaps read) counts as at most twice the usual one:
+            // spaced by its whole cost it left the daemon blind to unmaps
+            // for 19 s.
+            self.earliest_refresh = now
+                + self
+                    .refresh_spacing
+                    .after(cost, self.config.scan.refresh_cpu);
+            // At least every MAX_REFRESH_INTERVAL, but no more CPU than
+            // FORCED_REFRESH_CPU for it when a refresh is that costly.
+            self.next_periodic_refresh =
+                now + MAX_REFRESH_INTERVAL.max((cost as f64 / FORCED_REFRESH_CPU) as Nanos);
+            self.force_refresh = false;
+            self.pending_change = false;
+        }
         self.pending_run_pages = 0;
         self.after_refresh(now);
         debug!(
             cost_us = cost / 1000,
             regions = self.books.len(),
+            only = ?only_marked.then_some(&marked),
             "refreshed"
         );
         true
