@@ -387,7 +387,11 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// else asks for a full refresh) at the next forced refresh, to see
     /// the new flags and splits.
     marked_pids: BTreeSet<u32>,
-    pending_change: bool,
+    /// Processes came or went since the last full refresh.
+    pending_procs: bool,
+    /// Known processes whose address space changed size since the last
+    /// refresh of their maps.
+    pending_maps: BTreeSet<u32>,
     /// The target's fill counts were read again (at the last check for
     /// changed processes) and the sweeper has not been told yet: they
     /// change only then, so they are not copied at every wake.
@@ -511,7 +515,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             need_sync: true,
             force_refresh: false,
             marked_pids: BTreeSet::new(),
-            pending_change: false,
+            pending_procs: false,
+            pending_maps: BTreeSet::new(),
             next_check: now,
             earliest_refresh: now,
             refresh_spacing: CostSpacing::new(),

@@ -10,7 +10,7 @@
 use crate::actuate::{Actuator, Advice, BatchOutcome, ProcKey};
 use crate::eligibility::ProcessFacts;
 use crate::ksmd::{KsmControl, KsmSample, Pacing};
-use crate::target::{ProcEntry, Span, Target};
+use crate::target::{Changes, ProcEntry, Span, Target};
 use pagesift_core::source::{InMemorySource, MemorySource, PageState, RegionInfo, SourceError};
 use pagesift_core::{Nanos, PageRef, PageWords, RegionId};
 use std::cell::RefCell;
@@ -73,8 +73,12 @@ pub struct World {
     /// pages it writes); `None`: the kernel's figure is unknown.
     pub cow_ksm: Option<u64>,
     /// A region was mapped or unmapped since the daemon last asked (what
-    /// the real target learns from statm).
+    /// the real target learns from statm), taken as processes that came or
+    /// went.
     pub maps_changed: bool,
+    /// Processes whose address space changed size since the daemon last
+    /// asked (what the real target learns from statm).
+    pub sizes_changed: BTreeSet<u32>,
     /// Regions mapped anew in place since the daemon last looked
     /// ([`World::renew`]).
     pub renewed: Vec<RegionId>,
@@ -397,8 +401,12 @@ impl Target for SimTarget {
         )
     }
 
-    fn processes_changed(&mut self) -> bool {
-        std::mem::take(&mut self.0.borrow_mut().maps_changed)
+    fn processes_changed(&mut self) -> Changes {
+        let w = &mut self.0.borrow_mut();
+        Changes {
+            processes: std::mem::take(&mut w.maps_changed),
+            mappings: std::mem::take(&mut w.sizes_changed),
+        }
     }
     fn check_renewed(
         &mut self,

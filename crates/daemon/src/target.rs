@@ -55,6 +55,23 @@ impl Span {
     }
 }
 
+/// What changed since the last refresh, as far as a cheap look tells.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Processes came or went: only a full refresh finds them.
+    pub processes: bool,
+    /// Known processes whose address space changed size: re-reading their
+    /// maps is enough.
+    pub mappings: BTreeSet<u32>,
+}
+
+impl Changes {
+    /// Whether anything changed.
+    pub fn any(&self) -> bool {
+        self.processes || !self.mappings.is_empty()
+    }
+}
+
 /// A selected process.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcEntry {
@@ -75,7 +92,7 @@ pub trait Target: MemorySource {
     /// Whether processes came or went, or a selected process mapped or
     /// unmapped memory (its address space changed size), since the last
     /// refresh (cheap: no maps are read).
-    fn processes_changed(&mut self) -> bool;
+    fn processes_changed(&mut self) -> Changes;
     /// Re-reads processes and their maps.
     fn refresh(&mut self) -> Result<(), String>;
     /// Re-reads the maps and facts of these known processes only (after
@@ -323,18 +340,20 @@ impl LinuxTarget {
         }
     }
 
-    /// Whether a selected process's address space changed size since the
+    /// The selected processes whose address space changed size since the
     /// last refresh (one `statm` read each, about 2 µs measured). The same
     /// read counts the pages that filled mappings that kept their size
     /// ([`Target::filled_pages`]).
-    fn mappings_changed(&mut self) -> bool {
-        let mut changed = false;
+    fn mappings_changed(&mut self) -> BTreeSet<u32> {
+        let mut changed = BTreeSet::new();
         let mut now = BTreeMap::new();
         for (&pid, &seen) in &self.vm_pages {
             let Ok(m) = proc::statm(pid) else {
                 continue;
             };
-            changed |= m.size != seen;
+            if m.size != seen {
+                changed.insert(pid);
+            }
             // Resident growth beyond the growth in size: memory that filled
             // mappings the process had. (Counting only where the size held
             // counted nothing for QEMU, which maps 16-18 000-page areas
@@ -398,23 +417,23 @@ impl MemorySource for LinuxTarget {
 }
 
 impl Target for LinuxTarget {
-    fn processes_changed(&mut self) -> bool {
-        if !self.filter.pids.is_empty() {
+    fn processes_changed(&mut self) -> Changes {
+        let processes = if !self.filter.pids.is_empty() {
             // Named pids: only their exits and their mappings matter.
-            return self
-                .filter
-                .pids
-                .iter()
-                .any(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
-                || self.mappings_changed();
-        }
-        match host::pids() {
-            Ok(now) => {
-                let changed = now != self.pids;
-                self.pids = now;
-                changed || self.mappings_changed()
+            (self.filter.pids.iter()).any(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+        } else {
+            match host::pids() {
+                Ok(now) => {
+                    let changed = now != self.pids;
+                    self.pids = now;
+                    changed
+                }
+                Err(_) => true,
             }
-            Err(_) => true,
+        };
+        Changes {
+            processes,
+            mappings: self.mappings_changed(),
         }
     }
 

@@ -16,9 +16,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             // process (about 2 µs each): with thousands of processes it is
             // spaced out to stay within `scan.refresh_cpu` too.
             let t0 = host::thread_cpu_ns();
-            if self.target.processes_changed() {
-                self.pending_change = true;
-            }
+            let changes = self.target.processes_changed();
+            self.pending_procs |= changes.processes;
+            self.pending_maps.extend(changes.mappings);
             // A region unmapped and mapped again at the same addresses
             // between two checks keeps the size the check compares (a
             // cycle the checks alias with): its frames tell.
@@ -38,17 +38,28 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             }
         }
         let forced = now >= self.earliest_forced;
-        let due = (self.force_refresh && forced)
-            || (self.pending_change && now >= self.earliest_refresh)
-            || now >= self.next_periodic_refresh;
+        let marked = !self.marked_pids.is_empty();
+        let pending = self.pending_procs || !self.pending_maps.is_empty();
         // Marks changed the maps of the processes marked only: theirs are
-        // read again, every other process's regions stay as they were.
-        let only_marked = !due && forced && !self.marked_pids.is_empty();
-        if !due && !only_marked {
+        // read again (with those of processes whose size changed), every
+        // other process's regions stay as they were. Processes that came
+        // or went need a full refresh, which a mark brings forward as it
+        // did when every refresh after a mark was full: a guest started
+        // while another is being marked is found within a second, not
+        // after `scan.refresh_cpu`'s spacing (14 s for a 7 ms refresh).
+        let full = (self.force_refresh && forced)
+            || (pending && now >= self.earliest_refresh)
+            || now >= self.next_periodic_refresh
+            || (marked && forced && self.pending_procs);
+        let only_marked = !full && marked && forced;
+        if !full && !only_marked {
             return false;
         }
         let t0 = host::thread_cpu_ns();
-        let marked = std::mem::take(&mut self.marked_pids);
+        let mut marked = std::mem::take(&mut self.marked_pids);
+        if only_marked {
+            marked.append(&mut self.pending_maps);
+        }
         let refreshed = if only_marked {
             self.target.refresh_pids(&marked)
         } else {
@@ -77,7 +88,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             self.next_periodic_refresh =
                 now + MAX_REFRESH_INTERVAL.max((cost as f64 / FORCED_REFRESH_CPU) as Nanos);
             self.force_refresh = false;
-            self.pending_change = false;
+            self.pending_procs = false;
+            self.pending_maps.clear();
         }
         self.pending_run_pages = 0;
         self.after_refresh(now);
