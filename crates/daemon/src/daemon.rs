@@ -218,7 +218,9 @@ pub const SKIP_RETRY: Nanos = 60 * SEC;
 /// docs/bench/repeat). A run marked waits for no refresh to pace ksmd
 /// (see `Daemon::pending_run_pages`). Since 2026-12-05 the refresh after
 /// a mark reads the marked process only (`Daemon::marked_pids`), 2.5 ms
-/// instead of 7 ms in that experiment (docs/daemon-cpu.md).
+/// instead of 7 ms in that experiment, and processes that came or went
+/// are read by such a refresh too, within this share, instead of waiting
+/// for `scan.refresh_cpu`'s spacing (docs/daemon-cpu.md).
 pub const FORCED_REFRESH_CPU: f64 = 0.005;
 
 /// Regions looked at for renewal per wake-up between checks (see
@@ -387,8 +389,11 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// else asks for a full refresh) at the next forced refresh, to see
     /// the new flags and splits.
     marked_pids: BTreeSet<u32>,
-    /// Processes came or went since the last full refresh.
+    /// Something changed that only a full refresh sorts out.
     pending_procs: bool,
+    /// Processes that came or went since they were last read: read (or
+    /// dropped) at the next refresh of some processes.
+    pending_pids: BTreeSet<u32>,
     /// Known processes whose address space changed size since the last
     /// refresh of their maps.
     pending_maps: BTreeSet<u32>,
@@ -516,6 +521,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             force_refresh: false,
             marked_pids: BTreeSet::new(),
             pending_procs: false,
+            pending_pids: BTreeSet::new(),
             pending_maps: BTreeSet::new(),
             next_check: now,
             earliest_refresh: now,

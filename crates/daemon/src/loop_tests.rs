@@ -2515,8 +2515,9 @@ fn nothing_is_marked_when_the_marks_cannot_be_written_ahead() {
     assert!(s.reason.contains("cannot write the ledger"), "{}", s.reason);
 }
 
-/// The refresh after a mark reads the marked process only; a process that
-/// comes or goes still gets a full one.
+/// The refresh after a mark reads the marked process only, and one that
+/// comes is read alone; what only a full refresh sorts out still gets
+/// one.
 #[test]
 fn the_refresh_after_a_mark_is_of_the_marked_process_only() {
     let w = world();
@@ -2548,8 +2549,19 @@ fn the_refresh_after_a_mark_is_of_the_marked_process_only() {
         !after.iter().flatten().any(|pids| pids.contains(&11)),
         "the unmarked process is never refreshed alone: {after:?}"
     );
-    // A new process asks for a full refresh.
+    // A process that comes is read at the next refresh of some processes,
+    // alone.
     w.borrow_mut().spawn(12, "newcomer", false);
+    w.borrow_mut().came_or_went.insert(12);
+    let n = w.borrow().refreshes.len();
+    run(&mut d, &mut now, 20);
+    assert_eq!(
+        w.borrow().refreshes[n..].first(),
+        Some(&Some(vec![12])),
+        "{:?}",
+        &w.borrow().refreshes[n..]
+    );
+    // A change only a full refresh sorts out gets one.
     w.borrow_mut().maps_changed = true;
     let n = w.borrow().refreshes.len();
     run(&mut d, &mut now, 100);

@@ -79,6 +79,9 @@ pub struct World {
     /// Processes whose address space changed size since the daemon last
     /// asked (what the real target learns from statm).
     pub sizes_changed: BTreeSet<u32>,
+    /// Processes that came or went since the daemon last asked (what the
+    /// real target learns from /proc's pid list).
+    pub came_or_went: BTreeSet<u32>,
     /// Regions mapped anew in place since the daemon last looked
     /// ([`World::renew`]).
     pub renewed: Vec<RegionId>,
@@ -405,6 +408,7 @@ impl Target for SimTarget {
         let w = &mut self.0.borrow_mut();
         Changes {
             processes: std::mem::take(&mut w.maps_changed),
+            came_or_went: std::mem::take(&mut w.came_or_went),
             mappings: std::mem::take(&mut w.sizes_changed),
         }
     }

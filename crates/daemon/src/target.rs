@@ -58,8 +58,12 @@ impl Span {
 /// What changed since the last refresh, as far as a cheap look tells.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Changes {
-    /// Processes came or went: only a full refresh finds them.
+    /// Something changed that only a full refresh sorts out (the process
+    /// list could not be read).
     pub processes: bool,
+    /// Processes that came (any on the host, selected or not: reading them
+    /// tells) or went (selected ones) since the last look.
+    pub came_or_went: BTreeSet<u32>,
     /// Known processes whose address space changed size: re-reading their
     /// maps is enough.
     pub mappings: BTreeSet<u32>,
@@ -68,7 +72,7 @@ pub struct Changes {
 impl Changes {
     /// Whether anything changed.
     pub fn any(&self) -> bool {
-        self.processes || !self.mappings.is_empty()
+        self.processes || !self.came_or_went.is_empty() || !self.mappings.is_empty()
     }
 }
 
@@ -418,23 +422,28 @@ impl MemorySource for LinuxTarget {
 
 impl Target for LinuxTarget {
     fn processes_changed(&mut self) -> Changes {
-        let processes = if !self.filter.pids.is_empty() {
+        let mut changes = Changes::default();
+        if !self.filter.pids.is_empty() {
             // Named pids: only their exits and their mappings matter.
-            (self.filter.pids.iter()).any(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+            changes.came_or_went = (self.filter.pids.iter())
+                .copied()
+                .filter(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+                .collect();
         } else {
             match host::pids() {
                 Ok(now) => {
-                    let changed = now != self.pids;
+                    let selected: BTreeSet<u32> = self.procs.iter().map(|p| p.key.pid).collect();
+                    let came = now.difference(&self.pids).copied();
+                    let went = (self.pids.difference(&now)).filter(|p| selected.contains(p));
+                    changes.came_or_went = came.chain(went.copied()).collect();
+                    changes.came_or_went.remove(&std::process::id());
                     self.pids = now;
-                    changed
                 }
-                Err(_) => true,
+                Err(_) => changes.processes = true,
             }
-        };
-        Changes {
-            processes,
-            mappings: self.mappings_changed(),
         }
+        changes.mappings = self.mappings_changed();
+        changes
     }
 
     fn refresh(&mut self) -> Result<(), String> {

@@ -53,8 +53,9 @@
 //!
 //! A refresh lists every process on the host and reads the maps of each
 //! one selected. After pagesift marks ranges in one process, only that
-//! process's VMAs changed (the marks split them), so
-//! [`LinuxSource::refresh_pids`] re-reads just the processes named and
+//! process's VMAs changed (the marks split them), and when a process
+//! starts only it is new, so [`LinuxSource::refresh_pids`] reads just the
+//! processes named (opening new ones, dropping those that exited) and
 //! keeps the others' regions as they were: in a vm-boot run the refreshes
 //! after marks were most of the refreshes, and listing the host's
 //! processes and reading the other QEMUs' maps most of their cost
@@ -464,13 +465,14 @@ impl LinuxSource {
         self.rebuild(listed, None)
     }
 
-    /// Re-reads the maps of these known processes only, and keeps every
-    /// other process's regions as the last refresh found them (see
-    /// "Refreshes" in the module header): what the daemon needs after it
-    /// marked ranges in a process, without listing every process on the
-    /// host and reading all their maps. A pid not known (never discovered,
-    /// or gone) is left for a full refresh; one that exited or exec'd is
-    /// dropped as a full refresh would.
+    /// Re-reads these processes only, and keeps every other process's
+    /// regions as the last refresh found them (see "Refreshes" in the
+    /// module header): what the daemon needs after it marked ranges in a
+    /// process, or when processes came or went, without listing every
+    /// process on the host and reading all their maps. A pid not selected
+    /// (or this process's own) is passed over; one that exited or exec'd
+    /// is dropped as a full refresh would; a new selected one is opened
+    /// and read.
     /// While regions are left out (more than `max_regions`), which ones
     /// are kept depends on every process's regions: that is a full
     /// refresh.
@@ -478,11 +480,14 @@ impl LinuxSource {
         if self.left_out > 0 {
             return self.discover(false);
         }
-        let known: Vec<u32> = (pids.iter())
+        let own = crate::own_pid();
+        let named: Vec<u32> = (pids.iter())
             .copied()
-            .filter(|pid| self.procs.contains_key(pid))
+            .filter(|&pid| {
+                pid != own && (self.filter.pids.is_empty() || self.filter.pids.contains(&pid))
+            })
             .collect();
-        let listed = self.list_named(&known)?;
+        let listed = self.list_named(&named)?;
         self.rebuild(listed, Some(pids))
     }
 

@@ -1706,3 +1706,47 @@ fn a_refresh_of_one_process_reads_its_maps_and_keeps_the_others() {
     assert_eq!(regions_of(&src, pb), b_now);
     assert!(b.alive());
 }
+
+/// A process that came since the last refresh is opened and read by a
+/// refresh of its pid alone, with every other process's regions kept; a
+/// pid that names no process is passed over.
+#[test]
+fn a_refresh_of_a_new_process_reads_it_and_keeps_the_others() {
+    require_root();
+    let _g = serial();
+    let mut b = Workload::start(&["static-dup", "--mib", "8"]);
+    let pb = b.pid();
+    let mut src =
+        LinuxSource::new(ProcessFilter::all(), SourceConfig::default()).expect("LinuxSource");
+    let of = |src: &LinuxSource, pid: u32| -> Vec<(u64, u32, RegionId)> {
+        let mut v: Vec<_> = (src.linux_regions())
+            .filter(|r| r.pid == pid)
+            .map(|r| (r.start, r.pages, r.id))
+            .collect();
+        v.sort();
+        v
+    };
+    let b_before = of(&src, pb);
+    assert!(!b_before.is_empty());
+    let mut c = Workload::start(&["static-dup", "--mib", "8"]);
+    let pc = c.pid();
+    let sum_c = c.checksum();
+    assert!(of(&src, pc).is_empty(), "not read yet");
+    let reads = src.discovery().maps;
+    src.refresh_pids(&[pc, u32::MAX - 1].into()).unwrap();
+    let (start, _) = c.region();
+    assert!(
+        of(&src, pc).iter().any(|r| r.0 == start),
+        "the new process's region is tracked: {:?}",
+        of(&src, pc)
+    );
+    assert!(src.processes().any(|p| p.pid == pc));
+    assert_eq!(src.discovery().maps, reads + 1, "one process's maps read");
+    assert_eq!(
+        of(&src, pb),
+        b_before,
+        "the other process's regions are as they were"
+    );
+    assert!(b.alive() && c.alive());
+    assert_eq!(c.checksum(), sum_c, "the new process's memory is unchanged");
+}

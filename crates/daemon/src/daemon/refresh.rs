@@ -18,6 +18,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             let t0 = host::thread_cpu_ns();
             let changes = self.target.processes_changed();
             self.pending_procs |= changes.processes;
+            self.pending_pids.extend(changes.came_or_went);
             self.pending_maps.extend(changes.mappings);
             // A region unmapped and mapped again at the same addresses
             // between two checks keeps the size the check compares (a
@@ -38,43 +39,42 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             }
         }
         let forced = now >= self.earliest_forced;
-        let marked = !self.marked_pids.is_empty();
         let pending = self.pending_procs || !self.pending_maps.is_empty();
-        // Marks changed the maps of the processes marked only: theirs are
-        // read again (with those of processes whose size changed), every
-        // other process's regions stay as they were. Processes that came
-        // or went need a full refresh, which a mark brings forward as it
-        // did when every refresh after a mark was full: a guest started
-        // while another is being marked is found within a second, not
-        // after `scan.refresh_cpu`'s spacing (14 s for a 7 ms refresh).
+        // A refresh of some processes, within FORCED_REFRESH_CPU: those
+        // that came or went (a guest started is read within a second, not
+        // after `scan.refresh_cpu`'s spacing, 14 s for a 7 ms full
+        // refresh), and those pagesift marked ranges in (their maps only
+        // changed, by the marks' splits), with those whose size changed.
+        // Every other process's regions stay as they were.
         let full = (self.force_refresh && forced)
             || (pending && now >= self.earliest_refresh)
-            || now >= self.next_periodic_refresh
-            || (marked && forced && self.pending_procs);
-        let only_marked = !full && marked && forced;
-        if !full && !only_marked {
+            || now >= self.next_periodic_refresh;
+        let only_some =
+            !full && forced && !(self.marked_pids.is_empty() && self.pending_pids.is_empty());
+        if !full && !only_some {
             return false;
         }
         let t0 = host::thread_cpu_ns();
-        let mut marked = std::mem::take(&mut self.marked_pids);
-        if only_marked {
-            marked.append(&mut self.pending_maps);
+        let mut some = std::mem::take(&mut self.marked_pids);
+        some.append(&mut self.pending_pids);
+        if only_some {
+            some.append(&mut self.pending_maps);
         }
-        let refreshed = if only_marked {
-            self.target.refresh_pids(&marked)
+        let refreshed = if only_some {
+            self.target.refresh_pids(&some)
         } else {
             self.target.refresh()
         };
         if let Err(e) = refreshed {
             warn!(error = %e, "refreshing processes failed");
-            // A failed refresh of the marked processes is followed by a
-            // full one, whose failure is not retried until asked again.
-            self.force_refresh = only_marked;
+            // A failed refresh of some processes is followed by a full
+            // one, whose failure is not retried until asked again.
+            self.force_refresh = only_some;
             return false;
         }
         let cost = host::thread_cpu_ns().saturating_sub(t0);
         self.earliest_forced = now + (cost as f64 / FORCED_REFRESH_CPU) as Nanos;
-        if !only_marked {
+        if !only_some {
             // Spaced by its cost, but a one-off costly refresh (the
             // periodic smaps read) counts as at most twice the usual one:
             // spaced by its whole cost it left the daemon blind to unmaps
@@ -93,10 +93,17 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         }
         self.pending_run_pages = 0;
         self.after_refresh(now);
+        if only_some {
+            // Spaced by everything it cost, the books' reconciliation
+            // included: on a host where processes come and go every
+            // second, that is most of a refresh of a few new pids.
+            let all = host::thread_cpu_ns().saturating_sub(t0);
+            self.earliest_forced = now + (all as f64 / FORCED_REFRESH_CPU) as Nanos;
+        }
         debug!(
             cost_us = cost / 1000,
             regions = self.books.len(),
-            only = ?only_marked.then_some(&marked),
+            only = ?only_some.then_some(&some),
             "refreshed"
         );
         true
