@@ -428,9 +428,9 @@ impl Target for SimTarget {
         self.0.borrow_mut().refreshes.push(None);
         Ok(())
     }
-    fn refresh_pids(&mut self, pids: &BTreeSet<u32>) -> Result<(), String> {
+    fn refresh_pids(&mut self, pids: &BTreeSet<u32>) -> Result<bool, String> {
         (self.0.borrow_mut().refreshes).push(Some(pids.iter().copied().collect()));
-        Ok(())
+        Ok(true)
     }
     fn processes(&self) -> Vec<ProcEntry> {
         self.0.borrow().procs.clone()

@@ -99,10 +99,11 @@ pub trait Target: MemorySource {
     fn processes_changed(&mut self) -> Changes;
     /// Re-reads processes and their maps.
     fn refresh(&mut self) -> Result<(), String>;
-    /// Re-reads the maps and facts of these known processes only (after
-    /// marks in them); every other process and region stays as the last
-    /// refresh found it. A target may refresh everything instead.
-    fn refresh_pids(&mut self, pids: &BTreeSet<u32>) -> Result<(), String>;
+    /// Re-reads the maps and facts of these processes only (after marks
+    /// in them, or when they came or went); every other process and region
+    /// stays as the last refresh found it. A target may refresh everything
+    /// instead. `Ok(false)`: none of them is selected, nothing changed.
+    fn refresh_pids(&mut self, pids: &BTreeSet<u32>) -> Result<bool, String>;
     /// The selected, live processes.
     fn processes(&self) -> Vec<ProcEntry>;
     /// Processes discovery could not open, with why.
@@ -453,10 +454,12 @@ impl Target for LinuxTarget {
         Ok(())
     }
 
-    fn refresh_pids(&mut self, pids: &BTreeSet<u32>) -> Result<(), String> {
-        self.src.refresh_pids(pids).map_err(|e| e.to_string())?;
+    fn refresh_pids(&mut self, pids: &BTreeSet<u32>) -> Result<bool, String> {
+        if !self.src.refresh_pids(pids).map_err(|e| e.to_string())? {
+            return Ok(false);
+        }
         self.read_facts(Some(pids));
-        Ok(())
+        Ok(true)
     }
 
     fn processes(&self) -> Vec<ProcEntry> {

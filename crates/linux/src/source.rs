@@ -476,9 +476,13 @@ impl LinuxSource {
     /// While regions are left out (more than `max_regions`), which ones
     /// are kept depends on every process's regions: that is a full
     /// refresh.
-    pub fn refresh_pids(&mut self, pids: &BTreeSet<u32>) -> Result<(), LinuxError> {
+    ///
+    /// Returns whether anything was read or dropped: `false` when none of
+    /// the pids is a selected process, known or new (a host's short-lived
+    /// commands come and go all the time).
+    pub fn refresh_pids(&mut self, pids: &BTreeSet<u32>) -> Result<bool, LinuxError> {
         if self.left_out > 0 {
-            return self.discover(false);
+            return self.discover(false).map(|()| true);
         }
         let own = crate::own_pid();
         let named: Vec<u32> = (pids.iter())
@@ -488,7 +492,11 @@ impl LinuxSource {
             })
             .collect();
         let listed = self.list_named(&named)?;
-        self.rebuild(listed, Some(pids))
+        if listed.is_empty() && !pids.iter().any(|pid| self.procs.contains_key(pid)) {
+            return Ok(false);
+        }
+        self.rebuild(listed, Some(pids))?;
+        Ok(true)
     }
 
     /// The selected processes among `pids`; those that exited are left

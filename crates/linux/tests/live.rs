@@ -1733,7 +1733,11 @@ fn a_refresh_of_a_new_process_reads_it_and_keeps_the_others() {
     let sum_c = c.checksum();
     assert!(of(&src, pc).is_empty(), "not read yet");
     let reads = src.discovery().maps;
-    src.refresh_pids(&[pc, u32::MAX - 1].into()).unwrap();
+    assert!(
+        !src.refresh_pids(&[u32::MAX - 1].into()).unwrap(),
+        "a pid that names no process changes nothing"
+    );
+    assert!(src.refresh_pids(&[pc, u32::MAX - 1].into()).unwrap());
     let (start, _) = c.region();
     assert!(
         of(&src, pc).iter().any(|r| r.0 == start),

@@ -63,16 +63,25 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let refreshed = if only_some {
             self.target.refresh_pids(&some)
         } else {
-            self.target.refresh()
+            self.target.refresh().map(|()| true)
         };
-        if let Err(e) = refreshed {
-            warn!(error = %e, "refreshing processes failed");
-            // A failed refresh of some processes is followed by a full
-            // one, whose failure is not retried until asked again.
-            self.force_refresh = only_some;
-            return false;
-        }
         let cost = host::thread_cpu_ns().saturating_sub(t0);
+        match refreshed {
+            Ok(true) => {}
+            Ok(false) => {
+                // Only processes that are not candidates came or went:
+                // nothing to reconcile.
+                self.earliest_forced = now + (cost as f64 / FORCED_REFRESH_CPU) as Nanos;
+                return false;
+            }
+            Err(e) => {
+                warn!(error = %e, "refreshing processes failed");
+                // A failed refresh of some processes is followed by a full
+                // one, whose failure is not retried until asked again.
+                self.force_refresh = only_some;
+                return false;
+            }
+        }
         self.earliest_forced = now + (cost as f64 / FORCED_REFRESH_CPU) as Nanos;
         if !only_some {
             // Spaced by its cost, but a one-off costly refresh (the
