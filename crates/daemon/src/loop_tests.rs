@@ -2531,11 +2531,10 @@ fn the_refresh_after_a_mark_is_of_the_marked_process_only() {
     let mut d = daemon(&w, ALL, &[]);
     let mut now = 0;
     let mut marked_at = None;
-    for i in 0..300 {
+    for _ in 0..300 {
         run(&mut d, &mut now, 1);
         if marked_at.is_none() && w.borrow().spans[&id].mergeable {
             marked_at = Some(w.borrow().refreshes.len());
-            let _ = i;
         }
     }
     let from = marked_at.expect("the duplicate region was marked");
@@ -2547,7 +2546,7 @@ fn the_refresh_after_a_mark_is_of_the_marked_process_only() {
     );
     assert!(
         !after.iter().flatten().any(|pids| pids.contains(&11)),
-        "the unmarked process is never refreshed alone: {after:?}"
+        "the unmarked process is in no refresh of some processes: {after:?}"
     );
     // A process that comes is read at the next refresh of some processes,
     // alone.

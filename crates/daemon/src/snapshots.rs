@@ -79,11 +79,6 @@ impl Snapshots {
         Ok((Arc::new(s), Bell { rx }))
     }
 
-    /// The snapshot published last, if any.
-    pub fn latest(&self) -> Option<Arc<Status>> {
-        self.lock().latest.clone()
-    }
-
     /// How many snapshots have been published.
     pub fn generation(&self) -> u64 {
         self.lock().generation

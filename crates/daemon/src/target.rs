@@ -69,13 +69,6 @@ pub struct Changes {
     pub mappings: BTreeSet<u32>,
 }
 
-impl Changes {
-    /// Whether anything changed.
-    pub fn any(&self) -> bool {
-        self.processes || !self.came_or_went.is_empty() || !self.mappings.is_empty()
-    }
-}
-
 /// A selected process.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcEntry {

@@ -36,6 +36,17 @@ fn region_at(src: &LinuxSource, pid: u32, start: u64) -> RegionId {
         .id
 }
 
+/// `pid`'s regions in `src`: (first address, pages, mergeable, id), in
+/// address order.
+fn regions_of(src: &LinuxSource, pid: u32) -> Vec<(u64, u32, bool, RegionId)> {
+    let mut v: Vec<_> = (src.linux_regions())
+        .filter(|r| r.pid == pid)
+        .map(|r| (r.start, r.pages, r.mergeable, r.id))
+        .collect();
+    v.sort();
+    v
+}
+
 /// Classes of every page of a region.
 fn classes(src: &mut LinuxSource, region: RegionId) -> Vec<PageInfo> {
     let pages = src.region(region).unwrap().pages;
@@ -1628,14 +1639,6 @@ fn a_refresh_of_one_process_reads_its_maps_and_keeps_the_others() {
     let (sum_a, sum_b) = (a.checksum(), b.checksum());
     let mut src = source_for(&[pa, pb]);
     let maps_reads = |src: &LinuxSource| src.discovery().maps;
-    let regions_of = |src: &LinuxSource, pid: u32| -> Vec<(u64, u32, bool, RegionId)> {
-        let mut v: Vec<_> = (src.linux_regions())
-            .filter(|r| r.pid == pid)
-            .map(|r| (r.start, r.pages, r.mergeable, r.id))
-            .collect();
-        v.sort();
-        v
-    };
     let b_before = regions_of(&src, pb);
     let reads_before = maps_reads(&src);
     // Mark the middle quarter of each workload's region: its VMA splits
@@ -1718,20 +1721,12 @@ fn a_refresh_of_a_new_process_reads_it_and_keeps_the_others() {
     let pb = b.pid();
     let mut src =
         LinuxSource::new(ProcessFilter::all(), SourceConfig::default()).expect("LinuxSource");
-    let of = |src: &LinuxSource, pid: u32| -> Vec<(u64, u32, RegionId)> {
-        let mut v: Vec<_> = (src.linux_regions())
-            .filter(|r| r.pid == pid)
-            .map(|r| (r.start, r.pages, r.id))
-            .collect();
-        v.sort();
-        v
-    };
-    let b_before = of(&src, pb);
+    let b_before = regions_of(&src, pb);
     assert!(!b_before.is_empty());
     let mut c = Workload::start(&["static-dup", "--mib", "8"]);
     let pc = c.pid();
     let sum_c = c.checksum();
-    assert!(of(&src, pc).is_empty(), "not read yet");
+    assert!(regions_of(&src, pc).is_empty(), "not read yet");
     let reads = src.discovery().maps;
     assert!(
         !src.refresh_pids(&[u32::MAX - 1].into()).unwrap(),
@@ -1740,14 +1735,14 @@ fn a_refresh_of_a_new_process_reads_it_and_keeps_the_others() {
     assert!(src.refresh_pids(&[pc, u32::MAX - 1].into()).unwrap());
     let (start, _) = c.region();
     assert!(
-        of(&src, pc).iter().any(|r| r.0 == start),
+        regions_of(&src, pc).iter().any(|r| r.0 == start),
         "the new process's region is tracked: {:?}",
-        of(&src, pc)
+        regions_of(&src, pc)
     );
     assert!(src.processes().any(|p| p.pid == pc));
     assert_eq!(src.discovery().maps, reads + 1, "one process's maps read");
     assert_eq!(
-        of(&src, pb),
+        regions_of(&src, pb),
         b_before,
         "the other process's regions are as they were"
     );

@@ -82,7 +82,6 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 return false;
             }
         }
-        self.earliest_forced = now + (cost as f64 / FORCED_REFRESH_CPU) as Nanos;
         if !only_some {
             // Spaced by its cost, but a one-off costly refresh (the
             // periodic smaps read) counts as at most twice the usual one:
@@ -102,13 +101,15 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         }
         self.pending_run_pages = 0;
         self.after_refresh(now);
-        if only_some {
-            // Spaced by everything it cost, the books' reconciliation
-            // included: on a host where processes come and go every
-            // second, that is most of a refresh of a few new pids.
-            let all = host::thread_cpu_ns().saturating_sub(t0);
-            self.earliest_forced = now + (all as f64 / FORCED_REFRESH_CPU) as Nanos;
-        }
+        // A refresh of some processes is spaced by everything it cost, the
+        // books' reconciliation included: on a host where processes come
+        // and go every second, that is most of it.
+        let spaced_by = if only_some {
+            host::thread_cpu_ns().saturating_sub(t0)
+        } else {
+            cost
+        };
+        self.earliest_forced = now + (spaced_by as f64 / FORCED_REFRESH_CPU) as Nanos;
         debug!(
             cost_us = cost / 1000,
             regions = self.books.len(),
