@@ -559,37 +559,36 @@ impl Sweeper {
     fn walk<T: Target>(&mut self, target: &mut T, id: RegionId, first: u32, n: u32) {
         self.states.clear();
         self.states.resize(n as usize, PageState::NotPresent);
-        if target.page_states(id, first, &mut self.states).is_err() {
+        self.words.grow_to(n as usize);
+        // One pagemap read for the states and the read's checks.
+        let Ok(got) =
+            target.read_present(id, first, &mut self.states, &mut self.words[..n as usize])
+        else {
             return;
-        }
+        };
         let mut print = self.prints.get_mut(&id);
-        self.pages.clear();
+        let mut read = 0;
         for (i, s) in self.states.iter().enumerate() {
             let page = PageRef {
                 region: id,
                 page: first + i as u32,
             };
             match s {
-                PageState::Present => self.pages.push(page),
+                PageState::Present if read < got => {
+                    let hash = pagesift_scan::exact::page_hash(&self.words[read]);
+                    read += 1;
+                    self.sweep.observe(page, hash);
+                    if let Some(f) = print.as_deref_mut() {
+                        f.record(page.page, Seen::Content(hash));
+                    }
+                }
                 PageState::Merged | PageState::Zero => {
                     self.sweep.observe_merged(page);
                     if let Some(f) = print.as_deref_mut() {
                         f.record(page.page, Seen::Merged);
                     }
                 }
-                PageState::NotPresent => {}
-            }
-        }
-        if self.pages.is_empty() {
-            return;
-        }
-        self.words.grow_to(self.pages.len());
-        let got = target.read_pages(&self.pages, &mut self.words[..self.pages.len()]);
-        for (p, w) in self.pages[..got].iter().zip(self.words.iter()) {
-            let hash = pagesift_scan::exact::page_hash(w);
-            self.sweep.observe(*p, hash);
-            if let Some(f) = print.as_deref_mut() {
-                f.record(p.page, Seen::Content(hash));
+                PageState::Present | PageState::NotPresent => {}
             }
         }
         self.stats.pages_hashed += got as u64;

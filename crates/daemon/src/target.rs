@@ -111,6 +111,28 @@ pub trait Target: MemorySource {
         first: u32,
         out: &mut [PageState],
     ) -> Result<(), SourceError>;
+    /// [`Target::page_states`] of pages `first..first + states.len()`,
+    /// then the contents of the `Present` ones, in order (the `k`-th
+    /// present page in `out[k]`): how many of those were read. `out` must
+    /// hold `states.len()` pages. The default reads them with
+    /// [`MemorySource::read_pages`], which looks at their states again.
+    fn read_present(
+        &mut self,
+        id: RegionId,
+        first: u32,
+        states: &mut [PageState],
+        out: &mut [PageWords],
+    ) -> Result<usize, SourceError> {
+        self.page_states(id, first, states)?;
+        let pages: Vec<PageRef> = (states.iter().enumerate())
+            .filter(|(_, s)| **s == PageState::Present)
+            .map(|(i, _)| PageRef {
+                region: id,
+                page: first + i as u32,
+            })
+            .collect();
+        Ok(self.read_pages(&pages, out))
+    }
     /// The runs of present pages of a region (zero-page mappings
     /// included), as `[first, end)` page offsets in order, found without
     /// reading an entry per page; `None` where that cannot be done (then
@@ -496,6 +518,16 @@ impl Target for LinuxTarget {
 
     fn present_runs(&mut self, id: RegionId) -> Option<Vec<(u32, u32)>> {
         self.src.present_page_runs(id).ok()
+    }
+
+    fn read_present(
+        &mut self,
+        id: RegionId,
+        first: u32,
+        states: &mut [PageState],
+        out: &mut [PageWords],
+    ) -> Result<usize, SourceError> {
+        self.src.read_present(id, first, states, out)
     }
 
     /// Counting a process's VMAs means reading all of `/proc/PID/maps`

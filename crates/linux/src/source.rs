@@ -1100,48 +1100,19 @@ impl LinuxSource {
             if let Err(e) = self.check_entries(pid) {
                 return (done, Some(self.fail(region, pid, e)));
             }
-            // Leading pages that are resident, each with its read path.
-            let mut k = 0;
-            while k < n {
-                let e = self.checked[k];
-                if !e.present() || e.swapped() {
-                    break;
-                }
-                if !crate::read::safe_to_pin(e, self.unpinned[k]) {
-                    self.unpinned[k] = true;
-                }
-                k += 1;
-            }
-            // Read runs of pages that share a path, in order.
-            let mut i = 0;
-            while i < k {
-                let path = self.unpinned[i];
-                let mut j = i + 1;
-                while j < k && self.unpinned[j] == path {
-                    j += 1;
-                }
-                let reader = &mut self.procs.get_mut(&pid).expect("located").reader;
-                let res = if path {
-                    reader.read_pages_unpinned(&self.addrs[i..j], &mut out[done + i..done + j])
-                } else {
-                    reader.read_pages(&self.addrs[i..j], &mut out[done + i..done + j])
-                };
-                let got = match res {
-                    Ok(g) => g,
-                    Err(e) => return (done + i, Some(self.fail(region, pid, e))),
-                };
-                if got < j - i {
-                    let p = pages[done + i + got];
-                    return (
-                        done + i + got,
-                        Some(SourceError::Other(format!(
+            let k = match self.read_entries(pid, region, &mut out[done..done + n]) {
+                Ok(k) => k,
+                Err((i, e)) => {
+                    let e = e.unwrap_or_else(|| {
+                        let p = pages[done + i];
+                        SourceError::Other(format!(
                             "page {} of region {} was unmapped before it could be read",
                             p.page, p.region.0
-                        ))),
-                    );
+                        ))
+                    });
+                    return (done + i, Some(e));
                 }
-                i = j;
-            }
+            };
             done += k;
             if k < n {
                 let p = pages[done];
@@ -1159,6 +1130,99 @@ impl LinuxSource {
             }
         }
         (done, None)
+    }
+
+    /// Reads the pages at `self.addrs` into `out`, each by the path its
+    /// pagemap entry in `self.checked` allows (`self.unpinned[i]` set: never
+    /// pinned), up to the first that the entry shows not resident: returns
+    /// how many leading pages were read. On a failure, the index of the
+    /// page that failed and the error (`None`: it was unmapped before it
+    /// could be read).
+    fn read_entries(
+        &mut self,
+        pid: u32,
+        region: RegionId,
+        out: &mut [PageWords],
+    ) -> Result<usize, (usize, Option<SourceError>)> {
+        let n = self.addrs.len();
+        // Leading pages that are resident, each with its read path.
+        let mut k = 0;
+        while k < n {
+            let e = self.checked[k];
+            if !e.present() || e.swapped() {
+                break;
+            }
+            if !crate::read::safe_to_pin(e, self.unpinned[k]) {
+                self.unpinned[k] = true;
+            }
+            k += 1;
+        }
+        // Read runs of pages that share a path, in order.
+        let mut i = 0;
+        while i < k {
+            let path = self.unpinned[i];
+            let mut j = i + 1;
+            while j < k && self.unpinned[j] == path {
+                j += 1;
+            }
+            let reader = &mut self.procs.get_mut(&pid).expect("located").reader;
+            let res = if path {
+                reader.read_pages_unpinned(&self.addrs[i..j], &mut out[i..j])
+            } else {
+                reader.read_pages(&self.addrs[i..j], &mut out[i..j])
+            };
+            let got = match res {
+                Ok(g) => g,
+                Err(e) => return Err((i, Some(self.fail(region, pid, e)))),
+            };
+            if got < j - i {
+                return Err((i + got, None));
+            }
+            i = j;
+        }
+        Ok(k)
+    }
+
+    /// The states of pages `first..first + states.len()` of `region`, as
+    /// [`LinuxSource::page_states`] gives them, and the contents of the
+    /// `Present` ones, in order, in `out` (the `k`-th present page in
+    /// `out[k]`): returns how many of them were read (fewer than all if
+    /// one was unmapped meanwhile). The read goes by the pagemap entries
+    /// the states came from, a moment before, instead of reading pagemap
+    /// again as [`MemorySource::read_pages`] must for pages it is merely
+    /// given: in the exact sweep, that second read was a tenth of the
+    /// sweep's CPU (a vm-boot run's profile, docs/daemon-cpu.md).
+    pub fn read_present(
+        &mut self,
+        region: RegionId,
+        first: u32,
+        states: &mut [PageState],
+        out: &mut [PageWords],
+    ) -> Result<usize, SourceError> {
+        self.page_states(region, first, states)?;
+        let (r, pid) = self.locate_run(region, first, states.len())?;
+        let start = r.address(first);
+        let end = start + states.len() as u64 * PAGE_SIZE;
+        // KSM pages live only in mergeable ranges: as in `page_states`,
+        // those pagesift advised since the last refresh count too.
+        let never_pin = r.mergeable || self.procs[&pid].mergeable.overlaps(start, end);
+        self.addrs.clear();
+        self.checked.clear();
+        for (i, s) in states.iter().enumerate() {
+            if *s == PageState::Present {
+                self.addrs.push(start + i as u64 * PAGE_SIZE);
+                self.checked.push(self.entries[i]);
+            }
+        }
+        self.unpinned.clear();
+        self.unpinned.resize(self.addrs.len(), never_pin);
+        let n = self.addrs.len();
+        assert!(out.len() >= n, "output shorter than the present pages");
+        match self.read_entries(pid, region, &mut out[..n]) {
+            Ok(k) => Ok(k),
+            Err((i, None)) => Ok(i),
+            Err((_, Some(e))) => Err(e),
+        }
     }
 
     /// Fills `self.checked[i]` with the current pagemap entry of

@@ -590,9 +590,12 @@ fn merged_holey_static_dup(g: &KsmGuard) -> (Workload, u64) {
 /// with fork children and private pages, in three processes. So must a
 /// second look, which takes the KSM frames it knows as merged without a
 /// read, and a third after the target broke some of its merged pages.
+/// `read_present` (the sweep's one pagemap read for the states and the
+/// read) must give the same states and the contents `read_pages` reads.
 #[test]
 fn page_states_skip_flags_without_changing_a_state() {
-    use pagesift_core::source::PageState;
+    use pagesift_core::source::{MemorySource, PageState};
+    use pagesift_core::{PageBuffer, PageRef};
     use pagesift_linux::discover::ProcessFilter;
     use pagesift_linux::inspect::PageInfo;
     use pagesift_linux::{LinuxSource, SourceConfig};
@@ -633,6 +636,28 @@ fn page_states_skip_flags_without_changing_a_state() {
                         );
                         *seen.entry(format!("{state:?}")).or_insert(0u64) += 1;
                     }
+                    // The sweep's path: the same states, and the present
+                    // pages' contents as the checked read gives them.
+                    let mut again = vec![PageState::NotPresent; n];
+                    let mut words = PageBuffer::new(n);
+                    let got = src
+                        .read_present(id, first, &mut again, &mut words[..n])
+                        .expect("read_present");
+                    assert_eq!(again, states, "region {id:?} from page {first}");
+                    let present: Vec<PageRef> = (0..n as u32)
+                        .filter(|&i| states[i as usize] == PageState::Present)
+                        .map(|i| PageRef {
+                            region: id,
+                            page: first + i,
+                        })
+                        .collect();
+                    let mut want = PageBuffer::new(present.len().max(1));
+                    assert_eq!(src.read_pages(&present, &mut want[..]), present.len());
+                    assert_eq!(got, present.len(), "region {id:?} from page {first}");
+                    assert!(
+                        words[..got] == want[..got],
+                        "region {id:?} from page {first}: contents differ"
+                    );
                 }
             }
             seen
