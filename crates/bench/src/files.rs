@@ -49,7 +49,7 @@ pub fn data_files(dir: &Path, files: usize, file_mib: u64) -> Result<Vec<PathBuf
     for i in 0..files {
         let p = base.join(format!("data-{i}.bin"));
         if !p.is_file() {
-            crate::interpreters::write_data_file(&p, file_mib << 20, seed(i))
+            crate::random_file::write(&p, file_mib << 20, seed(i))
                 .map_err(|e| output_error(&p, e))?;
         }
         originals.push(p);

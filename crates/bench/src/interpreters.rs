@@ -5,7 +5,7 @@
 //! ## What a run starts
 //!
 //! 1. **The data file**, once per `pagesift bench` invocation
-//!    ([`write_data_file`]): `data_mib` MiB of ChaCha8 random bytes from a
+//!    ([`crate::random_file::write`]): `data_mib` MiB of ChaCha8 random bytes from a
 //!    fixed seed, in the run's scratch directory. Random, so that no page
 //!    of it equals another (or the zero page): every duplicate the
 //!    experiment offers comes from the workers holding the same file.
@@ -33,9 +33,6 @@
 
 use crate::BenchError;
 use crate::procs::Workload;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -83,25 +80,6 @@ impl InterpreterPlan {
             (index + 1).to_string(),
         ]
     }
-}
-
-/// Writes `bytes` of ChaCha8 random content from `seed` to `path` (the
-/// shared data file here, the page-cache experiment's disk data too; through
-/// a temporary file and a rename, so a half-written file is never used).
-pub fn write_data_file(path: &Path, bytes: u64, seed: u64) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-    let mut chunk = vec![0u8; 1 << 20];
-    let mut left = bytes;
-    while left > 0 {
-        let n = left.min(chunk.len() as u64) as usize;
-        rng.fill_bytes(&mut chunk[..n]);
-        out.write_all(&chunk[..n])?;
-        left -= n as u64;
-    }
-    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-    std::fs::rename(&tmp, path)
 }
 
 /// Checks that [`PYTHON`] is there, naming the package otherwise.
@@ -217,7 +195,7 @@ pub fn parse_exact_report(json: &[u8], processes: usize) -> Result<ExactSaving, 
 pub fn data_file(dir: &Path, plan: &InterpreterPlan) -> Result<PathBuf, BenchError> {
     let path = dir.join(plan.data_file_name());
     if !path.is_file() {
-        write_data_file(&path, plan.data_mib << 20, DATA_SEED)
+        crate::random_file::write(&path, plan.data_mib << 20, DATA_SEED)
             .map_err(|e| BenchError::Output(format!("{}: {e}", path.display())))?;
     }
     Ok(path)
@@ -226,25 +204,6 @@ pub fn data_file(dir: &Path, plan: &InterpreterPlan) -> Result<PathBuf, BenchErr
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_data_file_is_random_reproducible_and_whole() {
-        let d = tempfile::tempdir().unwrap();
-        let (a, b) = (d.path().join("a"), d.path().join("b"));
-        write_data_file(&a, 3 << 20 | 100, 7).unwrap();
-        write_data_file(&b, 3 << 20 | 100, 7).unwrap();
-        let (x, y) = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
-        assert_eq!(x.len(), 3 << 20 | 100);
-        assert_eq!(x, y);
-        // No two pages alike, none zero.
-        let mut pages: Vec<&[u8]> = x.chunks_exact(4096).collect();
-        assert!(pages.iter().all(|p| p.iter().any(|&c| c != 0)));
-        pages.sort();
-        pages.dedup();
-        assert_eq!(pages.len(), x.len() / 4096);
-        write_data_file(&b, 4096, 8).unwrap();
-        assert_ne!(std::fs::read(&b).unwrap()[..], x[..4096]);
-    }
 
     #[test]
     fn worker_arguments_carry_the_plan() {

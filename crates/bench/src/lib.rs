@@ -37,6 +37,7 @@ pub mod numa;
 pub mod page_cache;
 pub mod plot;
 pub mod procs;
+pub mod random_file;
 pub mod report;
 pub mod run;
 pub mod sampler;

@@ -254,7 +254,7 @@ fn build_image(ctx: &Context, plan: &PageCachePlan) -> Result<(GuestImage, Strin
         plan.file_mib,
         dir.display()
     ));
-    crate::interpreters::write_data_file(&data, plan.file_mib << 20, 0x9e37_79b9_7f4a_7c15)
+    crate::random_file::write(&data, plan.file_mib << 20, 0x9e37_79b9_7f4a_7c15)
         .map_err(|e| BenchError::Output(format!("{}: {e}", data.display())))?;
     let md5 = md5_of(&data)?;
     let (reader, programs) =

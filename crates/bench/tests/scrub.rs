@@ -84,7 +84,7 @@ while :; do sleep 3600; done
 }
 
 fn random_file(path: &Path, mib: u64, seed: u64) {
-    pagesift_bench::interpreters::write_data_file(path, mib << 20, seed).unwrap();
+    pagesift_bench::random_file::write(path, mib << 20, seed).unwrap();
 }
 
 fn md5(path: &Path) -> String {

@@ -407,7 +407,7 @@ fn hint_overhead(
     };
     let file = dir.join(format!("hint-overhead-{mib}mib.bin"));
     let made = std::fs::create_dir_all(dir)
-        .and_then(|()| pagesift_bench::interpreters::write_data_file(&file, mib << 20, 7));
+        .and_then(|()| pagesift_bench::random_file::write(&file, mib << 20, 7));
     if let Err(e) = made {
         eprintln!("pagesift: writing {}: {e}", file.display());
         return ExitCode::FAILURE;
