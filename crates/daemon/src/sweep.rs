@@ -29,7 +29,8 @@
 //! doubled since its last sweep: it holds new content.
 //! One with fewer than [`MIN_PRESENT`] present pages does not: a guest's
 //! RAM is empty when the guest starts and was sent out for a minute
-//! before it had booted.
+//! before it had booted. A region of fewer than [`MIN_PRESENT`] pages in
+//! all does, since it can never hold more.
 //!
 //! A *fill epoch* starts at once, spacing and back-off waived, for the
 //! processes that filled at least [`FILL_PAGES`] pages of mappings they
@@ -129,8 +130,8 @@ struct Quiet {
 pub const MAX_QUIET_SHIFT: u32 = 6;
 
 /// Fewest present pages a sweep needs to judge a region: fewer neither
-/// raise it (the daemon) nor send it out of the next epochs. pagesift's
-/// choice.
+/// raise it (the daemon) nor send it out of the next epochs, unless the
+/// region is smaller than this in all. pagesift's choice.
 pub const MIN_PRESENT: u32 = 64;
 
 /// Figures for status and metrics.
@@ -432,8 +433,14 @@ impl Sweeper {
         for f in &findings {
             // A region with (next to) nothing present says nothing about
             // what it will hold: a guest's RAM is empty when its guest
-            // starts, and fills with duplicates while it boots.
-            if f.unmerged_dups > 0 || f.present < MIN_PRESENT {
+            // starts, and fills with duplicates while it boots. A region
+            // too small ever to hold MIN_PRESENT pages is judged on what
+            // it holds: a QEMU has a hundred or more such mappings
+            // (stacks, small heaps), and walked at every epoch they were
+            // a thousand walks of one or two pages each per epoch in a
+            // vm-boot run (docs/daemon-cpu.md).
+            let small = target.span(f.region).is_some_and(|s| s.pages < MIN_PRESENT);
+            if f.unmerged_dups > 0 || (f.present < MIN_PRESENT && !small) {
                 self.quiet.remove(&f.region);
             } else {
                 let q = self.quiet.entry(f.region).or_default();
@@ -760,6 +767,50 @@ mod tests {
         // Its time out has grown: up to 200 s at the grown epoch spacing.
         assert!(run_until_walked(&mut s, &mut target, a, &mut now, 2048));
         assert_eq!(s.stats.probed, s.stats.probed_unchanged + 1);
+    }
+
+    /// A region too small ever to hold MIN_PRESENT pages sits out like
+    /// any region without duplicates; a large region with fewer present
+    /// pages than that (a guest's RAM before it boots) does not: it is
+    /// walked at every epoch until it holds enough to judge.
+    #[test]
+    fn a_small_region_without_duplicates_sits_out_and_an_empty_large_one_does_not() {
+        let w = world();
+        let (small, large) = {
+            let mut m = w.borrow_mut();
+            m.spawn(40, "a", false);
+            let small = m.map(40, &distinct(1_000, 16), false);
+            let large = m.map(40, &distinct(50_000, 4096), false);
+            for page in 16..4096 {
+                m.mem
+                    .evict(PageRef {
+                        region: large,
+                        page,
+                    })
+                    .unwrap();
+            }
+            (small, large)
+        };
+        let mut target = SimTarget(w.clone());
+        let both = |_: &BTreeSet<u32>, _: bool| vec![(small, false), (large, false)];
+        let mut s = Sweeper::new(1.0, 1_000_000_000);
+        let mut now = 0;
+        let mut walked: BTreeMap<RegionId, u32> = BTreeMap::new();
+        for _ in 0..6 {
+            let end = now + 60 * 1_000_000_000;
+            let mut found = None;
+            while found.is_none() && now < end {
+                now += 100_000_000;
+                found = s.step(&mut target, now, 1, both);
+            }
+            s.fruitful(false);
+            for f in found.expect("an epoch ended") {
+                *walked.entry(f.region).or_default() += 1;
+            }
+        }
+        assert_eq!(walked.get(&large), Some(&6), "{walked:?}");
+        // Walked by the first epoch, then out for 2, then 4.
+        assert!(walked.get(&small).is_some_and(|&n| n <= 2), "{walked:?}");
     }
 
     /// After an epoch found new copies of remembered content, a region
