@@ -86,9 +86,9 @@ pub struct ProcEntry {
 
 /// The machine, for the loop.
 pub trait Target: MemorySource {
-    /// Whether processes came or went, or a selected process mapped or
-    /// unmapped memory (its address space changed size), since the last
-    /// refresh (cheap: no maps are read).
+    /// Which processes came or went, and which selected ones mapped or
+    /// unmapped memory (their address space changed size), since the last
+    /// look (cheap: no maps are read).
     fn processes_changed(&mut self) -> Changes;
     /// Re-reads processes and their maps.
     fn refresh(&mut self) -> Result<(), String>;

@@ -83,7 +83,10 @@
 //! `/proc/PID/mem`, because pinning them would make the kernel copy them
 //! in the target. The check costs one pagemap `pread` per cluster of
 //! nearby pages (≈0.7 µs for an isolated page, ≈40 ns per page in
-//! contiguous runs, measured).
+//! contiguous runs, measured). [`LinuxSource::read_present`], for a
+//! caller that wants a chunk's states and its present pages' contents
+//! both (the exact sweep), reads the pagemap entries once and reads by
+//! them: the states are as fresh as the check would be.
 //!
 //! [`MemorySource::sample_pages`] leaves a merged page unread when a sample
 //! read a KSM page on the same frame within [`KSM_CONTENT_KNOWN`]: a KSM
