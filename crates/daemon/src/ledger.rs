@@ -318,37 +318,22 @@ fn is_our_kind_of_userfaultfd(pid: u32, fd: i32) -> bool {
     })
 }
 
+/// Attempts at the marks of one process when its batches are cut part-way
+/// (a target frozen between two calls): each attempt runs the calls the
+/// last one did not reach.
+const CUT_ATTEMPTS: usize = 4;
+
 /// Takes away what `rec` lists, in the processes that are still the same.
 #[cfg(target_arch = "x86_64")]
 pub fn recover(rec: &Record, injector: &mut pagesift_linux::inject::Injector) -> Recovered {
-    use pagesift_linux::inject::{Advice, Outcome, Syscall};
+    use pagesift_linux::inject::Outcome;
     let mut out = Recovered::default();
     for m in &rec.marks {
         if pagesift_linux::discover::identity(m.pid) != Some((m.start_time, m.image)) {
             out.gone += 1;
             continue;
         }
-        let calls: Vec<Syscall> = m
-            .ranges
-            .iter()
-            .map(|&(s, e)| Syscall::Madvise {
-                addr: s,
-                len: e - s,
-                advice: Advice::Unmergeable,
-            })
-            .collect();
-        match injector.run_as(m.pid, m.image, &calls) {
-            Ok(Outcome::Done(i)) => {
-                out.unmarked += i.results.iter().filter(|&&r| r >= 0).count();
-                if !i.all_ok() {
-                    out.failed
-                        .push(format!("pid {}: unmark results {:?}", m.pid, i.results));
-                }
-            }
-            Ok(Outcome::Gone(_)) => out.gone += 1,
-            Ok(Outcome::Skipped(why)) => out.failed.push(format!("pid {}: {why}", m.pid)),
-            Err(e) => out.failed.push(format!("pid {}: {e}", m.pid)),
-        }
+        unmark(m, injector, &mut out);
     }
     for u in &rec.uffd {
         let same =
@@ -376,6 +361,70 @@ pub fn recover(rec: &Record, injector: &mut pagesift_linux::inject::Injector) ->
         }
     }
     out
+}
+
+/// Unmarks the ranges of `m` (a process that is still the same). A batch
+/// cut part-way unmarked the ranges before the cut: those count, and the
+/// rest are tried again, up to [`CUT_ATTEMPTS`] batches in all.
+#[cfg(target_arch = "x86_64")]
+fn unmark(m: &MarkEntry, injector: &mut pagesift_linux::inject::Injector, out: &mut Recovered) {
+    use pagesift_linux::inject::{Advice, Outcome, SkipReason, Syscall};
+    let mut left: &[(u64, u64)] = &m.ranges;
+    let mut refused = Vec::new();
+    for attempt in 1..=CUT_ATTEMPTS {
+        let calls: Vec<Syscall> = (left.iter())
+            .map(|&(s, e)| Syscall::Madvise {
+                addr: s,
+                len: e - s,
+                advice: Advice::Unmergeable,
+            })
+            .collect();
+        let ran = match injector.run_as(m.pid, m.image, &calls) {
+            Ok(Outcome::Done(i)) => i.results,
+            Ok(Outcome::Skipped(SkipReason::SyscallTimeout { completed }))
+                if !completed.is_empty() && attempt < CUT_ATTEMPTS =>
+            {
+                completed
+            }
+            Ok(Outcome::Gone(_)) => {
+                out.gone += 1;
+                break;
+            }
+            Ok(Outcome::Skipped(why)) => {
+                let ran: &[i64] = match &why {
+                    SkipReason::SyscallTimeout { completed } => completed,
+                    _ => &[],
+                };
+                note_results(ran, &mut refused, out);
+                out.failed.push(format!(
+                    "pid {}: {} of {} ranges left marked: {why}",
+                    m.pid,
+                    left.len() - ran.len(),
+                    m.ranges.len()
+                ));
+                break;
+            }
+            Err(e) => {
+                out.failed.push(format!("pid {}: {e}", m.pid));
+                break;
+            }
+        };
+        note_results(&ran, &mut refused, out);
+        left = &left[ran.len().min(left.len())..];
+        if left.is_empty() {
+            break;
+        }
+    }
+    if !refused.is_empty() {
+        out.failed
+            .push(format!("pid {}: unmark results {refused:?}", m.pid));
+    }
+}
+
+/// Counts the successful unmarks among `results` and keeps the errors.
+fn note_results(results: &[i64], refused: &mut Vec<i64>, out: &mut Recovered) {
+    out.unmarked += results.iter().filter(|&&r| r >= 0).count();
+    refused.extend(results.iter().filter(|&&r| r < 0));
 }
 
 #[cfg(test)]

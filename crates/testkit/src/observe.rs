@@ -1,6 +1,6 @@
 //! What a test reads about a process without touching it: RSS and page
 //! table size (`/proc/PID/status`), pagemap entries (read as root, never
-//! faulting anything in) and its cgroup. The harm checks compare these
+//! faulting anything in), which of its VMAs carry a flag, and its cgroup. The harm checks compare these
 //! before and after pagesift looked at a process.
 
 use pagesift_linux::pagemap::{Pagemap, PagemapEntry};
@@ -41,4 +41,26 @@ pub fn cgroup_of(pid: u32) -> String {
         .find_map(|l| l.strip_prefix("0::"))
         .unwrap_or_default()
         .to_string()
+}
+
+/// The VMAs of `pid` whose `VmFlags` (`/proc/PID/smaps`) hold the
+/// two-letter `flag` (`mg`: advised mergeable; `uw`: registered for
+/// userfaultfd write protection), as `(start, end)` in address order.
+pub fn vmas_flagged(pid: u32, flag: &str) -> Vec<(u64, u64)> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("smaps");
+    let mut out = Vec::new();
+    let mut vma = (0, 0);
+    for line in smaps.lines() {
+        let head = line.split_whitespace().next().unwrap_or("");
+        if let Some((s, e)) = head.split_once('-')
+            && let (Ok(s), Ok(e)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16))
+        {
+            vma = (s, e);
+        } else if let Some(flags) = line.strip_prefix("VmFlags:")
+            && flags.split_whitespace().any(|f| f == flag)
+        {
+            out.push(vma);
+        }
+    }
+    out
 }

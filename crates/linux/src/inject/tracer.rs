@@ -22,7 +22,7 @@
 
 use super::calls::{ERESTART_RESTARTBLOCK, Syscall, nr};
 use super::facts::{ProcStat, ThreadStatus, cgroup_frozen, cgroup_path, map_budget};
-use super::fault::checkpoint;
+use super::fault::{checkpoint, cuts_before};
 use super::gadgets::Gadgets;
 use super::outcome::{Gone, InjectConfig, InjectError, Injection, Outcome, SkipReason, WHY_INJECT};
 use super::rescue::{SCRATCH_ALL_SIGNALS, SCRATCH_OWN_MASK};
@@ -445,7 +445,7 @@ impl Tracer {
         let scratch = s.rescue.as_ref().expect("installed").scratch;
 
         let mut results = Vec::with_capacity(job.calls.len());
-        for call in &job.calls {
+        for (i, call) in job.calls.iter().enumerate() {
             let (number, args, bytes) = match call.encode(&results, scratch) {
                 Ok(e) => e,
                 Err(r) => {
@@ -453,7 +453,12 @@ impl Tracer {
                     continue;
                 }
             };
-            match s.call(number, args, &bytes, cfg) {
+            let step = if cuts_before(i) {
+                Err(StepError::Aborted)
+            } else {
+                s.call(number, args, &bytes, cfg)
+            };
+            match step {
                 Ok(r) => results.push(r),
                 Err(StepError::Aborted) => {
                     return match s.release() {

@@ -1,0 +1,95 @@
+//! Write tracking when its injected batch is cut part-way
+//! ([`pagesift_linux::inject::cut_batches_before`]): a target frozen
+//! between two calls of the batch that opens its userfaultfd and registers
+//! ranges. Whatever ran before the cut (the descriptor, some
+//! registrations) must stay known to the tracker, so that untracking
+//! leaves nothing of ours in the target, and the target must run on with
+//! its memory unchanged.
+//!
+//! The cut is process-wide, so this binary holds this one test. Root is
+//! needed.
+
+use pagesift_linux::inject::{InjectConfig, Injector, Outcome, cut_batches_before};
+use pagesift_linux::uffd::{TrackOutcome, WriteTracker, count_userfaultfds};
+use pagesift_testkit::Target;
+
+const PAGE: u64 = 4096;
+
+/// The VMAs of `pid` registered for userfaultfd write protection.
+fn uffd_wp_vmas(pid: u32) -> Vec<(u64, u64)> {
+    pagesift_testkit::observe::vmas_flagged(pid, "uw")
+}
+
+/// `n` ranges of two pages each, one page apart, from `addr`.
+fn ranges(addr: u64, n: u64) -> Vec<(u64, u64)> {
+    (0..n)
+        .map(|i| (addr + 3 * i * PAGE, addr + (3 * i + 2) * PAGE))
+        .collect()
+}
+
+fn skipped(o: TrackOutcome) -> String {
+    match o {
+        TrackOutcome::Skipped(why) => why,
+        other => panic!("expected a cut batch to be skipped, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_cut_track_batch_keeps_what_ran_and_untracking_leaves_nothing() {
+    pagesift_testkit::require_root();
+    let _g = pagesift_testkit::serial();
+    let t = Target::start("sleep", &["--ms", "20"]);
+    let (pid, addr, len) = (t.pid(), t.addr(), t.len());
+    assert!(len >= 12 * PAGE, "the target maps {len} bytes");
+    let four = ranges(addr, 4);
+    let mut inj = Injector::new(InjectConfig::default());
+
+    // Cut before the first call: nothing ran, nothing is kept.
+    let mut wt = WriteTracker::new();
+    cut_batches_before(Some(0));
+    let why = skipped(wt.track(&mut inj, pid, &four).unwrap());
+    assert!(why.contains("(0 completed)"), "{why}");
+    assert_eq!(count_userfaultfds(pid), 0, "no descriptor was opened");
+    assert_eq!(wt.tracked_processes(), 0);
+
+    // Cut after the descriptor was opened, before its handshake: the
+    // tracker does the handshake itself, keeps the descriptor with no
+    // range, and closes it when told to.
+    cut_batches_before(Some(1));
+    skipped(wt.track(&mut inj, pid, &four).unwrap());
+    assert_eq!(count_userfaultfds(pid), 1, "the descriptor the cut left");
+    assert!(wt.target_fd(pid).is_some(), "known to the tracker");
+    assert_eq!(wt.ranges(pid), &[] as &[(u64, u64)]);
+    cut_batches_before(None);
+    let o = wt.untrack_process(&mut inj, pid).unwrap();
+    assert!(matches!(o, Outcome::Done(_)), "{o:?}");
+    assert_eq!(count_userfaultfds(pid), 0, "closed by the untrack");
+    assert_eq!(wt.target_fd(pid), None);
+
+    // Cut after two of the four registrations (calls: userfaultfd, the
+    // handshake, four registrations): those two are tracked, the other
+    // two are not registered at all.
+    cut_batches_before(Some(4));
+    skipped(wt.track(&mut inj, pid, &four).unwrap());
+    assert_eq!(wt.ranges(pid), &four[..2], "what ran is tracked");
+    assert_eq!(uffd_wp_vmas(pid), four[..2].to_vec(), "and only that");
+    assert_eq!(count_userfaultfds(pid), 1);
+    // Tracking the rest in a whole batch uses the same descriptor.
+    cut_batches_before(None);
+    match wt.track(&mut inj, pid, &four).unwrap() {
+        TrackOutcome::Tracking { registered, .. } => assert_eq!(registered, four[2..].to_vec()),
+        other => panic!("expected tracking, got {other:?}"),
+    }
+    assert_eq!(count_userfaultfds(pid), 1);
+    assert_eq!(uffd_wp_vmas(pid), four);
+
+    // Untracking leaves nothing of ours.
+    let o = wt.untrack_process(&mut inj, pid).unwrap();
+    let d = o.done().expect("untracked by injection");
+    assert!(d.results.iter().all(|&r| r == 0), "{:?}", d.results);
+    assert_eq!(wt.tracked_processes(), 0);
+    assert_eq!(count_userfaultfds(pid), 0, "no userfaultfd left");
+    assert_eq!(uffd_wp_vmas(pid), vec![], "no registration left");
+    let report = t.finish();
+    assert!(report["iterations"].as_u64().unwrap() > 0, "{report}");
+}
