@@ -190,6 +190,74 @@ fn a_restarted_daemon_takes_away_what_its_killed_predecessor_left() {
     b.finish();
 }
 
+/// Runs a daemon on targets `a` and `b` with `config` until it SIGKILLs
+/// itself at checkpoint `n` of its injections (`PAGESIFT_INJECT_FAULT`).
+fn killed_at_checkpoint(
+    n: u32,
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    a: &Target,
+    b: &Target,
+) {
+    let (pa, pb) = (a.pid().to_string(), b.pid().to_string());
+    let log = dir.join(format!("killed-{n}.log"));
+    let mut killed = Command::new(env!("CARGO_BIN_EXE_pagesift"))
+        .args(["run", "--ksm-wait", "600", "--pid", &pa, "--pid", &pb])
+        .arg("--config")
+        .arg(config)
+        .arg("--socket")
+        .arg(dir.join("killed.sock"))
+        .env("PAGESIFT_INJECT_FAULT", n.to_string())
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let status = loop {
+        if let Some(s) = killed.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = killed.kill();
+            let _ = killed.wait();
+            panic!(
+                "checkpoint {n}: the daemon did not reach it in 90 s:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(9), "checkpoint {n}: {status:?}");
+}
+
+/// Starts a daemon on `a` and `b` with `config` and `--unmerge-on-exit`,
+/// waits for its first status and stops it: it has taken away what its
+/// predecessor's ledger names, and what it did itself goes at its clean
+/// stop. Returns its log.
+fn restart_and_stop(
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    a: &Target,
+    b: &Target,
+) -> String {
+    let (pa, pb) = (a.pid().to_string(), b.pid().to_string());
+    let args = [
+        "--pid",
+        &pa,
+        "--pid",
+        &pb,
+        "--config",
+        config.to_str().unwrap(),
+        "--unmerge-on-exit",
+    ];
+    let mut d = support::start_daemon(dir, &args, false);
+    d.wait_for(std::time::Duration::from_secs(30), "a status", |_| true);
+    assert!(d.stop().success(), "{}", d.log());
+    d.log()
+}
+
 /// A daemon SIGKILLed inside its first marking batch, at each checkpoint of
 /// it in turn (`PAGESIFT_INJECT_FAULT=N`): the kills after the injected
 /// `madvise` fall between the mark and the end of the wake-up, when the
@@ -206,47 +274,16 @@ fn a_daemon_killed_right_after_marking_leaves_its_marks_in_its_ledger() {
     // first marking batch, so the checkpoints counted are that batch's.
     let config = dir.join("pagesift.toml");
     std::fs::write(&config, "[actuate]\nwrite_tracking = false\n").unwrap();
-    let secs = std::time::Duration::from_secs;
     let mut left_marked = 0;
     for n in 1..=12 {
         // Two targets holding the same pages: duplicates to mark.
         let a = Target::start("sleep", &["--ms", "5"]);
         let b = Target::start("sleep", &["--ms", "5"]);
-        let (pa, pb) = (a.pid().to_string(), b.pid().to_string());
         let marked = || {
             support::any_mergeable(a.pid(), a.addr(), a.len())
                 || support::any_mergeable(b.pid(), b.addr(), b.len())
         };
-        let log = dir.join(format!("killed-{n}.log"));
-        let mut killed = Command::new(env!("CARGO_BIN_EXE_pagesift"))
-            .args(["run", "--ksm-wait", "600", "--pid", &pa, "--pid", &pb])
-            .arg("--config")
-            .arg(&config)
-            .arg("--socket")
-            .arg(dir.join("killed.sock"))
-            .env("PAGESIFT_INJECT_FAULT", n.to_string())
-            .env("RUST_LOG", "info")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + secs(90);
-        let status = loop {
-            if let Some(s) = killed.try_wait().unwrap() {
-                break s;
-            }
-            if std::time::Instant::now() > deadline {
-                let _ = killed.kill();
-                let _ = killed.wait();
-                panic!(
-                    "checkpoint {n}: the daemon did not reach it in 90 s:\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        };
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(status.signal(), Some(9), "checkpoint {n}: {status:?}");
+        killed_at_checkpoint(n, dir, &config, &a, &b);
         if marked() {
             left_marked += 1;
             assert!(
@@ -254,29 +291,11 @@ fn a_daemon_killed_right_after_marking_leaves_its_marks_in_its_ledger() {
                 "checkpoint {n}: marks left and no ledger"
             );
         }
-        // The next daemon takes away what its predecessor's ledger names,
-        // and what it marks itself goes at its clean stop.
-        let mut d = support::start_daemon(
-            dir,
-            &[
-                "--pid",
-                &pa,
-                "--pid",
-                &pb,
-                "--config",
-                config.to_str().unwrap(),
-                "--unmerge-on-exit",
-            ],
-            false,
-        );
-        d.wait_for(secs(30), "a status", |_| true);
-        assert!(d.stop().success(), "{}", d.log());
+        let log = restart_and_stop(dir, &config, &a, &b);
         assert!(
             !marked(),
-            "checkpoint {n}: a range the killed daemon marked is left:\n{}",
-            d.log()
+            "checkpoint {n}: a range the killed daemon marked is left:\n{log}"
         );
-        drop(d);
         a.finish();
         b.finish();
     }
@@ -284,5 +303,50 @@ fn a_daemon_killed_right_after_marking_leaves_its_marks_in_its_ledger() {
     assert!(
         left_marked > 0,
         "no checkpoint of the first batch came after its mark"
+    );
+}
+
+/// A daemon SIGKILLed inside its first write-tracking batches, at each
+/// checkpoint in turn: the kills after the injected `userfaultfd()` fall
+/// between the descriptor's opening and the end of the wake-up, when the
+/// ledger is saved with its number. The batch is written ahead (with the
+/// userfaultfds the target had before it, `pagesift_daemon::ledger::OPENING`),
+/// so the next daemon closes the descriptor; before, it stayed in the
+/// target until the target exited.
+#[test]
+fn a_daemon_killed_right_after_opening_a_userfaultfd_leaves_it_in_its_ledger() {
+    pagesift_testkit::require_root();
+    let _serial = serial();
+    let tmp = temp_dir("write-ahead-uffd");
+    let dir = tmp.path();
+    // Write tracking (the default): a region is watched before it is
+    // marked, so the first injections are the watches' batches.
+    let config = dir.join("pagesift.toml");
+    std::fs::write(&config, "[actuate]\nwrite_tracking = true\n").unwrap();
+    let mut left_open = 0;
+    for n in 1..=16 {
+        let a = Target::start("sleep", &["--ms", "5"]);
+        let b = Target::start("sleep", &["--ms", "5"]);
+        let uffds = || userfaultfds(a.pid()) + userfaultfds(b.pid());
+        killed_at_checkpoint(n, dir, &config, &a, &b);
+        if uffds() > 0 {
+            left_open += 1;
+            assert!(
+                std::path::Path::new("/run/pagesift/ledger").exists(),
+                "checkpoint {n}: a userfaultfd left and no ledger"
+            );
+        }
+        let log = restart_and_stop(dir, &config, &a, &b);
+        assert_eq!(
+            uffds(),
+            0,
+            "checkpoint {n}: a userfaultfd of ours is left:\n{log}"
+        );
+        a.finish();
+        b.finish();
+    }
+    assert!(
+        left_open > 0,
+        "no checkpoint came after a userfaultfd was opened"
     );
 }

@@ -17,7 +17,10 @@
 //!   wake-up still leaves them recorded. A range
 //!   written ahead whose mark then failed is dropped at the next save;
 //!   until then, recovery would unmark a range that was never marked,
-//!   which changes nothing in the process.
+//!   which changes nothing in the process. A write-tracking batch that may
+//!   open a userfaultfd in a process is written ahead too
+//!   ([`OPENING`]: the descriptor's number is known only once the batch
+//!   has run), with the userfaultfds the process had before it.
 //!   Atomically: a temporary file in the same directory, then `rename`.
 //!   No `fsync`: the ledger has to outlive the daemon, not the kernel (the
 //!   page cache keeps it through any death of ours), and after a crash of
@@ -36,7 +39,10 @@
 //!   (`MADV_UNMERGEABLE`, which unmerges their pages) and each registration
 //!   undone (`UFFDIO_UNREGISTER` of its ranges, then `close` of the
 //!   descriptor, only if it is still a userfaultfd with pagesift's features
-//!   and the unregister succeeded). The daemon then starts afresh: what it
+//!   and the unregister succeeded). An entry written ahead of a
+//!   descriptor's opening closes every userfaultfd of the process that is
+//!   new since and has pagesift's features or none yet
+//!   ([`descriptors_to_close`]). The daemon then starts afresh: what it
 //!   marks again is its own, so `unmerge_on_exit` covers it.
 
 use crate::actuate::{Journal, Marks, ProcKey};
@@ -63,18 +69,30 @@ pub struct MarkEntry {
     pub ranges: Vec<(u64, u64)>,
 }
 
-/// One process's userfaultfd registration.
+/// One process's userfaultfd registration, or one written ahead of the
+/// batch that may open its descriptor ([`OPENING`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UffdEntry {
     /// The process.
     pub pid: u32,
     /// Its start time.
     pub start_time: u64,
-    /// The descriptor's number in the process.
+    /// The descriptor's number in the process, or [`OPENING`].
     pub fd: i32,
-    /// Registered `[start, end)` ranges.
+    /// Registered `[start, end)` ranges (written ahead: to be registered).
     pub ranges: Vec<(u64, u64)>,
+    /// Written ahead: the userfaultfd descriptors the process had before
+    /// the batch, none of them ours to close.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub before: Vec<i32>,
 }
+
+/// [`UffdEntry::fd`] of an entry written ahead of a batch that may open a
+/// descriptor in the process: its number is known only once the batch has
+/// run. Recovery closes every userfaultfd of the process with pagesift's
+/// features that is not in [`UffdEntry::before`] and not recorded under
+/// its number.
+pub const OPENING: i32 = -1;
 
 /// What the ledger holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -173,6 +191,17 @@ impl Ledger {
         self.write(&rec)
     }
 
+    /// Writes the last saved record plus everything written ahead since,
+    /// now with `entry` (fd [`OPENING`]): a write-tracking batch that may
+    /// open a descriptor in its process is about to run (the module
+    /// header, "When").
+    pub fn write_ahead_tracking(&mut self, entry: UffdEntry) -> std::io::Result<()> {
+        self.current.uffd.push(entry);
+        self.last_key = None;
+        let rec = self.current.clone();
+        self.write(&rec)
+    }
+
     fn write(&mut self, rec: &Record) -> std::io::Result<()> {
         let bytes = serde_json::to_vec(rec).map_err(std::io::Error::other)?;
         if self.last.as_deref() == Some(&bytes[..]) {
@@ -218,6 +247,26 @@ impl SharedLedger {
 impl Journal for SharedLedger {
     fn intend(&mut self, key: ProcKey, ranges: &[(u64, u64)]) -> Result<(), String> {
         (self.0.borrow_mut().write_ahead(key, ranges))
+            .map_err(|e| format!("cannot write the ledger: {e}"))
+    }
+}
+
+impl crate::target::TrackJournal for SharedLedger {
+    fn intend_tracking(
+        &mut self,
+        pid: u32,
+        start_time: u64,
+        before: &[i32],
+        ranges: &[(u64, u64)],
+    ) -> Result<(), String> {
+        let entry = UffdEntry {
+            pid,
+            start_time,
+            fd: OPENING,
+            ranges: ranges.to_vec(),
+            before: before.to_vec(),
+        };
+        (self.0.borrow_mut().write_ahead_tracking(entry))
             .map_err(|e| format!("cannot write the ledger: {e}"))
     }
 }
@@ -298,26 +347,6 @@ pub struct Recovered {
     pub failed: Vec<String>,
 }
 
-/// `UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_UNPOPULATED`: the features
-/// pagesift's registrations ask for (`pagesift_linux::uffd`).
-const OUR_UFFD_FEATURES: u64 = (1 << 15) | (1 << 13);
-
-/// Whether descriptor `fd` of `pid` is a userfaultfd with pagesift's
-/// features (`/proc/PID/fdinfo/FD`, `API:\tAA:FEATURES:IOCTLS`).
-fn is_our_kind_of_userfaultfd(pid: u32, fd: i32) -> bool {
-    let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}"));
-    if !link.is_ok_and(|l| l.to_string_lossy() == "anon_inode:[userfaultfd]") {
-        return false;
-    }
-    std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).is_ok_and(|info| {
-        info.lines()
-            .filter_map(|l| l.strip_prefix("API:"))
-            .filter_map(|v| v.trim().split(':').nth(1))
-            .filter_map(|f| u64::from_str_radix(f, 16).ok())
-            .any(|f| f & OUR_UFFD_FEATURES == OUR_UFFD_FEATURES)
-    })
-}
-
 /// Attempts at the marks of one process when its batches are cut part-way
 /// (a target frozen between two calls): each attempt runs the calls the
 /// last one did not reach.
@@ -342,25 +371,59 @@ pub fn recover(rec: &Record, injector: &mut pagesift_linux::inject::Injector) ->
             out.gone += 1;
             continue;
         }
-        if !is_our_kind_of_userfaultfd(u.pid, u.fd) {
-            // Closed since (by us before the crash, or by the process).
-            continue;
-        }
-        let calls = pagesift_linux::uffd::close_calls(u.fd, &u.ranges);
-        match injector.run(u.pid, &calls) {
-            Ok(Outcome::Done(i)) if i.results.last().is_some_and(|&r| r == 0) => out.closed += 1,
-            Ok(Outcome::Done(i)) => out.failed.push(format!(
-                "pid {} fd {}: results {:?}",
-                u.pid, u.fd, i.results
-            )),
-            Ok(Outcome::Gone(_)) => out.gone += 1,
-            Ok(Outcome::Skipped(why)) => {
-                out.failed.push(format!("pid {} fd {}: {why}", u.pid, u.fd))
+        for fd in descriptors_to_close(rec, u) {
+            let calls = pagesift_linux::uffd::close_calls(fd, &u.ranges);
+            match injector.run(u.pid, &calls) {
+                Ok(Outcome::Done(i)) if i.results.last().is_some_and(|&r| r == 0) => {
+                    out.closed += 1
+                }
+                Ok(Outcome::Done(i)) => out
+                    .failed
+                    .push(format!("pid {} fd {fd}: results {:?}", u.pid, i.results)),
+                Ok(Outcome::Gone(_)) => out.gone += 1,
+                Ok(Outcome::Skipped(why)) => {
+                    out.failed.push(format!("pid {} fd {fd}: {why}", u.pid))
+                }
+                Err(e) => out.failed.push(format!("pid {} fd {fd}: {e}", u.pid)),
             }
-            Err(e) => out.failed.push(format!("pid {} fd {}: {e}", u.pid, u.fd)),
         }
     }
     out
+}
+
+/// The descriptors of entry `u`'s process (still the same process) that
+/// recovery closes: its own if it is still a userfaultfd with pagesift's
+/// features (closed since otherwise, by us before the crash or by the
+/// process); for an entry written ahead ([`OPENING`]), every such
+/// userfaultfd the process did not have before the batch and that no other
+/// entry of `rec` names, and every one of those not handshaken yet (the
+/// batch was cut between its `userfaultfd()` and its `UFFDIO_API`: the
+/// handshake is done first, so that the close's proof works). An
+/// application that opens a userfaultfd with exactly pagesift's features,
+/// or leaves one without a handshake, in the moment between the list and
+/// the batch, and whose daemon dies in that batch, would lose it: the
+/// only guess this recovery makes.
+fn descriptors_to_close(rec: &Record, u: &UffdEntry) -> Vec<i32> {
+    use pagesift_linux::uffd::{has_tracking_features, ready_to_close, userfaultfds};
+    if u.fd != OPENING {
+        return Some(u.fd)
+            .filter(|&fd| has_tracking_features(u.pid, fd))
+            .into_iter()
+            .collect();
+    }
+    let first_opening = rec.uffd.iter().find(|o| o.pid == u.pid && o.fd == OPENING);
+    if !first_opening.is_some_and(|o| std::ptr::eq(o, u)) {
+        // Another entry written ahead for the process closes them all.
+        return vec![];
+    }
+    let named = |fd: i32| (rec.uffd.iter()).any(|o| o.pid == u.pid && o.fd == fd);
+    let mut fds: Vec<i32> = userfaultfds(u.pid)
+        .into_iter()
+        .filter(|&fd| !u.before.contains(&fd) && !named(fd))
+        .filter(|&fd| ready_to_close(u.pid, fd))
+        .collect();
+    fds.sort_unstable();
+    fds
 }
 
 /// Unmarks the ranges of `m` (a process that is still the same). A batch
@@ -477,6 +540,70 @@ mod tests {
     }
 
     #[test]
+    fn tracking_written_ahead_stays_until_the_next_save_and_old_ledgers_still_read() {
+        let dir = std::env::temp_dir().join(format!("pagesift-ahead-uffd-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("ledger");
+        let mut l = Ledger::new(&path);
+        let registered = UffdEntry {
+            pid: 7,
+            start_time: 9,
+            fd: 5,
+            ranges: vec![(0x1000, 0x3000)],
+            before: vec![],
+        };
+        let saved = Record {
+            marks: vec![],
+            uffd: vec![registered.clone()],
+        };
+        l.save(&saved).unwrap();
+        let opening = UffdEntry {
+            pid: 8,
+            start_time: 9,
+            fd: OPENING,
+            ranges: vec![(0x4000, 0x5000)],
+            before: vec![3, 4],
+        };
+        l.write_ahead_tracking(opening.clone()).unwrap();
+        // A mark written ahead after it keeps it.
+        let key = ProcKey {
+            pid: 8,
+            start_time: 9,
+            image: 11,
+        };
+        l.write_ahead(key, &[(0x8000, 0x9000)]).unwrap();
+        let on_disk = previous(&path).unwrap().unwrap();
+        assert_eq!(on_disk.uffd, vec![registered.clone(), opening]);
+        assert_eq!(on_disk.marks.len(), 1);
+        // The save at the wake-up's end holds what was done instead.
+        let done = Record {
+            marks: vec![],
+            uffd: vec![
+                registered,
+                UffdEntry {
+                    pid: 8,
+                    start_time: 9,
+                    fd: 6,
+                    ranges: vec![(0x4000, 0x5000)],
+                    before: vec![],
+                },
+            ],
+        };
+        assert!(l.changed(&done));
+        l.save(&done).unwrap();
+        assert_eq!(previous(&path).unwrap(), Some(done.clone()));
+        // A registration is written without `before`, and a ledger
+        // written before the field existed reads the same.
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("before"), "{text}");
+        let old =
+            r#"{"marks":[],"uffd":[{"pid":7,"start_time":9,"fd":5,"ranges":[[4096,12288]]}]}"#;
+        let rec: Record = serde_json::from_str(old).unwrap();
+        assert_eq!(rec.uffd[0], done.uffd[0]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn saves_atomically_reads_back_and_refuses_what_others_can_write() {
         let dir = std::env::temp_dir().join(format!("pagesift-ledger-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -497,6 +624,7 @@ mod tests {
             start_time: 9,
             fd: 5,
             ranges: vec![(0x8000, 0x9000)],
+            before: vec![],
         });
         l.save(&rec).unwrap();
         let meta = std::fs::metadata(&path).unwrap();

@@ -305,6 +305,7 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         now_ns(t0),
     );
     daemon.set_journal(Box::new(ledger.clone()));
+    daemon.target_mut().set_journal(Box::new(ledger.clone()));
     start_pending_hints(&mut daemon);
     let _watchdog = crate::watchdog::Watchdog::spawn(
         daemon.wake_watch(),
@@ -409,6 +410,7 @@ fn save_ledger(
             start_time: 0,
             fd,
             ranges,
+            before: vec![],
         });
     }
     if !ledger.changed(&rec) {

@@ -239,6 +239,25 @@ pub const VMA_COUNT_FRESH: Duration = Duration::from_secs(1);
 /// target, registered `[start, end)` ranges).
 pub type Registration = (u32, i32, Vec<(u64, u64)>);
 
+/// Where write tracking is written down before a batch that may open a
+/// userfaultfd in a target: a daemon killed between that batch and the end
+/// of its wake-up (when the crash ledger is saved with the descriptor's
+/// number) must still leave it recorded, or its successor could not close
+/// it (`crate::ledger`, [`crate::ledger::OPENING`]).
+pub trait TrackJournal {
+    /// Ranges of `pid` (started at `start_time`) are about to be
+    /// registered by a batch that may open a descriptor; `before` lists
+    /// the userfaultfds it has now. An error says why this could not be
+    /// written down; then the batch does not run.
+    fn intend_tracking(
+        &mut self,
+        pid: u32,
+        start_time: u64,
+        before: &[i32],
+        ranges: &[(u64, u64)],
+    ) -> Result<(), String>;
+}
+
 /// The live processes of this machine.
 pub struct LinuxTarget {
     src: LinuxSource,
@@ -269,6 +288,9 @@ pub struct LinuxTarget {
     untrackable: BTreeSet<u32>,
     /// `/proc/vmstat`, kept open for `cow_ksm` (read with every status).
     vmstat: Option<proc::KeptOpen>,
+    /// Where batches that may open a descriptor are written down first
+    /// (none: not written down, in tests without a ledger).
+    journal: Option<Box<dyn TrackJournal>>,
 }
 
 impl LinuxTarget {
@@ -291,9 +313,16 @@ impl LinuxTarget {
             injector: pagesift_linux::inject::Injector::new(Default::default()),
             untrackable: BTreeSet::new(),
             vmstat: proc::KeptOpen::open("/proc/vmstat").ok(),
+            journal: None,
         };
         t.read_facts(None);
         Ok(t)
+    }
+
+    /// Writes batches that may open a userfaultfd in a target down in
+    /// `journal` before they run.
+    pub fn set_journal(&mut self, journal: Box<dyn TrackJournal>) {
+        self.journal = Some(journal);
     }
 
     /// The userfaultfd registrations made for write tracking: (pid, the
@@ -686,6 +715,18 @@ impl Target for LinuxTarget {
             }
         }
         for (pid, ranges) in new {
+            if wt.opens_descriptor(pid)
+                && let Some(j) = &mut self.journal
+            {
+                let Some((start_time, _)) = pagesift_linux::discover::identity(pid) else {
+                    continue; // gone
+                };
+                let before = pagesift_linux::uffd::userfaultfds(pid);
+                if let Err(e) = j.intend_tracking(pid, start_time, &before, &ranges) {
+                    tracing::warn!(pid, error = %e, "write tracking not started");
+                    continue;
+                }
+            }
             tracing::debug!(pid, ranges = ?ranges, "write tracking: register");
             match wt.track(&mut self.injector, pid, &ranges) {
                 Ok(TrackOutcome::Tracking {

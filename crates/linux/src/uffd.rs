@@ -172,6 +172,15 @@ impl WriteTracker {
         sys::same_file(pid, t.fd, crate::own_pid(), t.dup.as_raw_fd()).unwrap_or(false)
     }
 
+    /// Whether the next [`track`](Self::track) of `pid` opens a descriptor
+    /// in it: none is known, or the one known is no longer ours (the
+    /// process exec'd or closed it).
+    pub fn opens_descriptor(&self, pid: u32) -> bool {
+        self.procs
+            .get(&pid)
+            .is_none_or(|t| !Self::still_ours(pid, t))
+    }
+
     /// Registers `ranges` (page-aligned `[start, end)`, not yet tracked) of
     /// `pid` for write tracking in one attach and arms them.
     pub fn track(
@@ -602,18 +611,61 @@ fn unregister_calls(fd: i32, ranges: &[(u64, u64)]) -> Vec<Syscall> {
         .collect()
 }
 
+/// The numbers of the userfaultfd descriptors `pid` has open (its
+/// `/proc/PID/fd` links), in no particular order; none if it is gone.
+pub fn userfaultfds(pid: u32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return vec![];
+    };
+    dir.flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:[userfaultfd]")
+        })
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
 /// How many userfaultfd descriptors `pid` has open.
 pub fn count_userfaultfds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| {
-            d.flatten()
-                .filter(|e| {
-                    std::fs::read_link(e.path())
-                        .is_ok_and(|l| l.as_os_str() == "anon_inode:[userfaultfd]")
-                })
-                .count()
-        })
-        .unwrap_or(0)
+    userfaultfds(pid).len()
+}
+
+/// The features userfaultfd `fd` of `pid` was handshaken with (its
+/// `/proc/PID/fdinfo/FD` line `API:\tAA:FEATURES:IOCTLS`; 0 before its
+/// `UFFDIO_API`), or `None` if it is not a userfaultfd.
+fn features(pid: u32, fd: i32) -> Option<u64> {
+    if !fd_is_userfaultfd(pid, fd) {
+        return None;
+    }
+    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok()?;
+    info.lines()
+        .filter_map(|l| l.strip_prefix("API:"))
+        .filter_map(|v| v.trim().split(':').nth(1))
+        .find_map(|f| u64::from_str_radix(f, 16).ok())
+}
+
+/// Whether descriptor `fd` of `pid` is a userfaultfd whose handshake asked
+/// for the features write tracking asks for: one of ours, or an
+/// application's with the same features.
+pub fn has_tracking_features(pid: u32, fd: i32) -> bool {
+    features(pid, fd).is_some_and(|f| f & TRACK_FEATURES == TRACK_FEATURES)
+}
+
+/// For the crash ledger's recovery: userfaultfd `fd` of `pid`, which a
+/// write-tracking batch opened, made ready for [`close_calls`]. A batch
+/// cut (its daemon killed) between the `userfaultfd()` and its handshake
+/// left a descriptor that answers no ioctl but `UFFDIO_API`, so the
+/// close's proof would fail: the handshake is done here, on a duplicate
+/// (the same open file). Returns whether `fd` now has the tracking
+/// features.
+pub fn ready_to_close(pid: u32, fd: i32) -> bool {
+    match features(pid, fd) {
+        Some(0) => {
+            dup_fd(pid, fd).is_ok_and(|dup| sys::uffd_api(dup.as_fd(), TRACK_FEATURES).is_ok())
+        }
+        Some(f) => f & TRACK_FEATURES == TRACK_FEATURES,
+        None => false,
+    }
 }
 
 #[cfg(test)]
