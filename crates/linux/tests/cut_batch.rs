@@ -6,12 +6,24 @@
 //! leaves nothing of ours in the target, and the target must run on with
 //! its memory unchanged.
 //!
-//! The cut is process-wide, so this binary holds this one test. Root is
-//! needed.
+//! The cut is process-wide, so the tests here run one at a time
+//! ([`pagesift_testkit::serial`]) and turn it off when they end, even when
+//! they fail ([`Cutting`]). Root is needed.
 
-use pagesift_linux::inject::{InjectConfig, Injector, Outcome, cut_batches_before};
+use pagesift_linux::inject::{
+    InjectConfig, Injector, Outcome, Syscall, cut_batches, cut_batches_before,
+};
 use pagesift_linux::uffd::{TrackOutcome, WriteTracker, count_userfaultfds};
 use pagesift_testkit::Target;
+
+/// Turns cutting off when dropped.
+struct Cutting;
+
+impl Drop for Cutting {
+    fn drop(&mut self) {
+        cut_batches(None);
+    }
+}
 
 const PAGE: u64 = 4096;
 
@@ -38,6 +50,7 @@ fn skipped(o: TrackOutcome) -> String {
 fn a_cut_track_batch_keeps_what_ran_and_untracking_leaves_nothing() {
     pagesift_testkit::require_root();
     let _g = pagesift_testkit::serial();
+    let _off = Cutting;
     let t = Target::start("sleep", &["--ms", "20"]);
     let (pid, addr, len) = (t.pid(), t.addr(), t.len());
     assert!(len >= 12 * PAGE, "the target maps {len} bytes");
@@ -90,6 +103,55 @@ fn a_cut_track_batch_keeps_what_ran_and_untracking_leaves_nothing() {
     assert_eq!(wt.tracked_processes(), 0);
     assert_eq!(count_userfaultfds(pid), 0, "no userfaultfd left");
     assert_eq!(uffd_wp_vmas(pid), vec![], "no registration left");
+    let report = t.finish();
+    assert!(report["iterations"].as_u64().unwrap() > 0, "{report}");
+}
+
+/// A descriptor opened for ranges that were all refused (here: another
+/// userfaultfd holds them) is closed at once, in a batch of its own. When
+/// that close is cut, the descriptor stays known to the tracker, and the
+/// next untrack closes it: it is not left in the target.
+#[test]
+fn a_refused_tracks_close_that_is_cut_leaves_the_descriptor_known() {
+    pagesift_testkit::require_root();
+    let _g = pagesift_testkit::serial();
+    let _off = Cutting;
+    let t = Target::start("sleep", &["--ms", "20"]);
+    let (pid, addr, len) = (t.pid(), t.addr(), t.len());
+    let mut inj = Injector::new(InjectConfig::default());
+    // The first tracker stands for an application's own userfaultfd.
+    let mut first = WriteTracker::new();
+    match first.track(&mut inj, pid, &[(addr, addr + len)]).unwrap() {
+        TrackOutcome::Tracking { registered, .. } => {
+            assert_eq!(registered, vec![(addr, addr + len)])
+        }
+        other => panic!("expected tracking, got {other:?}"),
+    }
+    // Only batches with a close are cut, before it.
+    cut_batches(Some(Box::new(|calls: &[Syscall]| {
+        calls.iter().position(|c| matches!(c, Syscall::Close(_)))
+    })));
+    let mut second = WriteTracker::new();
+    let why = skipped(second.track(&mut inj, pid, &[(addr, addr + len)]).unwrap());
+    assert!(why.contains("already uses userfaultfd"), "{why}");
+    assert_eq!(count_userfaultfds(pid), 2, "the close did not run");
+    assert!(
+        second.target_fd(pid).is_some(),
+        "the descriptor is kept known"
+    );
+    assert_eq!(second.ranges(pid), &[] as &[(u64, u64)]);
+    cut_batches(None);
+    let o = second.untrack_process(&mut inj, pid).unwrap();
+    assert!(matches!(o, Outcome::Done(_)), "{o:?}");
+    assert_eq!(second.target_fd(pid), None);
+    assert_eq!(
+        count_userfaultfds(pid),
+        1,
+        "closed; the first one's is left"
+    );
+    first.untrack_process(&mut inj, pid).unwrap();
+    assert_eq!(count_userfaultfds(pid), 0);
+    assert_eq!(uffd_wp_vmas(pid), vec![]);
     let report = t.finish();
     assert!(report["iterations"].as_u64().unwrap() > 0, "{report}");
 }

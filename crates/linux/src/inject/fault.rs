@@ -7,27 +7,47 @@
 //! moments. Outside tests the variable is unset and a checkpoint costs
 //! one atomic load.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use super::calls::Syscall;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-/// The index of the call before which every batch is cut, or `usize::MAX`.
-static CUT_BEFORE: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// Where a batch is cut: given its calls, the index of the call before
+/// which it is cut, or `None` to run it whole.
+pub type CutRule = Box<dyn Fn(&[Syscall]) -> Option<usize> + Send>;
+
+/// Whether a [`CutRule`] is set: the one load a batch costs without one.
+static CUTTING: AtomicBool = AtomicBool::new(false);
+static CUT_RULE: Mutex<Option<CutRule>> = Mutex::new(None);
 
 /// For tests of what callers do with a batch abandoned part-way: from now
-/// on, every batch of this process with more than `call` calls is cut
-/// before its `call`-th (0-based), exactly as a target frozen between two
-/// calls cuts it (the thread released onto its rescue frame, the outcome
+/// on, every batch of this process is cut where `rule` says, exactly as a
+/// target frozen between two calls cuts it (the thread released onto its
+/// rescue frame, the outcome
 /// [`SkipReason::SyscallTimeout`](super::SkipReason::SyscallTimeout) with
 /// the results of the calls that ran), only without waiting for the call
-/// timeout. `None` turns it off. The setting is process-wide: a test that
-/// uses it must be alone in its test binary.
-pub fn cut_batches_before(call: Option<usize>) {
-    CUT_BEFORE.store(call.unwrap_or(usize::MAX), Ordering::SeqCst);
+/// timeout. `None` turns it off. The setting is process-wide: tests that
+/// use it must not run beside other injecting tests of their binary, and
+/// must turn it off even when they fail.
+pub fn cut_batches(rule: Option<CutRule>) {
+    let mut r = CUT_RULE.lock().unwrap_or_else(PoisonError::into_inner);
+    CUTTING.store(rule.is_some(), Ordering::SeqCst);
+    *r = rule;
 }
 
-/// Whether the batch in hand is to be cut before its call `index`.
-pub(super) fn cuts_before(index: usize) -> bool {
-    index == CUT_BEFORE.load(Ordering::Relaxed)
+/// [`cut_batches`] with the rule "before call `call` (0-based), in every
+/// batch that has one"; `None` turns cutting off.
+pub fn cut_batches_before(call: Option<usize>) {
+    cut_batches(call.map(|i| -> CutRule { Box::new(move |calls| (calls.len() > i).then_some(i)) }));
+}
+
+/// Where the batch of `calls` is to be cut, if anywhere.
+pub(super) fn cut_point(calls: &[Syscall]) -> Option<usize> {
+    if !CUTTING.load(Ordering::Relaxed) {
+        return None;
+    }
+    let r = CUT_RULE.lock().unwrap_or_else(PoisonError::into_inner);
+    r.as_ref().and_then(|rule| rule(calls))
 }
 
 /// `PAGESIFT_INJECT_FAULT=N` makes the process SIGKILL itself at the N-th

@@ -165,7 +165,7 @@ mod worker;
 pub use crate::proc::{map_count, max_map_count};
 pub use calls::{Advice, ECANCELED, Fd, Syscall, uffd_abi};
 pub use facts::map_budget;
-pub use fault::cut_batches_before;
+pub use fault::{CutRule, cut_batches, cut_batches_before};
 pub use gadgets::find_syscall_insn;
 pub use injector::Injector;
 pub use outcome::{Gone, InjectConfig, InjectError, InjectStats, Injection, Outcome, SkipReason};

@@ -22,7 +22,7 @@
 
 use super::calls::{ERESTART_RESTARTBLOCK, Syscall, nr};
 use super::facts::{ProcStat, ThreadStatus, cgroup_frozen, cgroup_path, map_budget};
-use super::fault::{checkpoint, cuts_before};
+use super::fault::{checkpoint, cut_point};
 use super::gadgets::Gadgets;
 use super::outcome::{Gone, InjectConfig, InjectError, Injection, Outcome, SkipReason, WHY_INJECT};
 use super::rescue::{SCRATCH_ALL_SIGNALS, SCRATCH_OWN_MASK};
@@ -445,6 +445,7 @@ impl Tracer {
         let scratch = s.rescue.as_ref().expect("installed").scratch;
 
         let mut results = Vec::with_capacity(job.calls.len());
+        let cut = cut_point(&job.calls);
         for (i, call) in job.calls.iter().enumerate() {
             let (number, args, bytes) = match call.encode(&results, scratch) {
                 Ok(e) => e,
@@ -453,7 +454,7 @@ impl Tracer {
                     continue;
                 }
             };
-            let step = if cuts_before(i) {
+            let step = if cut == Some(i) {
                 Err(StepError::Aborted)
             } else {
                 s.call(number, args, &bytes, cfg)
