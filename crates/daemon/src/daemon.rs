@@ -358,6 +358,11 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     /// The last region looked at for renewal between checks (they are
     /// looked at in turn, [`RENEWAL_LOOKS_PER_WAKE`] a wake-up).
     renewal_cursor: Option<RegionId>,
+    /// The regions large enough for the lifespan rule (at least its
+    /// smallest size), as of the last refresh: the only ones a renewal
+    /// turn looks among, so that a turn does not walk every book (with
+    /// thousands of small VMAs it walked them all at every wake-up).
+    renewal_sized: BTreeSet<RegionId>,
     /// CPU per wake-up phase (status and metrics).
     phase_cpu: PhaseCpu,
     /// Which phase the running wake-up is in, for the watchdog.
@@ -443,6 +448,11 @@ pub struct Daemon<T: Target, A: Actuator, K: KsmControl> {
     states: Vec<PageState>,
     /// Ranges write-tracked now, and when their writes were last read.
     tracked: usize,
+    /// The regions whose write watch may be on: those write tracking was
+    /// asked for at the last [`Daemon::watch_writes`]. Every book with a
+    /// watch is among them (watches are armed only there), so the next
+    /// call need not walk every book to find them.
+    watched: BTreeSet<RegionId>,
     last_write_read: Nanos,
     /// The exact sweep (see [`crate::sweep`] and [`Daemon::sweep`]).
     sweeper: Sweeper,
@@ -507,6 +517,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             short_logged: BTreeSet::new(),
             short_looked: None,
             renewal_cursor: None,
+            watched: BTreeSet::new(),
+            renewal_sized: BTreeSet::new(),
             phase_cpu: PhaseCpu::default(),
             wake_watch: WakeWatch::new(),
             skipped: BTreeMap::new(),

@@ -309,8 +309,16 @@ impl LinuxTarget {
             filled: BTreeMap::new(),
             max_map_count: proc::max_map_count().unwrap_or(65_530),
             vma_counts: RefCell::new(HashMap::new()),
+            // As the actuator's: the count after each batch only starts the
+            // next budget check, which the bound serves
+            // (`InjectConfig::count_vmas_after`); with 10 000 VMAs a process
+            // that count was a sixth of the daemon's CPU samples
+            // (docs/reliability.md, "Memory with very many VMAs").
             #[cfg(target_arch = "x86_64")]
-            injector: pagesift_linux::inject::Injector::new(Default::default()),
+            injector: pagesift_linux::inject::Injector::new(pagesift_linux::inject::InjectConfig {
+                count_vmas_after: false,
+                ..Default::default()
+            }),
             untrackable: BTreeSet::new(),
             vmstat: proc::KeptOpen::open("/proc/vmstat").ok(),
             journal: None,

@@ -852,8 +852,10 @@ impl Lifecycle {
 /// region after every transition ([`Lifecycles::apply`]) and property-tested
 /// against the lifecycles themselves:
 /// - `holds`: `(until, id)` for every held region, in release order;
-/// - `merging`: the accounted regions that have not settled;
-/// - `accounted`: the promoted and foreign regions.
+/// - `merging`: the accounted regions that have not settled (ksmd's pace
+///   weighs what they wait for, [`Lifecycles::merging_values`]);
+/// - `accounted`: the promoted and foreign regions (what one of ksmd's
+///   full scans covers, [`Lifecycles::accounted_values`]).
 ///
 /// `sampling_changes` counts every region that started or stopped
 /// sampling, or was tracked new or forgotten: a caller that keeps a verdict
@@ -949,6 +951,19 @@ impl Lifecycles {
     /// Every tracked region's lifecycle.
     pub fn values(&self) -> impl Iterator<Item = &Lifecycle> {
         self.regions.values()
+    }
+
+    /// The lifecycles of the accounted regions (promoted or foreign), in
+    /// id order, from their index: what ksmd's pace weighs, without a walk
+    /// over every tracked region.
+    pub fn accounted_values(&self) -> impl Iterator<Item = &Lifecycle> {
+        (self.accounted.iter()).filter_map(|id| self.regions.get(id))
+    }
+
+    /// The lifecycles of the merging regions (accounted, not settled), in
+    /// id order, from their index.
+    pub fn merging_values(&self) -> impl Iterator<Item = &Lifecycle> {
+        (self.merging.iter()).filter_map(|id| self.regions.get(id))
     }
 
     /// How many regions are tracked.
@@ -2206,6 +2221,9 @@ mod tests {
                 let accounted: BTreeSet<RegionId> =
                     l.iter().filter(|(_, x)| x.accounted()).map(|(id, _)| id).collect();
                 prop_assert_eq!(&l.accounted, &accounted);
+                let waiting: u64 = l.values().map(|x| x.waiting_pages(3)).sum();
+                prop_assert_eq!(l.merging_values().map(|x| x.waiting_pages(3)).sum::<u64>(), waiting);
+                prop_assert_eq!(l.accounted_values().count(), accounted.len());
                 let due: Vec<RegionId> =
                     l.iter().filter(|(_, x)| x.pass_due(now, l.scan)).map(|(id, _)| id).collect();
                 prop_assert_eq!(l.passes_due(now), due);

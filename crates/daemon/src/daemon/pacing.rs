@@ -22,7 +22,9 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         // full scan below. Runs marked since the last refresh count too
         // (see `pending_run_pages`).
         let full_scans = self.ksm_now.full_scans;
-        let unmerged: u64 = (self.lives.values())
+        // (Only merging regions wait: their index, not every region, is
+        // walked at every wake-up.)
+        let unmerged: u64 = (self.lives.merging_values())
             .map(|l| l.waiting_pages(full_scans))
             .sum::<u64>()
             + self.pending_run_pages;
@@ -31,8 +33,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         // is scanned too, unseen): the pacer spends no more than a few such
         // scans a second. A region not yet counted through counts whole,
         // so that a fresh promotion is never starved.
-        let scan_pages: u64 = (self.lives.values())
-            .filter(|l| l.accounted())
+        let scan_pages: u64 = (self.lives.accounted_values())
             .map(|l| l.scan_pages())
             .sum::<u64>()
             + self.pending_run_pages;

@@ -126,27 +126,34 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
     /// or of a process with an early death). A QEMU has hundreds of such
     /// regions while its guest boots, so they take turns.
     pub(crate) fn renewal_turn(&mut self, now: Nanos) -> BTreeSet<RegionId> {
+        if self.renewal_sized.is_empty() {
+            return BTreeSet::new();
+        }
         let rules = *self.lifespans.rules();
         let early: HashSet<ProcKey> = self.lifespans.procs().copied().collect();
-        let judged = |(_, b): &(&RegionId, &Book)| {
-            b.span.pages >= rules.min_pages
-                && (now.saturating_sub(b.first_seen) < rules.short || early.contains(&b.span.proc))
+        let books = &self.books;
+        let judged = |id: &&RegionId| {
+            books.get(id).is_some_and(|b| {
+                b.span.pages >= rules.min_pages
+                    && (now.saturating_sub(b.first_seen) < rules.short
+                        || early.contains(&b.span.proc))
+            })
         };
         let after = self
             .renewal_cursor
             .map_or(Bound::Unbounded, Bound::Excluded);
         // In visiting order, so that the cursor is the last one visited
         // (after a wrap, one near the start).
-        let mut order: Vec<RegionId> = (self.books.range((after, Bound::Unbounded)))
+        let mut order: Vec<RegionId> = (self.renewal_sized.range((after, Bound::Unbounded)))
             .filter(judged)
-            .map(|(&id, _)| id)
+            .copied()
             .take(RENEWAL_LOOKS_PER_WAKE)
             .collect();
         let more = RENEWAL_LOOKS_PER_WAKE - order.len();
         if more > 0 {
-            let wrapped: Vec<RegionId> = (self.books.iter())
+            let wrapped: Vec<RegionId> = (self.renewal_sized.iter())
                 .filter(judged)
-                .map(|(&id, _)| id)
+                .copied()
                 .take_while(|id| !order.contains(id))
                 .take(more)
                 .collect();
@@ -398,6 +405,11 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             self.recurrences
                 .died(b.span.proc, b.span.start, b.span.pages, ending, now);
         }
+        let min_pages = self.lifespans.rules().min_pages;
+        self.renewal_sized = (self.books.iter())
+            .filter(|(_, b)| b.span.pages >= min_pages)
+            .map(|(&id, _)| id)
+            .collect();
         let live: HashSet<ProcKey> = self.allowed.values().copied().collect();
         self.lifespans.retain(now, |k| live.contains(k));
         self.recurrences.retain(now, |k| live.contains(k));

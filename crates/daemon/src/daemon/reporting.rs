@@ -81,33 +81,35 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 regions: Vec::new(),
             })
             .collect();
+        // Each list is chosen by its key first, and only the regions
+        // listed are described: with the region cap full (131 072), a
+        // description of every region per status was most of the daemon's
+        // CPU under a status poll a second (docs/reliability.md).
+        let books = &self.books;
+        let listed = |keyed: Vec<(u64, RegionId)>, most: usize| -> Vec<RegionStatus> {
+            largest(keyed, most)
+                .into_iter()
+                .filter_map(|id| books.get(&id).map(|b| region(id, b)))
+                .collect()
+        };
         for l in 0..ladder.levels() {
             let ids = ladder.regions_at(l);
             levels[l].region_count = ids.len() as u64;
-            let mut rs: Vec<RegionStatus> = ids
-                .iter()
-                .filter_map(|id| self.books.get(id).map(|b| region(*id, b)))
+            let keyed = (ids.iter())
+                .filter_map(|&id| Some((u64::from(books.get(&id)?.span.pages), id)))
                 .collect();
-            rs.sort_by(|a, b| b.pages.cmp(&a.pages).then(a.id.cmp(&b.id)));
-            rs.truncate(MAX_LISTED);
-            levels[l].regions = rs;
+            levels[l].regions = listed(keyed, MAX_LISTED);
         }
-        let mut top: Vec<RegionStatus> = self
-            .books
-            .iter()
-            .filter(|(id, _)| lives[**id].merged_now() > 0)
-            .map(|(id, b)| region(*id, b))
+        let merged = (lives.iter())
+            .map(|(id, l)| (l.merged_now(), id))
+            .filter(|&(m, id)| m > 0 && books.contains_key(&id))
             .collect();
-        top.sort_by(|a, b| b.merged_pages.cmp(&a.merged_pages).then(a.id.cmp(&b.id)));
-        top.truncate(20);
-        let mut held: Vec<RegionStatus> = self
-            .books
-            .iter()
-            .filter(|(id, _)| lives[**id].held())
-            .map(|(id, b)| region(*id, b))
+        let top = listed(merged, 20);
+        let held = (lives.iter())
+            .filter(|(_, l)| l.held())
+            .filter_map(|(id, _)| Some((u64::from(books.get(&id)?.span.pages), id)))
             .collect();
-        held.sort_by(|a, b| b.pages.cmp(&a.pages).then(a.id.cmp(&b.id)));
-        held.truncate(MAX_LISTED);
+        let held = listed(held, MAX_LISTED);
         let count = |f: &dyn Fn(&pagesift_core::pipeline::lifecycle::Lifecycle) -> bool| {
             lives.values().filter(|l| f(l)).count() as u64
         };
@@ -310,4 +312,39 @@ fn cpu_by_thread() -> BTreeMap<String, f64> {
         *out.entry(name).or_insert(0.0) += t.cpu_ns as f64 / 1e9;
     }
     out
+}
+
+/// The ids of the `most` largest keys of `keyed`, largest first (equal
+/// keys: the lower id first), without sorting all of them.
+fn largest(mut keyed: Vec<(u64, RegionId)>, most: usize) -> Vec<RegionId> {
+    let order = |a: &(u64, RegionId), b: &(u64, RegionId)| b.0.cmp(&a.0).then(a.1.cmp(&b.1));
+    if keyed.len() > most && most > 0 {
+        keyed.select_nth_unstable_by(most - 1, order);
+    }
+    keyed.truncate(most);
+    keyed.sort_by(order);
+    keyed.into_iter().map(|(_, id)| id).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn largest_picks_the_largest_keys_in_order_lower_ids_first_on_ties() {
+        let r = RegionId;
+        let keyed = vec![
+            (5, r(1)),
+            (9, r(2)),
+            (5, r(0)),
+            (1, r(3)),
+            (9, r(4)),
+            (7, r(5)),
+        ];
+        assert_eq!(largest(keyed.clone(), 3), vec![r(2), r(4), r(5)]);
+        assert_eq!(largest(keyed.clone(), 4), vec![r(2), r(4), r(5), r(0)]);
+        assert_eq!(largest(keyed.clone(), 10).len(), 6);
+        assert_eq!(largest(keyed, 0), vec![]);
+        assert_eq!(largest(vec![], 3), vec![]);
+    }
 }

@@ -92,6 +92,7 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             if self.tracked > 0 {
                 self.tracked = self.target.sync_write_tracking(&[]);
                 self.books.values_mut().for_each(|b| b.watch = None);
+                self.watched.clear();
             }
             return;
         }
@@ -114,7 +115,19 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let (mut swept_ready, mut swept_hot) = (BTreeSet::new(), BTreeSet::new());
         let mut candidates: Vec<(usize, RegionId)> = Vec::new();
         let rules = write_rules(&self.config);
-        for (&id, b) in &mut self.books {
+        // A bottom-level region neither watched nor swept is none of the
+        // cases below: only the others are visited (with many thousands
+        // of regions, a walk over every book at every wake-up was a large
+        // part of the daemon's CPU, docs/reliability.md).
+        let mut visit: BTreeSet<RegionId> = self.watched.clone();
+        visit.extend(&swept);
+        for level in 1..ladder.levels() {
+            visit.extend(ladder.regions_at(level));
+        }
+        for id in visit {
+            let Some(b) = self.books.get_mut(&id) else {
+                continue;
+            };
             if read && let Some(w) = &mut b.watch {
                 let s = &b.span;
                 match self.target.written_runs(s.proc.pid, s.start, s.end()) {
@@ -130,12 +143,6 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 }
             }
             let level = ladder.level_of(id).unwrap_or(0);
-            // A bottom-level region neither watched nor swept is none of
-            // the cases below: skip the verdict (this loop runs every
-            // wake-up over every region).
-            if level == 0 && b.watch.is_none() && !swept.contains(&id) {
-                continue;
-            }
             let held = held_since_cleared(&self.lives, id);
             let verdict = write_verdict(b, dup_share(ladder, id), &self.config, now, held);
             // Cold all over: cleared (the watch stops as soon as the
@@ -205,7 +212,11 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
         let ranges: Vec<(u32, u64, u64)> = wanted.iter().map(|w| (w.0, w.1, w.2)).collect();
         self.tracked = self.target.sync_write_tracking(&ranges);
         let wanted: BTreeSet<RegionId> = wanted.iter().map(|w| w.3).collect();
-        for (id, b) in &mut self.books {
+        let before = std::mem::take(&mut self.watched);
+        for id in before.union(&wanted) {
+            let Some(b) = self.books.get_mut(id) else {
+                continue;
+            };
             if !wanted.contains(id) {
                 b.watch = None;
             } else if b.watch.is_none() {
@@ -222,5 +233,6 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 }
             }
         }
+        self.watched = wanted;
     }
 }
