@@ -379,16 +379,29 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             .filter(|id| !seen.contains(id))
             .copied()
             .collect();
+        // The regions kept, by process and start: a gone region that one
+        // of them overlaps was renumbered, not unmapped. (Looked up, not
+        // searched for: a process with thousands of regions that exits
+        // took a scan of every book per region gone.) A process's regions
+        // do not overlap, so the one to check is the last that starts
+        // before the gone one ends.
+        let kept: BTreeSet<(ProcKey, u64, u64)> = if gone.is_empty() {
+            BTreeSet::new()
+        } else {
+            (self.books.iter())
+                .filter(|(id, _)| seen.contains(id))
+                .map(|(_, b)| (b.span.proc, b.span.start, b.span.end()))
+                .collect()
+        };
         for id in gone {
             let life = self.lives.forget(id);
             let Some(b) = self.books.remove(&id) else {
                 continue;
             };
-            let renumbered = self.books.values().any(|o| {
-                o.span.proc == b.span.proc
-                    && o.span.start < b.span.end()
-                    && b.span.start < o.span.end()
-            });
+            let renumbered = kept
+                .range(..(b.span.proc, b.span.end(), 0))
+                .next_back()
+                .is_some_and(|&(p, _, end)| p == b.span.proc && b.span.start < end);
             if renumbered {
                 continue;
             }
