@@ -6,6 +6,7 @@
 
 mod support;
 
+use pagesift_linux::uffd::count_userfaultfds;
 use pagesift_testkit::{Daemon, Target, serial, temp_dir};
 
 use std::process::Command;
@@ -116,17 +117,6 @@ fn a_targets_own_missing_userfaultfd_never_wedges_the_daemon() {
     t.finish();
 }
 
-/// userfaultfds of `pid` (`/proc/PID/fd` links to `anon_inode:[userfaultfd]`).
-fn userfaultfds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| {
-            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-                .filter(|l| l.to_string_lossy() == "anon_inode:[userfaultfd]")
-                .count()
-        })
-        .unwrap_or(0)
-}
-
 /// SIGKILL the daemon while it holds write-tracking registrations, then
 /// while it holds marks; each restart takes away what the dead one left
 /// (its ledger under /run), and after a clean stop with --unmerge-on-exit
@@ -145,7 +135,7 @@ fn a_restarted_daemon_takes_away_what_its_killed_predecessor_left() {
         d.signal("KILL");
         d.child.take().unwrap().wait().unwrap();
     };
-    let uffds = || userfaultfds(a.pid()) + userfaultfds(b.pid());
+    let uffds = || count_userfaultfds(a.pid()) + count_userfaultfds(b.pid());
     let marked = || {
         support::any_mergeable(a.pid(), a.addr(), a.len())
             || support::any_mergeable(b.pid(), b.addr(), b.len())
@@ -327,7 +317,7 @@ fn a_daemon_killed_right_after_opening_a_userfaultfd_leaves_it_in_its_ledger() {
     for n in 1..=16 {
         let a = Target::start("sleep", &["--ms", "5"]);
         let b = Target::start("sleep", &["--ms", "5"]);
-        let uffds = || userfaultfds(a.pid()) + userfaultfds(b.pid());
+        let uffds = || count_userfaultfds(a.pid()) + count_userfaultfds(b.pid());
         killed_at_checkpoint(n, dir, &config, &a, &b);
         if uffds() > 0 {
             left_open += 1;
