@@ -11,6 +11,9 @@
 //! - [`pagemap_scan_written`]: the same ioctl with `PM_SCAN_WP_MATCHING`,
 //!   which reports pages written since they were last write-protected by
 //!   userfaultfd and protects them again (write tracking, [`crate::uffd`]).
+//! - [`procmap_query`]: the `PROCMAP_QUERY` ioctl on `/proc/PID/maps`
+//!   (Linux 6.11+), one VMA at or after an address, filtered by
+//!   permission in the kernel ([`crate::vma_query`]).
 //! - [`same_file`]: `kcmp(KCMP_FILE)`, which rustix does not wrap.
 //! - [`uffd_api`]: the `UFFDIO_API` handshake on a userfaultfd.
 //! - [`move_pages`] and [`bind_memory`] (`set_mempolicy`): NUMA placement,
@@ -85,11 +88,34 @@ struct UffdioApi {
     ioctls: u64,
 }
 
-/// The raw ioctls, kept private: only [`pagemap_scan`] and [`uffd_api`]
-/// call them.
+/// `struct procmap_query` of `<linux/fs.h>` (Linux 6.11+), 104 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct ProcmapQueryArg {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+/// The raw ioctls, kept private: only [`pagemap_scan`], [`procmap_query`]
+/// and [`uffd_api`] call them.
 mod raw {
     // PAGEMAP_SCAN = _IOWR('f', 16, struct pm_scan_arg) (<linux/fs.h>).
     nix::ioctl_readwrite!(pagemap_scan_ioctl, b'f', 16, super::PmScanArg);
+    // PROCMAP_QUERY = _IOWR('f', 17, struct procmap_query) (<linux/fs.h>).
+    nix::ioctl_readwrite!(procmap_query_ioctl, b'f', 17, super::ProcmapQueryArg);
     // UFFDIO_API = _IOWR(0xAA, 0x3F, struct uffdio_api).
     nix::ioctl_readwrite!(uffdio_api_ioctl, 0xAA, 0x3F, super::UffdioApi);
 }
@@ -216,6 +242,87 @@ fn scan(
     let n =
         unsafe { raw::pagemap_scan_ioctl(fd.as_raw_fd(), &mut arg) }.map_err(io::Error::from)?;
     Ok((n as usize, arg.walk_end))
+}
+
+/// `PROCMAP_QUERY_VMA_*` permission bits (`<linux/fs.h>`): in a query's
+/// flags, the VMA must have them; in [`QueriedVma::perms`], the ones it
+/// has.
+pub const PROCMAP_VMA_READABLE: u64 = 0x01;
+/// See [`PROCMAP_VMA_READABLE`].
+pub const PROCMAP_VMA_WRITABLE: u64 = 0x02;
+/// See [`PROCMAP_VMA_READABLE`].
+pub const PROCMAP_VMA_EXECUTABLE: u64 = 0x04;
+/// See [`PROCMAP_VMA_READABLE`].
+pub const PROCMAP_VMA_SHARED: u64 = 0x08;
+/// `PROCMAP_QUERY_COVERING_OR_NEXT_VMA`: the VMA covering the address, or
+/// else the next one that matches.
+const PROCMAP_COVERING_OR_NEXT_VMA: u64 = 0x10;
+
+/// One VMA as `PROCMAP_QUERY` describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueriedVma {
+    /// First address.
+    pub start: u64,
+    /// End address (exclusive).
+    pub end: u64,
+    /// `PROCMAP_VMA_*` bits it has.
+    pub perms: u64,
+    /// File offset of `start` (0 for anonymous memory).
+    pub offset: u64,
+    /// Device of the file, major and minor (0, 0 for anonymous memory).
+    pub dev: (u32, u32),
+    /// Inode of the file (0 for anonymous memory).
+    pub inode: u64,
+    /// The name `/proc/PID/maps` prints (a path, `[heap]`, ...), or empty;
+    /// cut at the buffer the caller gave.
+    pub name: String,
+}
+
+/// `PROCMAP_QUERY` on `maps` (an open `/proc/PID/maps`): the first VMA
+/// that covers or follows `addr` and has every `PROCMAP_VMA_*` bit of
+/// `required`, its name read into `name_buf`. `Ok(None)`: there is none.
+/// `ENOTTY` before Linux 6.11. The kernel finds it in its VMA tree, so a
+/// query costs the same with ten VMAs or ten thousand, where reading
+/// `maps` formats every one.
+pub fn procmap_query(
+    maps: BorrowedFd<'_>,
+    addr: u64,
+    required: u64,
+    name_buf: &mut [u8],
+) -> io::Result<Option<QueriedVma>> {
+    let mut arg = ProcmapQueryArg {
+        size: std::mem::size_of::<ProcmapQueryArg>() as u64,
+        query_flags: required | PROCMAP_COVERING_OR_NEXT_VMA,
+        query_addr: addr,
+        vma_name_size: u32::try_from(name_buf.len()).unwrap_or(u32::MAX),
+        vma_name_addr: name_buf.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    // SAFETY: `arg` is a live, exclusively borrowed `repr(C)`
+    // `procmap_query` whose `size` field tells the kernel its size; its
+    // only pointer, `vma_name_addr`, is `name_buf`, live and exclusively
+    // borrowed, which the kernel writes at most `vma_name_size` bytes
+    // into; `build_id_size` is 0, so no build id is written. The query
+    // only reads the target's VMA tree.
+    match unsafe { raw::procmap_query_ioctl(maps.as_raw_fd(), &mut arg) } {
+        Ok(_) => {}
+        Err(nix::errno::Errno::ENOENT) => return Ok(None),
+        Err(e) => return Err(io::Error::from(e)),
+    }
+    // The kernel counts the name's terminating NUL in `vma_name_size`.
+    let len = (arg.vma_name_size as usize)
+        .min(name_buf.len())
+        .saturating_sub(1);
+    let name = String::from_utf8_lossy(&name_buf[..len]).into_owned();
+    Ok(Some(QueriedVma {
+        start: arg.vma_start,
+        end: arg.vma_end,
+        perms: arg.vma_flags,
+        offset: arg.vma_offset,
+        dev: (arg.dev_major, arg.dev_minor),
+        inode: arg.inode,
+        name,
+    }))
 }
 
 /// `kcmp(pid1, pid2, KCMP_FILE, fd1, fd2) == 0`: whether descriptor `fd1` of

@@ -8,9 +8,11 @@
 //!   `runtime.sigreturn`): the frame's return address, which restores the
 //!   thread's registers, mask and FPU state from the frame.
 //!
-//! They are searched in the executable mappings of `/proc/PID/maps`, the C
-//! library first (glibc has both), then the dynamic loader, then the rest,
-//! with `process_vm_readv` in 1 MiB chunks, at most 256 MiB per process.
+//! They are searched in the executable mappings of the process (asked of
+//! the kernel with `PROCMAP_QUERY`, or read from `/proc/PID/maps` on a
+//! kernel before 6.11), the C library first (glibc has both), then the
+//! dynamic loader, then the rest, with `process_vm_readv` in 1 MiB chunks,
+//! at most 256 MiB per process.
 //! The tracer caches them per process (pid and start time) and checks
 //! that the bytes are still there on every attach ([`Gadgets::intact`]):
 //! code can be unmapped or replaced between two attaches. A process
@@ -24,6 +26,7 @@
 //! ([`Gadgets::find_like`]), its bytes checked, before any search.
 
 use super::remote::read_remote;
+use crate::sys::QueriedVma;
 
 /// `syscall; ret`.
 const CALL_RET: [u8; 3] = [0x0f, 0x05, 0xc3];
@@ -92,12 +95,46 @@ impl ExecMap {
 }
 
 /// The executable mappings of `pid` (`[vsyscall]` left out), in search
-/// order.
+/// order: asked of the kernel one by one ([`crate::vma_query`]), so the
+/// cost does not grow with the process's other VMAs, or read from the
+/// text of `/proc/PID/maps` on a kernel without `PROCMAP_QUERY`.
 fn exec_maps(pid: u32) -> Option<Vec<ExecMap>> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let mut exec: Vec<ExecMap> = maps.lines().filter_map(parse_exec_map).collect();
+    let mut exec: Vec<ExecMap> = match crate::vma_query::executable_vmas(pid) {
+        Ok(Some(vmas)) => vmas.iter().filter_map(queried_exec_map).collect(),
+        Ok(None) => {
+            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+            maps.lines().filter_map(parse_exec_map).collect()
+        }
+        Err(_) => return None,
+    };
     exec.sort_by_key(|m| m.order);
     Some(exec)
+}
+
+/// A queried executable VMA as an [`ExecMap`].
+fn queried_exec_map(v: &QueriedVma) -> Option<ExecMap> {
+    if v.name == "[vsyscall]" {
+        return None;
+    }
+    Some(ExecMap {
+        start: v.start,
+        end: v.end,
+        offset: v.offset,
+        file: (v.inode != 0).then_some(((u64::from(v.dev.0) << 32) | u64::from(v.dev.1), v.inode)),
+        order: search_order(&v.name),
+    })
+}
+
+/// Where a mapping named `name` comes in the search: the C library, then
+/// the loader, then the rest.
+fn search_order(name: &str) -> u8 {
+    if name.contains("libc") {
+        0
+    } else if name.contains("ld-") {
+        1
+    } else {
+        2
+    }
 }
 
 /// One line of `/proc/PID/maps`, if it is an executable mapping:
@@ -114,13 +151,7 @@ fn parse_exec_map(line: &str) -> Option<ExecMap> {
         return None;
     }
     let dev = (u64::from_str_radix(major, 16).ok()? << 32) | u64::from_str_radix(minor, 16).ok()?;
-    let order = if name.contains("libc") {
-        0
-    } else if name.contains("ld-") {
-        1
-    } else {
-        2
-    };
+    let order = search_order(name);
     Some(ExecMap {
         start: u64::from_str_radix(s, 16).ok()?,
         end: u64::from_str_radix(e, 16).ok()?,
