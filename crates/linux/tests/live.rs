@@ -1085,17 +1085,41 @@ fn vma_zoo_child() {
         addr(&hugetlb)
     );
     let mut mergeable = None;
+    let mut many: Option<AnonMapping> = None;
     for line in std::io::stdin().lock().lines() {
-        match line.unwrap().as_str() {
-            "unmap-droppable" => drop(droppable.take()),
+        let at = match line.unwrap().as_str() {
+            "unmap-droppable" => {
+                drop(droppable.take());
+                0
+            }
             "mergeable" => {
-                mergeable = Some(KindMapping::new(LEN, MappingKind::Mergeable, 8).unwrap())
+                let m = KindMapping::new(LEN, MappingKind::Mergeable, 8).unwrap();
+                mergeable.insert(m).addr()
+            }
+            // MANY one-page VMAs, every fourth page written, the rest
+            // untouched: discovery probes them together.
+            "many" => {
+                let mut m = AnonMapping::new(MANY * 4096, HugePages::Never).unwrap();
+                for page in (0..MANY).step_by(4) {
+                    m.as_mut_slice()[page * 4096] = 9;
+                }
+                assert_eq!(m.split_vmas(1).unwrap(), MANY);
+                many.insert(m).addr()
+            }
+            // One of them, untouched, read: a zero-page mapping only.
+            "read-one" => {
+                let m = many.as_ref().unwrap();
+                std::hint::black_box(m.as_slice()[4096 * 5]);
+                m.addr()
             }
             _ => break,
-        }
-        println!("ZOO done {}", addr(&mergeable));
+        };
+        println!("ZOO done {at}");
     }
 }
+
+/// One-page VMAs the zoo maps on `many`.
+const MANY: usize = 64;
 
 /// `MapsDiscovery` (maps plus per-VMA checks) classifies every VMA of a
 /// process with shared, private-file, `/dev/zero`, droppable and (where
@@ -1195,7 +1219,28 @@ fn maps_discovery_agrees_with_smaps() {
     // The vDSO and vvar are rejected (special mappings).
     assert!(r.rejected.len() >= 2);
 
-    // 3. A VM_MERGEABLE VMA needs smaps' `mg` flags.
+    // 3. Many small anonymous VMAs, probed by one shared scan: each is
+    // judged by its own pages. All are kept, from maps...
+    writeln!(stdin, "many").unwrap();
+    let at: u64 = zoo_line().strip_prefix("done ").unwrap().parse().unwrap();
+    let (r, from) = fast.process_regions(pid, &pagemap, &mut kpf).unwrap();
+    assert_eq!(from, RegionsFrom::Maps);
+    same(&r, &discover::process_regions(pid).unwrap());
+    let end = at + (MANY as u64) * 4096;
+    let small: Vec<_> = (r.eligible.iter())
+        .filter(|x| x.start >= at && x.end <= end)
+        .collect();
+    assert_eq!(small.len(), MANY);
+    assert!(small.iter().all(|x| x.kind == RegionKind::Anonymous));
+    // ... until one of them, between a written and an empty neighbour,
+    // holds only a zero-page mapping: undecided, smaps.
+    writeln!(stdin, "read-one").unwrap();
+    zoo_line();
+    let (r, from) = fast.process_regions(pid, &pagemap, &mut kpf).unwrap();
+    assert_eq!(from, RegionsFrom::Smaps(SmapsReason::MaybeDroppable));
+    same(&r, &discover::process_regions(pid).unwrap());
+
+    // 4. A VM_MERGEABLE VMA needs smaps' `mg` flags.
     writeln!(stdin, "mergeable").unwrap();
     let at: u64 = zoo_line().strip_prefix("done ").unwrap().parse().unwrap();
     let (r, from) = fast.process_regions(pid, &pagemap, &mut kpf).unwrap();
