@@ -20,6 +20,8 @@
 //! - [`ksmd`]: the [`ksmd::KsmControl`] that owns `/sys/kernel/mm/ksm` and
 //!   paces ksmd to a CPU share.
 //! - [`daemon`]: the loop itself (its header explains one wake-up).
+//! - [`ksm_stat_reads`]: the kernel's per-process KSM figures for the
+//!   status, read at a bounded share of a core.
 //! - [`status`] and [`metrics`]: `pagesift status` over a unix socket and
 //!   Prometheus metrics over HTTP.
 //! - [`run`]: `pagesift run` wired to the real machine: signals, reload,
@@ -29,6 +31,7 @@ pub mod actuate;
 pub mod config;
 pub mod daemon;
 pub mod eligibility;
+pub mod ksm_stat_reads;
 pub mod ksmd;
 pub mod ledger;
 pub mod metrics;

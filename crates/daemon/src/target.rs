@@ -21,6 +21,7 @@
 
 use crate::actuate::ProcKey;
 use crate::eligibility::ProcessFacts;
+use crate::ksm_stat_reads::KsmStatReads;
 use pagesift_core::source::{MemorySource, PageState, RegionInfo, SourceError};
 use pagesift_core::{PageRef, PageWords, RegionId};
 use pagesift_linux::source::{DiscoveryCounts, SmapsReads};
@@ -288,6 +289,8 @@ pub struct LinuxTarget {
     untrackable: BTreeSet<u32>,
     /// `/proc/vmstat`, kept open for `cow_ksm` (read with every status).
     vmstat: Option<proc::KeptOpen>,
+    /// The status's `ksm_stat` reads, at a bounded cost.
+    ksm_stats: RefCell<KsmStatReads>,
     /// Where batches that may open a descriptor are written down first
     /// (none: not written down, in tests without a ledger).
     journal: Option<Box<dyn TrackJournal>>,
@@ -321,6 +324,7 @@ impl LinuxTarget {
             }),
             untrackable: BTreeSet::new(),
             vmstat: proc::KeptOpen::open("/proc/vmstat").ok(),
+            ksm_stats: RefCell::new(KsmStatReads::default()),
             journal: None,
         };
         t.read_facts(None);
@@ -660,12 +664,25 @@ impl Target for LinuxTarget {
         v.ok().and_then(|v| v.cow_ksm)
     }
 
+    /// Read again only when the last read is older than the rule of
+    /// [`KsmStatReads`] allows: a status a second over hundreds of
+    /// processes with thousands of VMAs would otherwise spend a good part
+    /// of a core walking their VMAs in the kernel.
     fn ksm_stat(&self, pid: u32) -> Option<ksm::ProcessKsmStat> {
-        ksm::ProcessKsmStat::of(pid).ok()
+        let now = Instant::now();
+        if let Some(stat) = self.ksm_stats.borrow().fresh(pid, now) {
+            return stat;
+        }
+        let stat = ksm::ProcessKsmStat::of(pid).ok();
+        (self.ksm_stats.borrow_mut()).record(pid, stat, now, now.elapsed());
+        stat
     }
 
     fn take_gone(&mut self) -> Vec<u32> {
         let gone = self.src.take_gone();
+        for &pid in &gone {
+            self.ksm_stats.get_mut().forget(pid);
+        }
         #[cfg(target_arch = "x86_64")]
         for &pid in &gone {
             self.src.write_tracker().forget(pid);
