@@ -83,8 +83,48 @@ fn the_identical_region_is_promoted_and_merged_the_random_one_never_marked() {
     assert_eq!(st.totals.marks, 1);
     assert_eq!(st.totals.unmarks, 0);
     assert_eq!(st.totals.cow_breaks, 0);
+    assert_eq!(st.totals.promoted_pages, 1024);
+    assert_eq!(st.totals.regions, 2);
     // Settled: it is back on the ladder, at the bottom.
     assert!(d.distiller().ladder().level_of(dup).is_some());
+}
+
+/// The status lists each region on the level the ladder has it on, with
+/// the level's count, while one region has climbed and the other has not.
+#[test]
+fn the_status_lists_each_region_on_its_ladder_level() {
+    let w = world();
+    let (dup, rand) = {
+        let mut m = w.borrow_mut();
+        m.spawn(10, "dup", false);
+        m.spawn(11, "rand", false);
+        (
+            m.map(10, &[7; 1024], false),
+            m.map(11, &distinct(1000, 1024), false),
+        )
+    };
+    let mut d = daemon(&w, ALL, &[]);
+    let mut now = 0;
+    let level = |d: &Daemon<_, _, _>, id| d.distiller().ladder().level_of(id);
+    for _ in 0..300 {
+        if level(&d, dup).is_some_and(|l| l > 0) {
+            break;
+        }
+        run(&mut d, &mut now, 1);
+    }
+    assert!(level(&d, dup).is_some_and(|l| l > 0), "never climbed");
+    let st = d.status(now);
+    for id in [dup, rand] {
+        let on: Vec<usize> = (st.levels.iter())
+            .filter(|l| l.regions.iter().any(|r| r.id == id.0))
+            .map(|l| l.level)
+            .collect();
+        assert_eq!(on, vec![level(&d, id).unwrap()], "{id:?}");
+    }
+    for l in &st.levels {
+        assert_eq!(l.region_count, l.regions.len() as u64, "level {}", l.level);
+    }
+    assert_eq!(st.totals.regions, 2);
 }
 
 #[test]

@@ -92,43 +92,43 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
                 .filter_map(|id| books.get(&id).map(|b| region(id, b)))
                 .collect()
         };
-        for l in 0..ladder.levels() {
-            let ids = ladder.regions_at(l);
-            levels[l].region_count = ids.len() as u64;
-            let keyed = (ids.iter())
-                .filter_map(|&id| Some((u64::from(books.get(&id)?.span.pages), id)))
-                .collect();
+        // One pass over the regions, in id order, for every count and
+        // list: with the cap full, a pass per figure with a tree lookup
+        // per region was most of a status (docs/reliability.md).
+        let mut by_level: Vec<Vec<(u64, RegionId)>> = vec![Vec::new(); ladder.levels()];
+        let (mut merged, mut held) = (Vec::new(), Vec::new());
+        let mut tally = Tally::default();
+        for (id, life, book) in with_books(lives, books) {
+            tally.add(life, book);
+            let Some(b) = book else { continue };
+            let pages = u64::from(b.span.pages);
+            if let Some(l) = ladder.level_of(id).filter(|&l| l < by_level.len()) {
+                by_level[l].push((pages, id));
+            }
+            if life.merged_now() > 0 {
+                merged.push((life.merged_now(), id));
+            }
+            if life.held() {
+                held.push((pages, id));
+            }
+        }
+        for (l, keyed) in by_level.into_iter().enumerate() {
+            levels[l].region_count = ladder.regions_at(l).len() as u64;
             levels[l].regions = listed(keyed, MAX_LISTED);
         }
-        let merged = (lives.iter())
-            .map(|(id, l)| (l.merged_now(), id))
-            .filter(|&(m, id)| m > 0 && books.contains_key(&id))
-            .collect();
         let top = listed(merged, 20);
-        let held = (lives.iter())
-            .filter(|(_, l)| l.held())
-            .filter_map(|(id, _)| Some((u64::from(books.get(&id)?.span.pages), id)))
-            .collect();
         let held = listed(held, MAX_LISTED);
-        let count = |f: &dyn Fn(&pagesift_core::pipeline::lifecycle::Lifecycle) -> bool| {
-            lives.values().filter(|l| f(l)).count() as u64
-        };
         let totals = Totals {
             processes: self.allowed.len() as u64,
             regions: self.books.len() as u64,
-            promoted_regions: count(&|l| l.mode() == Mode::Promoted),
-            promoted_pages: self
-                .books
-                .iter()
-                .filter(|(id, _)| lives[**id].mode() == Mode::Promoted)
-                .map(|(_, b)| b.span.pages as u64)
-                .sum(),
-            merging_regions: count(&|l| l.mode() == Mode::Promoted && !l.settled()),
-            held_regions: count(&|l| l.held()),
-            foreign_regions: count(&|l| l.mode() == Mode::Foreign),
+            promoted_regions: tally.promoted_regions,
+            promoted_pages: tally.promoted_pages,
+            merging_regions: tally.merging_regions,
+            held_regions: tally.held_regions,
+            foreign_regions: tally.foreign_regions,
             marked_bytes: self.marks.bytes(),
-            merged_pages: lives.values().map(|l| l.merged_now()).sum(),
-            cow_breaks: lives.values().map(|l| l.cow_total()).sum(),
+            merged_pages: tally.merged_pages,
+            cow_breaks: tally.cow_breaks,
             marks: self.counters.marks,
             unmarks: self.counters.unmarks,
             batches: self.counters.batches,
@@ -264,8 +264,8 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             .keys()
             .map(|&pid| (pid, Regions::default()))
             .collect();
-        for (id, b) in &self.books {
-            let life = &self.lives[*id];
+        for (_, life, b) in with_books(&self.lives, &self.books) {
+            let Some(b) = b else { continue };
             if let Some(r) = per_pid.get_mut(&b.span.proc.pid) {
                 r.merged += life.merged_now();
                 r.cow += life.cow_total();
@@ -295,6 +295,48 @@ impl<T: Target, A: Actuator, K: KsmControl> Daemon<T, A, K> {
             })
             .collect();
         breakdown(&processes, self.config.savings.limits())
+    }
+}
+
+/// Each tracked region's lifecycle with its book, if it has one, in id
+/// order: one merge of two maps sorted by id, instead of a tree lookup in
+/// one per region of the other.
+fn with_books<'a>(
+    lives: &'a Lifecycles,
+    books: &'a BTreeMap<RegionId, Book>,
+) -> impl Iterator<Item = (RegionId, &'a Lifecycle, Option<&'a Book>)> {
+    let mut b = books.iter().peekable();
+    lives.iter().map(move |(id, life)| {
+        while b.next_if(|(k, _)| **k < id).is_some() {}
+        (id, life, b.next_if(|(k, _)| **k == id).map(|(_, v)| v))
+    })
+}
+
+/// The status's region totals, counted in one pass.
+#[derive(Default)]
+struct Tally {
+    promoted_regions: u64,
+    /// Pages of the promoted regions that have a book.
+    promoted_pages: u64,
+    merging_regions: u64,
+    held_regions: u64,
+    foreign_regions: u64,
+    merged_pages: u64,
+    cow_breaks: u64,
+}
+
+impl Tally {
+    fn add(&mut self, life: &Lifecycle, book: Option<&Book>) {
+        let promoted = life.mode() == Mode::Promoted;
+        self.promoted_regions += u64::from(promoted);
+        if promoted && let Some(b) = book {
+            self.promoted_pages += u64::from(b.span.pages);
+        }
+        self.merging_regions += u64::from(promoted && !life.settled());
+        self.held_regions += u64::from(life.held());
+        self.foreign_regions += u64::from(life.mode() == Mode::Foreign);
+        self.merged_pages += life.merged_now();
+        self.cow_breaks += life.cow_total();
     }
 }
 
