@@ -25,7 +25,7 @@ use crate::ksm_stat_reads::KsmStatReads;
 use pagesift_core::source::{MemorySource, PageState, RegionInfo, SourceError};
 use pagesift_core::{PageRef, PageWords, RegionId};
 use pagesift_linux::source::{DiscoveryCounts, SmapsReads};
-use pagesift_linux::{LinuxSource, ProcessFilter, SourceConfig, host, ksm, proc};
+use pagesift_linux::{LinuxSource, ProcessFilter, SourceConfig, host, ksm, proc, vma_counts};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -233,7 +233,7 @@ pub struct RegionLimits {
 }
 
 /// How long a process's VMA count read for a budget check answers the
-/// next checks, if pagesift advised nothing in it meanwhile.
+/// next checks (raised by the splits of pagesift's batches meanwhile).
 pub const VMA_COUNT_FRESH: Duration = Duration::from_secs(1);
 
 /// A write-tracking registration: (pid, the userfaultfd's number in the
@@ -277,10 +277,6 @@ pub struct LinuxTarget {
     /// beyond its growth in size, since start.
     filled: BTreeMap<u32, u64>,
     max_map_count: u64,
-    /// Each process's VMA count as last read, and when: a second look
-    /// within [`VMA_COUNT_FRESH`] with no advice in between is answered
-    /// from here (see [`Target::vma_count`]).
-    vma_counts: RefCell<HashMap<u32, (u64, Instant)>>,
     /// Injects the write tracker's userfaultfd calls.
     #[cfg(target_arch = "x86_64")]
     injector: pagesift_linux::inject::Injector,
@@ -311,7 +307,6 @@ impl LinuxTarget {
             statm: BTreeMap::new(),
             filled: BTreeMap::new(),
             max_map_count: proc::max_map_count().unwrap_or(65_530),
-            vma_counts: RefCell::new(HashMap::new()),
             // As the actuator's: the count after each batch only starts the
             // next budget check, which the bound serves
             // (`InjectConfig::count_vmas_after`); with 10 000 VMAs a process
@@ -573,27 +568,25 @@ impl Target for LinuxTarget {
 
     /// Counting a process's VMAs means reading all of `/proc/PID/maps`
     /// (a guest's QEMU has hundreds of lines), and a wake-up that marks runs
-    /// asks twice per process. The count changes with pagesift's own
-    /// advice, which drops the cached count, and with the process's own
-    /// mappings, which within [`VMA_COUNT_FRESH`] move it by a few VMAs
+    /// asks twice per process. The count is the one every budget check of
+    /// this process shares (`pagesift_linux::vma_counts`): the injectors
+    /// raise it by the splits of each batch they run, and the process's
+    /// own mappings move it, within [`VMA_COUNT_FRESH`], by a few VMAs
     /// against a budget of thousands.
     fn vma_count(&self, pid: u32) -> Option<u64> {
-        let mut counts = self.vma_counts.borrow_mut();
-        if let Some(&(n, at)) = counts.get(&pid)
+        let start_time = (self.procs.iter())
+            .find(|p| p.key.pid == pid)
+            .map(|p| p.key.start_time)
+            .or_else(|| pagesift_linux::discover::identity(pid).map(|(st, _)| st))?;
+        if let Some((n, at)) = vma_counts::known(pid, start_time)
             && at.elapsed() < VMA_COUNT_FRESH
         {
             return Some(n);
         }
-        let n = proc::map_count(pid).ok()?;
-        if counts.len() >= 4096 {
-            counts.clear();
-        }
-        counts.insert(pid, (n, Instant::now()));
-        Some(n)
+        vma_counts::count(pid, start_time).ok().map(|(n, _)| n)
     }
 
     fn note_advised(&mut self, pid: u32, start: u64, end: u64, mergeable: bool) {
-        self.vma_counts.borrow_mut().remove(&pid);
         self.src.note_advised(pid, start, end, mergeable);
     }
 

@@ -109,6 +109,7 @@ pub mod source;
 pub mod sys;
 #[cfg(target_arch = "x86_64")]
 pub mod uffd;
+pub mod vma_counts;
 pub mod vma_query;
 pub mod wait;
 

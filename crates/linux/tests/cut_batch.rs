@@ -4,7 +4,8 @@
 //! ranges. Whatever ran before the cut (the descriptor, some
 //! registrations) must stay known to the tracker, so that untracking
 //! leaves nothing of ours in the target, and the target must run on with
-//! its memory unchanged.
+//! its memory unchanged. A splitting batch cut part-way must leave no VMA
+//! count that misses its splits.
 //!
 //! The cut is process-wide, so the tests here run one at a time
 //! ([`pagesift_testkit::serial`]) and turn it off when they end, even when
@@ -152,6 +153,61 @@ fn a_refused_tracks_close_that_is_cut_leaves_the_descriptor_known() {
     first.untrack_process(&mut inj, pid).unwrap();
     assert_eq!(count_userfaultfds(pid), 0);
     assert_eq!(uffd_wp_vmas(pid), vec![]);
+    let report = t.finish();
+    assert!(report["iterations"].as_u64().unwrap() > 0, "{report}");
+}
+
+/// A splitting batch cut part-way leaves no VMA count behind
+/// (`pagesift_linux::vma_counts`): its splits before the cut are in no
+/// bound, so the next batch's budget check counts again instead of
+/// standing on the bound the batch before left.
+#[test]
+fn a_cut_splitting_batch_leaves_the_vma_count_to_be_read_again() {
+    use pagesift_linux::inject::{Advice, SkipReason};
+    pagesift_testkit::require_root();
+    let _g = pagesift_testkit::serial();
+    let _off = Cutting;
+    let t = Target::start("sleep", &["--ms", "20"]);
+    let (pid, addr, len) = (t.pid(), t.addr(), t.len());
+    let third = len / 3 / PAGE * PAGE;
+    let middle = |advice| Syscall::Madvise {
+        addr: addr + third,
+        len: third,
+        advice,
+    };
+    let mut inj = Injector::new(InjectConfig {
+        count_vmas_after: false,
+        ..InjectConfig::default()
+    });
+    let before = |o: Outcome| match o {
+        Outcome::Done(i) => i.vmas_before,
+        other => panic!("expected a batch run, got {other:?}"),
+    };
+    let vmas = pagesift_linux::inject::map_count(pid).unwrap();
+    // Split in three: the bound after it is two more.
+    assert_eq!(
+        before(inj.run(pid, &[middle(Advice::Mergeable)]).unwrap()),
+        Some(vmas)
+    );
+    // Joined again, then cut: the join ran, the bound would be stale.
+    cut_batches_before(Some(1));
+    match inj
+        .run(pid, &[middle(Advice::Unmergeable), Syscall::Getpid])
+        .unwrap()
+    {
+        Outcome::Skipped(SkipReason::SyscallTimeout { completed }) => {
+            assert_eq!(completed, vec![0]);
+        }
+        other => panic!("expected the cut, got {other:?}"),
+    }
+    cut_batches_before(None);
+    assert_eq!(pagesift_linux::inject::map_count(pid).unwrap(), vmas);
+    assert_eq!(
+        before(inj.run(pid, &[middle(Advice::Mergeable)]).unwrap()),
+        Some(vmas),
+        "counted again, not the bound of before the cut"
+    );
+    before(inj.run(pid, &[middle(Advice::Unmergeable)]).unwrap());
     let report = t.finish();
     assert!(report["iterations"].as_u64().unwrap() > 0, "{report}");
 }

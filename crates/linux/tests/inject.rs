@@ -203,7 +203,8 @@ fn sub_range_splits_are_counted_and_capped() {
 
 /// Without `count_vmas_after` nothing is counted after a batch: the next
 /// batch's budget check stands on the bound (two splits a `madvise`) while
-/// the count it grew from is fresh, and counts again after that.
+/// the count it grew from is fresh, and counts again after that. The
+/// bound is shared: another injector's next batch stands on it too.
 #[test]
 fn uncounted_splits_are_bounded_until_the_count_is_stale() {
     let _g = serial();
@@ -224,8 +225,16 @@ fn uncounted_splits_are_bounded_until_the_count_is_stale() {
     assert_eq!((i.vmas_before, i.vmas_after), (Some(vmas), None));
     assert!(mergeable(t.pid(), t.addr()));
     assert_eq!(pagesift_linux::inject::map_count(t.pid()).unwrap(), vmas);
-    let i = done(inj.run(t.pid(), &[whole(Advice::Unmergeable)]).unwrap());
+    let mut other = Injector::new(InjectConfig {
+        count_vmas_after: false,
+        ..InjectConfig::default()
+    });
+    let i = done(other.run(t.pid(), &[whole(Advice::Unmergeable)]).unwrap());
     assert_eq!(i.vmas_before, Some(vmas + 2), "the bound, not a count");
+    let i = done(inj.run(t.pid(), &[whole(Advice::Mergeable)]).unwrap());
+    assert_eq!(i.vmas_before, Some(vmas + 4), "the other injector's bound");
+    let i = done(inj.run(t.pid(), &[whole(Advice::Unmergeable)]).unwrap());
+    assert_eq!(i.results, vec![0]);
     // Past the count's freshness (2 s) it is read again.
     std::thread::sleep(std::time::Duration::from_millis(2_100));
     let i = done(inj.run(t.pid(), &[whole(Advice::Mergeable)]).unwrap());

@@ -16,9 +16,10 @@
 //! Kept between attempts ([`Tracer`]), each bounded at 65,536 entries and
 //! keyed by pid or tid together with the process's start time, so a
 //! reused id never inherits a stale entry: the gadgets per process, the
-//! cgroup path per process, the VMA count after its last batch, the
-//! threads known to sit in EINTR-prone calls, and the call a thread was
-//! restarting through `restart_syscall`.
+//! cgroup path per process, the threads known to sit in EINTR-prone
+//! calls, and the call a thread was restarting through `restart_syscall`.
+//! The VMA count after a batch is kept in [`crate::vma_counts`], which
+//! every budget check of the process shares, under the same key.
 
 use super::calls::{ERESTART_RESTARTBLOCK, Syscall, nr};
 use super::facts::{ProcStat, ThreadStatus, cgroup_frozen, cgroup_path, map_budget};
@@ -35,8 +36,9 @@ use super::thread::{
 };
 use crate::caps::Capability;
 use crate::error::{LinuxError, libc_errno};
-use crate::proc::{map_count, max_map_count};
+use crate::proc::max_map_count;
 use crate::ptrace::{self, Regs, Stop};
+use crate::vma_counts;
 use std::collections::HashMap;
 use std::io;
 use std::time::Instant;
@@ -118,11 +120,6 @@ pub(super) struct Tracer {
     /// If it moved into a frozen one, the call timeout catches it (the
     /// batch is abandoned cleanly) and the entry is dropped.
     cgroups: HashMap<u32, (u64, Option<String>)>,
-    /// pid → (start time, VMAs counted after its last batch, or the bound
-    /// on them without [`InjectConfig::count_vmas_after`], when): the next
-    /// batch's budget check starts from it while it is fresh (see
-    /// [`VMA_COUNT_FRESH`]).
-    vmas: HashMap<u32, (u64, u64, Instant)>,
 }
 
 /// How long a process's VMA count, read after a batch, stands for the next
@@ -216,18 +213,12 @@ impl Tracer {
             // The count after the last batch stands while it is fresh and,
             // with room for what the process may have mapped since, well
             // inside the budget; else it is read again.
-            let cached = self
-                .vmas
-                .get(&pid)
-                .filter(|&&(st, n, at)| {
-                    st == stat.start_time
-                        && at.elapsed() < VMA_COUNT_FRESH
-                        && map_budget(n + VMA_COUNT_SLACK, splitting, limit, cfg.max_map_fraction)
-                            .is_ok()
-                })
-                .map(|&(_, n, at)| (n, at));
-            let count = match cached.map_or_else(|| map_count(pid).map(|n| (n, Instant::now())), Ok)
-            {
+            let cached = vma_counts::known(pid, stat.start_time).filter(|&(n, at)| {
+                at.elapsed() < VMA_COUNT_FRESH
+                    && map_budget(n + VMA_COUNT_SLACK, splitting, limit, cfg.max_map_fraction)
+                        .is_ok()
+            });
+            let count = match cached.map_or_else(|| vma_counts::count(pid, stat.start_time), Ok) {
                 Ok(c) => c,
                 Err(LinuxError::Gone(_) | LinuxError::NoSuchProcess(_)) => {
                     return gone(false, vec![]);
@@ -237,6 +228,9 @@ impl Tracer {
             if let Err(r) = map_budget(count.0, splitting, limit, cfg.max_map_fraction) {
                 return Ok(Outcome::Skipped(r));
             }
+            // Until this batch's bound is recorded, its splits are not in
+            // any count: a batch that ends early leaves none.
+            vma_counts::forget(pid);
             Some(count)
         } else {
             None
@@ -491,24 +485,18 @@ impl Tracer {
             Err(e) => return self.fail(&mut s, e, results, exiting),
         }
         let attached_for = attached_at.elapsed();
-        let vmas_after = match vmas_before {
-            Some(_) if cfg.count_vmas_after => map_count(pid).ok(),
-            _ => None,
-        };
         // Counted now, or bounded (a madvise splits at most two VMAs) and
         // as fresh as the count the bound grew from: a chain of bounds
         // never stands longer than VMA_COUNT_FRESH after a real count.
-        let after = match (vmas_after, counted) {
-            (Some(n), _) => Some((n, Instant::now())),
-            (None, Some((n, at))) => Some((n + 2 * splitting as u64, at)),
-            (None, None) => None,
-        };
-        if let Some((n, at)) = after {
-            if self.vmas.len() >= 65_536 {
-                self.vmas.clear();
+        let vmas_after = match counted {
+            Some(_) if cfg.count_vmas_after => vma_counts::count(pid, stat.start_time).ok(),
+            Some(from) => {
+                vma_counts::grown(pid, stat.start_time, from, 2 * splitting as u64);
+                None
             }
-            self.vmas.insert(pid, (stat.start_time, n, at));
+            None => None,
         }
+        .map(|(n, _)| n);
         let interrupted_syscall = ((saved.orig_rax as i64) >= 0).then_some(saved.orig_rax as i64);
         if let Some(nr) = interrupted_syscall
             && EINTR_AFTER_STOP.contains(&nr)
