@@ -40,18 +40,22 @@ const ALL: &str = "[eligible]\nall = true\n";
 /// [`ALL`] with settled regions trimmed of their unmerged megabytes.
 const TRIM: &str = "[actuate]\ntrim_min_pages = 256\n[eligible]\nall = true\n";
 
+/// Two processes: pid 10 maps 1024 identical pages, pid 11 1024 distinct
+/// ones; their regions.
+fn dup_and_rand(w: &Shared) -> (RegionId, RegionId) {
+    let mut m = w.borrow_mut();
+    m.spawn(10, "dup", false);
+    m.spawn(11, "rand", false);
+    (
+        m.map(10, &[7; 1024], false),
+        m.map(11, &distinct(1000, 1024), false),
+    )
+}
+
 #[test]
 fn the_identical_region_is_promoted_and_merged_the_random_one_never_marked() {
     let w = world();
-    let (dup, rand) = {
-        let mut m = w.borrow_mut();
-        m.spawn(10, "dup", false);
-        m.spawn(11, "rand", false);
-        (
-            m.map(10, &[7; 1024], false),
-            m.map(11, &distinct(1000, 1024), false),
-        )
-    };
+    let (dup, rand) = dup_and_rand(&w);
     let mut d = daemon(&w, ALL, &[]);
     let mut now = 0;
     let s = run(&mut d, &mut now, 300);
@@ -94,15 +98,7 @@ fn the_identical_region_is_promoted_and_merged_the_random_one_never_marked() {
 #[test]
 fn the_status_lists_each_region_on_its_ladder_level() {
     let w = world();
-    let (dup, rand) = {
-        let mut m = w.borrow_mut();
-        m.spawn(10, "dup", false);
-        m.spawn(11, "rand", false);
-        (
-            m.map(10, &[7; 1024], false),
-            m.map(11, &distinct(1000, 1024), false),
-        )
-    };
+    let (dup, rand) = dup_and_rand(&w);
     let mut d = daemon(&w, ALL, &[]);
     let mut now = 0;
     let level = |d: &Daemon<_, _, _>, id| d.distiller().ladder().level_of(id);
