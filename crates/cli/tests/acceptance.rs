@@ -498,21 +498,12 @@ fn stop_and_check_unharmed(mut d: Daemon, w: &mut Workload, sum: &str) {
     assert!(stopped.success(), "exit {stopped}:\n{}", d.log());
     drop(d);
     assert_eq!(
-        userfaultfds(w.pid()),
+        pagesift_linux::uffd::count_userfaultfds(w.pid()),
         0,
         "a userfaultfd is left in the target"
     );
     assert!(alive(w.pid()));
     assert_eq!(w.checksum(), sum);
-}
-
-/// Descriptors of `pid` that are userfaultfds (their `/proc` links).
-fn userfaultfds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter(|l| l.to_string_lossy().contains("userfaultfd"))
-        .count()
 }
 
 /// A short-lived workload (map 32 MiB of one content, keep it T, unmap
@@ -615,7 +606,7 @@ impl Cycling {
         let sum = Cycling::mapped_sum(&mut self.w);
         assert_eq!(sum, self.sum, "the workload's memory changed");
         assert_eq!(
-            userfaultfds(self.w.pid()),
+            pagesift_linux::uffd::count_userfaultfds(self.w.pid()),
             0,
             "a userfaultfd is left in the target"
         );

@@ -14,15 +14,6 @@ use pagesift_linux::inject::{Advice, InjectConfig, Injector, Syscall, cut_batche
 use pagesift_testkit::Target;
 use pagesift_testkit::observe::vmas_flagged;
 
-const PAGE: u64 = 4096;
-
-/// `n` ranges of two pages each, one page apart, from `addr`.
-fn ranges(addr: u64, n: u64) -> Vec<(u64, u64)> {
-    (0..n)
-        .map(|i| (addr + 3 * i * PAGE, addr + (3 * i + 2) * PAGE))
-        .collect()
-}
-
 fn madvise(ranges: &[(u64, u64)], advice: Advice) -> Vec<Syscall> {
     (ranges.iter())
         .map(|&(s, e)| Syscall::Madvise {
@@ -47,8 +38,7 @@ fn a_recovery_cut_part_way_counts_what_ran_and_retries_the_rest() {
     pagesift_testkit::require_root();
     let _g = pagesift_testkit::serial();
     let t = Target::start("sleep", &["--ms", "20"]);
-    let (pid, addr, len) = (t.pid(), t.addr(), t.len());
-    assert!(len >= 24 * PAGE, "the target maps {len} bytes");
+    let pid = t.pid();
     let (start_time, image) = pagesift_linux::discover::identity(pid).unwrap();
     let record = |ranges: &[(u64, u64)]| Record {
         marks: vec![MarkEntry {
@@ -62,7 +52,7 @@ fn a_recovery_cut_part_way_counts_what_ran_and_retries_the_rest() {
     let mut inj = Injector::new(InjectConfig::default());
 
     // Cut after two of four: the second attempt runs the other two.
-    let four = ranges(addr, 4);
+    let four = t.spaced_ranges(4);
     mark(&mut inj, pid, &four);
     cut_batches_before(Some(2));
     let r = recover(&record(&four), &mut inj);
@@ -72,7 +62,7 @@ fn a_recovery_cut_part_way_counts_what_ran_and_retries_the_rest() {
 
     // Cut after one, every time: each attempt unmarks one range, and the
     // ranges the attempts did not reach are reported, counted.
-    let eight = ranges(addr, 8);
+    let eight = t.spaced_ranges(8);
     mark(&mut inj, pid, &eight);
     cut_batches_before(Some(1));
     let r = recover(&record(&eight), &mut inj);

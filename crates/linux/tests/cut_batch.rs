@@ -33,13 +33,6 @@ fn uffd_wp_vmas(pid: u32) -> Vec<(u64, u64)> {
     pagesift_testkit::observe::vmas_flagged(pid, "uw")
 }
 
-/// `n` ranges of two pages each, one page apart, from `addr`.
-fn ranges(addr: u64, n: u64) -> Vec<(u64, u64)> {
-    (0..n)
-        .map(|i| (addr + 3 * i * PAGE, addr + (3 * i + 2) * PAGE))
-        .collect()
-}
-
 fn skipped(o: TrackOutcome) -> String {
     match o {
         TrackOutcome::Skipped(why) => why,
@@ -53,9 +46,8 @@ fn a_cut_track_batch_keeps_what_ran_and_untracking_leaves_nothing() {
     let _g = pagesift_testkit::serial();
     let _off = Cutting;
     let t = Target::start("sleep", &["--ms", "20"]);
-    let (pid, addr, len) = (t.pid(), t.addr(), t.len());
-    assert!(len >= 12 * PAGE, "the target maps {len} bytes");
-    let four = ranges(addr, 4);
+    let pid = t.pid();
+    let four = t.spaced_ranges(4);
     let mut inj = Injector::new(InjectConfig::default());
 
     // Cut before the first call: nothing ran, nothing is kept.

@@ -92,6 +92,19 @@ impl Target {
         self.ready["len"].as_u64().unwrap()
     }
 
+    /// `n` ranges of two pages each, one page apart, from the start of its
+    /// mapping: ranges that stay separate VMAs once each is advised.
+    pub fn spaced_ranges(&self, n: u64) -> Vec<(u64, u64)> {
+        const PAGE: u64 = 4096;
+        assert!(3 * n * PAGE <= self.len(), "{n} ranges do not fit");
+        (0..n)
+            .map(|i| {
+                let start = self.addr() + 3 * i * PAGE;
+                (start, start + 2 * PAGE)
+            })
+            .collect()
+    }
+
     pub fn tid(&self, name: &str) -> u32 {
         self.ready["tids"][name].as_u64().unwrap() as u32
     }
