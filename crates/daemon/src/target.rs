@@ -233,7 +233,7 @@ pub struct RegionLimits {
 }
 
 /// How long a process's VMA count read for a budget check answers the
-/// next checks (raised by the splits of pagesift's batches meanwhile).
+/// next checks, if pagesift advised nothing in it meanwhile.
 pub const VMA_COUNT_FRESH: Duration = Duration::from_secs(1);
 
 /// A write-tracking registration: (pid, the userfaultfd's number in the
@@ -569,10 +569,11 @@ impl Target for LinuxTarget {
     /// Counting a process's VMAs means reading all of `/proc/PID/maps`
     /// (a guest's QEMU has hundreds of lines), and a wake-up that marks runs
     /// asks twice per process. The count is the one every budget check of
-    /// this process shares (`pagesift_linux::vma_counts`): the injectors
-    /// raise it by the splits of each batch they run, and the process's
-    /// own mappings move it, within [`VMA_COUNT_FRESH`], by a few VMAs
-    /// against a budget of thousands.
+    /// this process shares (`pagesift_linux::vma_counts`), so the
+    /// injector that runs the batch stands on it too. pagesift's own
+    /// advice drops it ([`Target::note_advised`]: the next check counts
+    /// exactly), and the process's own mappings move it, within
+    /// [`VMA_COUNT_FRESH`], by a few VMAs against a budget of thousands.
     fn vma_count(&self, pid: u32) -> Option<u64> {
         let start_time = (self.procs.iter())
             .find(|p| p.key.pid == pid)
@@ -587,6 +588,7 @@ impl Target for LinuxTarget {
     }
 
     fn note_advised(&mut self, pid: u32, start: u64, end: u64, mergeable: bool) {
+        vma_counts::forget(pid);
         self.src.note_advised(pid, start, end, mergeable);
     }
 

@@ -18,7 +18,9 @@
 //! may have added since (two a splitting `madvise`, [`grown`]). The start
 //! time is part of the key, so a pid reused by a later process never
 //! inherits a count. How old an entry may be is the reader's call: a
-//! process maps and unmaps by itself too. A batch that ends without its
+//! process maps and unmaps by itself too. The daemon drops the entry
+//! once it learns of advice it gave, so that its next check counts
+//! exactly; an injector's bound serves the checks until then. A batch that ends without its
 //! bound being recorded leaves no entry ([`forget`] before it runs), so
 //! the next check counts again.
 
