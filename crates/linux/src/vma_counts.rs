@@ -6,8 +6,9 @@
 //! A process may hold at most `vm.max_map_count` VMAs, and a `madvise`
 //! over part of a VMA splits it, so every batch that may split is checked
 //! against a budget first. Counting means reading all of
-//! `/proc/PID/maps`: 4 to 6.5 ms for a process of 10 000 VMAs on the
-//! development machine, where the kernel formats every line. With one
+//! `/proc/PID/maps`, where the kernel formats every line: 3.0 ms for a
+//! process of 10 000 VMAs (median, example `vma_read_cost`,
+//! docs/benchmarks.md). With one
 //! store per checker, each batch into such a process was counted up to
 //! three times, 15 % of the daemon's CPU samples at 500 of them
 //! (`scripts/vma-bound`, perf, 2026-12-05). One store lets a count serve
